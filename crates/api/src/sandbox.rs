@@ -1,0 +1,201 @@
+//! What a caller asks for when it creates a sandbox.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// The isolation tier of a sandbox. Every tier runs the same agent and obeys the same policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Tier {
+    /// Namespaces, Landlock, seccomp and cgroups over a read-only host view.
+    #[default]
+    Process,
+    /// An OCI image root on overlayfs with the same hardening.
+    Container,
+    /// A KVM micro virtual machine.
+    Microvm,
+}
+
+impl Tier {
+    /// The name used on the command line and in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Process => "process",
+            Tier::Container => "container",
+            Tier::Microvm => "microvm",
+        }
+    }
+}
+
+/// What to do when a confinement layer cannot be applied on this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Compat {
+    /// Refuse to start, naming the missing kernel feature.
+    #[default]
+    Strict,
+    /// Start anyway and report, on stderr, what is not enforced.
+    BestEffort,
+}
+
+/// The identity the workload runs as, in the sandbox's user namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserSpec {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Why a `UID[:GID]` string was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UserSpecError {
+    #[error("`{0}` is not UID or UID:GID with numeric ids")]
+    NotNumeric(String),
+    #[error("id {0} is outside the sandbox's range 0..=65535")]
+    OutOfRange(u32),
+}
+
+/// The largest id inside a sandbox; the user namespace maps 65536 ids.
+pub const MAX_SANDBOX_ID: u32 = 65_535;
+
+impl std::str::FromStr for UserSpec {
+    type Err = UserSpecError;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        let bad = || UserSpecError::NotNumeric(value.to_owned());
+        let (uid, gid) = match value.split_once(':') {
+            Some((uid, gid)) => (uid, Some(gid)),
+            None => (value, None),
+        };
+        let uid: u32 = uid.parse().map_err(|_| bad())?;
+        let gid: u32 = match gid {
+            Some(gid) => gid.parse().map_err(|_| bad())?,
+            None => uid,
+        };
+        for id in [uid, gid] {
+            if id > MAX_SANDBOX_ID {
+                return Err(UserSpecError::OutOfRange(id));
+            }
+        }
+        Ok(UserSpec { uid, gid })
+    }
+}
+
+/// Where the sandbox's `/workspace` comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum WorkspaceSource {
+    /// A fresh, empty, private tmpfs that disappears with the sandbox.
+    Fresh,
+    /// A directory on the host, bound read-write.
+    Host { path: PathBuf },
+}
+
+/// Resource limits. `None` means "no limit beyond the host's".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceLimits {
+    /// Memory, in bytes; swap is never allowed on top.
+    pub memory_bytes: Option<u64>,
+    /// The most processes and threads alive at once.
+    pub pids_max: Option<u64>,
+    /// CPU bandwidth in thousandths of a CPU (1500 = 1.5 CPUs).
+    pub cpu_milli: Option<u32>,
+    /// The size of each writable scratch area (`/tmp`, a fresh workspace) and the largest file
+    /// the workload may write (`RLIMIT_FSIZE`).
+    pub disk_bytes: u64,
+}
+
+/// Default limits: generous enough for builds and package installs, finite so that a runaway
+/// workload cannot take the host down.
+impl Default for ResourceLimits {
+    fn default() -> Self {
+        ResourceLimits {
+            memory_bytes: Some(2 << 30),
+            pids_max: Some(1024),
+            cpu_milli: None,
+            disk_bytes: 1 << 30,
+        }
+    }
+}
+
+/// One sandbox as a caller configures it. The policy crate compiles it into a plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxConfig {
+    pub tier: Tier,
+    /// The root of the sandbox's read-only view; `None` is the host's `/`.
+    pub rootfs: Option<PathBuf>,
+    pub workspace: WorkspaceSource,
+    pub resources: ResourceLimits,
+    /// Wall-clock limit for the whole sandbox.
+    pub timeout_ms: Option<u64>,
+    /// The workload's entire environment: nothing is inherited from the host.
+    pub env: Vec<(String, String)>,
+    /// The working directory, inside the sandbox.
+    pub cwd: String,
+    pub user: UserSpec,
+    pub compat: Compat,
+    /// The program and its arguments.
+    pub command: Vec<String>,
+}
+
+impl SandboxConfig {
+    /// A configuration with Airlock's defaults that runs `command`.
+    pub fn new(command: Vec<String>) -> Self {
+        SandboxConfig {
+            tier: Tier::Process,
+            rootfs: None,
+            workspace: WorkspaceSource::Fresh,
+            resources: ResourceLimits::default(),
+            timeout_ms: None,
+            env: Vec::new(),
+            cwd: "/workspace".to_owned(),
+            user: UserSpec::default(),
+            compat: Compat::Strict,
+            command,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_user_spec_parses_uid_and_optional_gid() {
+        assert_eq!("1000".parse(), Ok(UserSpec { uid: 1000, gid: 1000 }));
+        assert_eq!("1000:50".parse(), Ok(UserSpec { uid: 1000, gid: 50 }));
+        assert_eq!(
+            "alice".parse::<UserSpec>(),
+            Err(UserSpecError::NotNumeric("alice".into()))
+        );
+        assert_eq!(
+            "1000:".parse::<UserSpec>(),
+            Err(UserSpecError::NotNumeric("1000:".into()))
+        );
+        assert_eq!("70000".parse::<UserSpec>(), Err(UserSpecError::OutOfRange(70000)));
+    }
+
+    #[test]
+    fn test_config_round_trips_and_rejects_unknown_fields() {
+        let config = SandboxConfig::new(vec!["true".into()]);
+        let json = serde_json::to_string(&config).unwrap_or_default();
+        let back: SandboxConfig = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, config);
+
+        let mut value: serde_json::Value = serde_json::from_str(&json).unwrap_or_default();
+        value["surprise"] = serde_json::Value::Bool(true);
+        let err = serde_json::from_value::<SandboxConfig>(value).err().map(|e| e.to_string());
+        assert!(err.unwrap_or_default().contains("unknown field `surprise`"));
+    }
+
+    #[test]
+    fn test_workspace_source_is_tagged() {
+        let host = WorkspaceSource::Host { path: "/src".into() };
+        let json = serde_json::to_string(&host).unwrap_or_default();
+        assert_eq!(json, r#"{"type":"host","path":"/src"}"#);
+    }
+}

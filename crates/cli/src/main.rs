@@ -1,0 +1,78 @@
+//! `airlock`: run commands in sandboxes.
+
+mod bench;
+mod run;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code for Airlock's own errors, as `docker run` and `env` use.
+const AIRLOCK_ERROR: u8 = 125;
+
+#[derive(Debug, Parser)]
+#[command(name = "airlock", version, about = "Run untrusted code in disposable, hardened sandboxes")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one command in a fresh sandbox and remove the sandbox when it ends.
+    Run(run::RunArgs),
+    /// Measure sandbox start-up against peers.
+    Bench {
+        #[command(subcommand)]
+        which: bench::BenchCommand,
+    },
+    /// Report which tiers and confinement layers this host supports.
+    Probe,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let code = if err.use_stderr() { AIRLOCK_ERROR } else { 0 };
+            let _ = err.print();
+            return ExitCode::from(code);
+        }
+    };
+    let result = match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Bench { which } => bench::bench(which),
+        Command::Probe => probe(),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("airlock: error: {}", one_line(&err));
+            ExitCode::from(AIRLOCK_ERROR)
+        }
+    }
+}
+
+/// `err: cause: cause`, on one line.
+fn one_line(err: &anyhow::Error) -> String {
+    err.chain().map(ToString::to_string).collect::<Vec<_>>().join(": ")
+}
+
+fn probe() -> anyhow::Result<ExitCode> {
+    let runtime = airlock_runtime::Runtime::new()?;
+    let support = runtime.support();
+    println!("landlock abi:     {}", support.landlock_abi.map_or("unavailable".into(), |v| v.to_string()));
+    println!("user namespaces:  {}", if support.user_namespaces { "yes" } else { "no" });
+    println!("seccomp filter:   {}", if support.seccomp_filter { "yes" } else { "no" });
+    println!("cgroups:          {}", support.cgroups.describe());
+    println!("caller:           uid {}{}", support.caller_uid, if support.caller_is_root { " (root)" } else { "" });
+    for backend in runtime.backends() {
+        let state = match &backend.unavailable {
+            None if backend.degraded.is_empty() => "available".to_owned(),
+            None => format!("available, degraded: {}", backend.degraded.join("; ")),
+            Some(reason) => format!("unavailable: {reason}"),
+        };
+        println!("tier {:<10} {state}", backend.tier.as_str());
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,161 @@
+//! `airlock run`: one command, one fresh sandbox, no daemon.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use airlock_api::{Compat, SandboxConfig, Tier, UserSpec, WorkspaceSource, parse_cpus_milli, parse_duration_ms, parse_size_bytes};
+use airlock_runtime::{Ending, Runtime, Signals};
+use clap::{Args, ValueEnum};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum CompatArg {
+    Strict,
+    BestEffort,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum TierArg {
+    Process,
+    Container,
+    Microvm,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Host directory mounted read-write at /workspace (default: a fresh, empty one).
+    #[arg(long, value_name = "DIR")]
+    workspace: Option<PathBuf>,
+    /// Host directory shown read-only as / (default: the host's /).
+    #[arg(long, value_name = "DIR")]
+    rootfs: Option<PathBuf>,
+    /// Memory limit, without swap (e.g. 512MiB, 2G), or `max`.
+    #[arg(long, value_name = "SIZE", value_parser = parse_limit_size)]
+    memory: Option<Limit>,
+    /// Most processes and threads alive at once, or `max`.
+    #[arg(long, value_name = "N", value_parser = parse_limit_count)]
+    pids: Option<Limit>,
+    /// CPU bandwidth in CPUs (e.g. 1.5).
+    #[arg(long, value_name = "N", value_parser = |s: &str| parse_cpus_milli(s).map_err(|e| e.to_string()))]
+    cpus: Option<u32>,
+    /// Size of /tmp and of a fresh /workspace, and the largest file the command may write.
+    #[arg(long, value_name = "SIZE", value_parser = |s: &str| parse_size_bytes(s).map_err(|e| e.to_string()))]
+    disk: Option<u64>,
+    /// Wall-clock limit (e.g. 30s, 500ms, 2m); the whole sandbox is killed when it passes.
+    #[arg(long, value_name = "DURATION", value_parser = |s: &str| parse_duration_ms(s).map_err(|e| e.to_string()))]
+    timeout: Option<u64>,
+    /// Set K to V inside; a bare K copies the host's value. Nothing else is inherited.
+    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    env: Vec<String>,
+    /// Working directory inside the sandbox.
+    #[arg(long, value_name = "PATH", default_value = "/workspace")]
+    cwd: String,
+    /// User (and group) inside the sandbox, numeric.
+    #[arg(long, value_name = "UID[:GID]")]
+    user: Option<UserSpec>,
+    /// What to do when a confinement layer is unavailable.
+    #[arg(long, value_enum, default_value = "strict")]
+    compat: CompatArg,
+    /// Isolation tier.
+    #[arg(long, value_enum, default_value = "process")]
+    tier: TierArg,
+    /// The command and its arguments.
+    #[arg(required = true, last = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+/// A limit that may be lifted with `max`.
+#[derive(Debug, Clone, Copy)]
+pub enum Limit {
+    Max,
+    Value(u64),
+}
+
+fn parse_limit_size(value: &str) -> Result<Limit, String> {
+    if value == "max" {
+        return Ok(Limit::Max);
+    }
+    parse_size_bytes(value).map(Limit::Value).map_err(|e| e.to_string())
+}
+
+fn parse_limit_count(value: &str) -> Result<Limit, String> {
+    if value == "max" {
+        return Ok(Limit::Max);
+    }
+    match value.parse::<u64>() {
+        Ok(0) => Err("must be greater than zero".into()),
+        Ok(n) => Ok(Limit::Value(n)),
+        Err(_) => Err(format!("`{value}` is not a whole number")),
+    }
+}
+
+fn apply_limit(slot: &mut Option<u64>, limit: Option<Limit>) {
+    match limit {
+        Some(Limit::Max) => *slot = None,
+        Some(Limit::Value(value)) => *slot = Some(value),
+        None => {}
+    }
+}
+
+/// Builds the sandbox configuration from the command line.
+pub fn config(args: RunArgs) -> anyhow::Result<SandboxConfig> {
+    let mut config = SandboxConfig::new(args.command);
+    config.tier = match args.tier {
+        TierArg::Process => Tier::Process,
+        TierArg::Container => Tier::Container,
+        TierArg::Microvm => Tier::Microvm,
+    };
+    config.rootfs = args.rootfs;
+    if let Some(path) = args.workspace {
+        let path = std::path::absolute(&path)?;
+        config.workspace = WorkspaceSource::Host { path };
+    }
+    apply_limit(&mut config.resources.memory_bytes, args.memory);
+    apply_limit(&mut config.resources.pids_max, args.pids);
+    if let Some(cpus) = args.cpus {
+        config.resources.cpu_milli = Some(cpus);
+    }
+    if let Some(disk) = args.disk {
+        config.resources.disk_bytes = disk;
+    }
+    config.timeout_ms = args.timeout;
+    if let Ok(term) = std::env::var("TERM") {
+        config.env.push(("TERM".into(), term));
+    }
+    for item in args.env {
+        let (name, value) = match item.split_once('=') {
+            Some((name, value)) => (name.to_owned(), value.to_owned()),
+            None => {
+                let value = std::env::var(&item)
+                    .map_err(|_| anyhow::anyhow!("--env {item}: the host has no variable {item} to copy"))?;
+                (item, value)
+            }
+        };
+        config.env.push((name, value));
+    }
+    config.cwd = args.cwd;
+    config.user = args.user.unwrap_or_default();
+    config.compat = match args.compat {
+        CompatArg::Strict => Compat::Strict,
+        CompatArg::BestEffort => Compat::BestEffort,
+    };
+    Ok(config)
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let config = config(args)?;
+    let signals = Signals::install()?;
+    let runtime = Runtime::new()?;
+    let outcome = runtime.run(&config, Some(&signals), |warning| eprintln!("airlock: warning: {warning}"))?;
+    match &outcome.ending {
+        Ending::SetupFailed { message, .. } => eprintln!("airlock: {message}"),
+        Ending::TimedOut => {
+            let limit = config.timeout_ms.unwrap_or_default();
+            eprintln!("airlock: timed out after {limit}ms; the sandbox was killed");
+        }
+        Ending::Signaled(libc_kill) if outcome.oom_killed && *libc_kill == 9 => {
+            eprintln!("airlock: the command was killed by the sandbox's memory limit");
+        }
+        _ => {}
+    }
+    Ok(ExitCode::from(u8::try_from(outcome.exit_code()).unwrap_or(u8::MAX)))
+}

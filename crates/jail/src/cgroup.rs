@@ -1,0 +1,406 @@
+//! Per-sandbox cgroups on v1, v2, or a hybrid of both: each controller is used wherever this
+//! host mounts it. Only the controllers a sandbox needs are touched, since every v1 hierarchy
+//! costs a mkdir, an attach and an rmdir.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use airlock_policy::CgroupLimits;
+
+/// The controllers Airlock limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Controller {
+    Memory,
+    Pids,
+    Cpu,
+}
+
+impl Controller {
+    pub fn name(self) -> &'static str {
+        match self {
+            Controller::Memory => "memory",
+            Controller::Pids => "pids",
+            Controller::Cpu => "cpu",
+        }
+    }
+}
+
+/// Where a controller lives on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Home {
+    /// A v1 hierarchy: the directory of this process's own cgroup in it.
+    V1 { own_dir: PathBuf },
+    /// The v2 hierarchy, mounted here.
+    V2 { mount: PathBuf },
+}
+
+/// The cgroup layout of this host, as seen by this process.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Layout {
+    pub memory: Option<Home>,
+    pub pids: Option<Home>,
+    pub cpu: Option<Home>,
+}
+
+impl Layout {
+    pub fn home(&self, controller: Controller) -> Option<&Home> {
+        match controller {
+            Controller::Memory => self.memory.as_ref(),
+            Controller::Pids => self.pids.as_ref(),
+            Controller::Cpu => self.cpu.as_ref(),
+        }
+    }
+
+    /// A one-word summary for reports: `v1`, `v2`, `hybrid` or `none`.
+    pub fn describe(&self) -> &'static str {
+        let homes = [&self.memory, &self.pids, &self.cpu];
+        let v1 = homes.iter().any(|h| matches!(h, Some(Home::V1 { .. })));
+        let v2 = homes.iter().any(|h| matches!(h, Some(Home::V2 { .. })));
+        match (v1, v2) {
+            (true, true) => "hybrid",
+            (true, false) => "v1",
+            (false, true) => "v2",
+            (false, false) => "none",
+        }
+    }
+
+    /// Reads the layout from `/proc/self/mountinfo`, `/proc/self/cgroup` and the v2 root.
+    pub fn detect() -> io::Result<Layout> {
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
+        let own = fs::read_to_string("/proc/self/cgroup")?;
+        let v2_controllers = |mount: &Path| fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
+        Ok(parse_layout(&mountinfo, &own, v2_controllers))
+    }
+}
+
+/// Pure part of [`Layout::detect`]: a controller is v1 if a v1 hierarchy carries it, otherwise
+/// v2 if the v2 root lists it.
+pub fn parse_layout(mountinfo: &str, own_cgroups: &str, v2_controllers: impl Fn(&Path) -> String) -> Layout {
+    let mut v1: Vec<(Vec<String>, PathBuf)> = Vec::new();
+    let mut v2: Option<PathBuf> = None;
+    for line in mountinfo.lines() {
+        // Fields: id parent major:minor root mountpoint options [optional...] - fstype source super
+        let Some((left, right)) = line.split_once(" - ") else { continue };
+        let mut right = right.split_whitespace();
+        let (Some(fstype), Some(_source), Some(super_options)) = (right.next(), right.next(), right.next()) else {
+            continue;
+        };
+        let Some(mount_point) = left.split_whitespace().nth(4) else { continue };
+        let mount_point = PathBuf::from(unescape_mountinfo(mount_point));
+        match fstype {
+            "cgroup" => v1.push((super_options.split(',').map(str::to_owned).collect(), mount_point)),
+            "cgroup2" if v2.is_none() => v2 = Some(mount_point),
+            _ => {}
+        }
+    }
+    let own_v1_path = |controller: &str| -> Option<String> {
+        own_cgroups.lines().find_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let (_, list, path) = (parts.next()?, parts.next()?, parts.next()?);
+            list.split(',').any(|c| c == controller).then(|| path.to_owned())
+        })
+    };
+    let v2_list = v2.as_ref().map(|mount| v2_controllers(mount)).unwrap_or_default();
+    let home = |controller: Controller| -> Option<Home> {
+        let name = controller.name();
+        if let Some((_, mount)) = v1.iter().find(|(options, _)| options.iter().any(|o| o == name)) {
+            let own = own_v1_path(name).unwrap_or_else(|| "/".to_owned());
+            return Some(Home::V1 { own_dir: mount.join(own.trim_start_matches('/')) });
+        }
+        let mount = v2.as_ref()?;
+        v2_list.split_whitespace().any(|c| c == name).then(|| Home::V2 { mount: mount.clone() })
+    };
+    Layout { memory: home(Controller::Memory), pids: home(Controller::Pids), cpu: home(Controller::Cpu) }
+}
+
+/// mountinfo escapes spaces and the like as `\040`.
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
+            let value = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(value);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// What went wrong with a sandbox cgroup.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("no cgroup hierarchy on this host carries the {0} controller")]
+    MissingController(&'static str),
+    #[error("cannot create cgroup {path}")]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot write {value:?} to {path}")]
+    Write {
+        path: PathBuf,
+        value: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The cgroup directory name prefix of Airlock's sandboxes.
+pub const NAME_PREFIX: &str = "airlock-";
+
+/// One sandbox's cgroup, possibly spread over several v1 hierarchies.
+#[derive(Debug)]
+pub struct SandboxCgroup {
+    dirs: Vec<(Controller, PathBuf)>,
+    /// The v2 directory, when any controller lives on v2.
+    v2_dir: Option<PathBuf>,
+}
+
+fn write(path: PathBuf, value: &str) -> Result<(), CgroupError> {
+    fs::write(&path, value).map_err(|source| CgroupError::Write { path, value: value.to_owned(), source })
+}
+
+impl SandboxCgroup {
+    /// Creates the cgroup `name` with `limits` in every hierarchy that carries a limited
+    /// controller. Memory and pids are always used: they also let Airlock find every process.
+    pub fn create(layout: &Layout, name: &str, limits: &CgroupLimits) -> Result<SandboxCgroup, CgroupError> {
+        let mut wanted = vec![Controller::Memory, Controller::Pids];
+        if limits.cpu_quota_us.is_some() {
+            wanted.push(Controller::Cpu);
+        }
+        let mut cgroup = SandboxCgroup { dirs: Vec::new(), v2_dir: None };
+        for controller in wanted {
+            let home = layout.home(controller).ok_or(CgroupError::MissingController(controller.name()))?;
+            match home {
+                Home::V1 { own_dir } => {
+                    let dir = own_dir.join(name);
+                    if let Err(err) = create_dir(&dir) {
+                        cgroup.remove();
+                        return Err(err);
+                    }
+                    cgroup.dirs.push((controller, dir));
+                }
+                Home::V2 { mount } => {
+                    let dir = match &cgroup.v2_dir {
+                        Some(dir) => dir.clone(),
+                        None => {
+                            let parent = mount.join("airlock");
+                            let created = prepare_v2_parent(mount, &parent)
+                                .and_then(|()| create_dir(&parent.join(name)));
+                            if let Err(err) = created {
+                                cgroup.remove();
+                                return Err(err);
+                            }
+                            let dir = parent.join(name);
+                            cgroup.v2_dir = Some(dir.clone());
+                            dir
+                        }
+                    };
+                    cgroup.dirs.push((controller, dir));
+                }
+            }
+        }
+        if let Err(err) = cgroup.set_limits(limits) {
+            cgroup.remove();
+            return Err(err);
+        }
+        Ok(cgroup)
+    }
+
+    fn dir(&self, controller: Controller) -> Option<&PathBuf> {
+        self.dirs.iter().find(|(c, _)| *c == controller).map(|(_, d)| d)
+    }
+
+    fn set_limits(&self, limits: &CgroupLimits) -> Result<(), CgroupError> {
+        for (controller, dir) in &self.dirs {
+            let v2 = self.v2_dir.as_ref() == Some(dir);
+            match (controller, v2) {
+                (Controller::Memory, false) => {
+                    if let Some(bytes) = limits.memory_bytes {
+                        write(dir.join("memory.limit_in_bytes"), &bytes.to_string())?;
+                        // Memory plus swap equal to memory: no swap. Absent without swap accounting.
+                        let memsw = dir.join("memory.memsw.limit_in_bytes");
+                        if memsw.exists() {
+                            write(memsw, &bytes.to_string())?;
+                        }
+                    }
+                }
+                (Controller::Memory, true) => {
+                    if let Some(bytes) = limits.memory_bytes {
+                        write(dir.join("memory.max"), &bytes.to_string())?;
+                        write(dir.join("memory.swap.max"), "0")?;
+                    }
+                }
+                (Controller::Pids, _) => {
+                    if let Some(max) = limits.pids_max {
+                        write(dir.join("pids.max"), &max.to_string())?;
+                    }
+                }
+                (Controller::Cpu, false) => {
+                    if let Some(quota) = limits.cpu_quota_us {
+                        write(dir.join("cpu.cfs_period_us"), &limits.cpu_period_us.to_string())?;
+                        write(dir.join("cpu.cfs_quota_us"), &quota.to_string())?;
+                    }
+                }
+                (Controller::Cpu, true) => {
+                    if let Some(quota) = limits.cpu_quota_us {
+                        write(dir.join("cpu.max"), &format!("{quota} {}", limits.cpu_period_us))?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves `pid` into the sandbox's cgroup in every hierarchy.
+    pub fn attach(&self, pid: libc::pid_t) -> Result<(), CgroupError> {
+        let mut done: Vec<&PathBuf> = Vec::new();
+        for (_, dir) in &self.dirs {
+            if done.contains(&dir) {
+                continue;
+            }
+            write(dir.join("cgroup.procs"), &pid.to_string())?;
+            done.push(dir);
+        }
+        Ok(())
+    }
+
+    /// The processes in the sandbox's cgroup.
+    pub fn pids(&self) -> Vec<libc::pid_t> {
+        let Some(dir) = self.dir(Controller::Pids).or_else(|| self.dirs.first().map(|(_, d)| d)) else {
+            return Vec::new();
+        };
+        fs::read_to_string(dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Kills every process in the cgroup. On v2 with `cgroup.kill` this is one write; on v1,
+    /// processes are killed until none is left (a fork racing the kill is caught next round).
+    pub fn kill_all(&self) {
+        if let Some(dir) = &self.v2_dir {
+            if fs::write(dir.join("cgroup.kill"), "1").is_ok() {
+                return;
+            }
+        }
+        for _ in 0..1000 {
+            let pids = self.pids();
+            if pids.is_empty() {
+                return;
+            }
+            for pid in pids {
+                let _ = crate::sys::kill(pid, libc::SIGKILL);
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Whether the kernel's OOM killer acted inside this cgroup.
+    pub fn oom_killed(&self) -> bool {
+        let Some(dir) = self.dir(Controller::Memory) else { return false };
+        let (file, key) = if dir.join("memory.events").exists() {
+            ("memory.events", "oom_kill")
+        } else {
+            ("memory.oom_control", "oom_kill")
+        };
+        fs::read_to_string(dir.join(file))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .any(|(k, v)| k == key && v.trim().parse::<u64>().unwrap_or(0) > 0)
+    }
+
+    /// Kills what is left and removes the directories. Exiting tasks can keep a cgroup busy for
+    /// a moment, so removal is retried for up to two seconds.
+    pub fn remove(&self) {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut removed: Vec<&PathBuf> = Vec::new();
+        for (_, dir) in &self.dirs {
+            if removed.contains(&dir) {
+                continue;
+            }
+            removed.push(dir);
+            loop {
+                match fs::remove_dir(dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(_) if Instant::now() < deadline => {
+                        self.kill_all();
+                        sleep(Duration::from_millis(1));
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+
+    /// The directories, for diagnostics and tests.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|(_, d)| d.clone()).collect()
+    }
+}
+
+fn create_dir(dir: &Path) -> Result<(), CgroupError> {
+    match fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(source) => Err(CgroupError::Create { path: dir.to_path_buf(), source }),
+    }
+}
+
+/// On v2, controllers must be enabled in every ancestor's `cgroup.subtree_control`. Airlock's
+/// sandboxes live under `<root>/airlock`, which holds no processes itself.
+fn prepare_v2_parent(mount: &Path, parent: &Path) -> Result<(), CgroupError> {
+    let enable = "+memory +pids +cpu";
+    write(mount.join("cgroup.subtree_control"), enable)?;
+    match fs::create_dir(parent) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(source) => return Err(CgroupError::Create { path: parent.to_path_buf(), source }),
+    }
+    write(parent.join("cgroup.subtree_control"), enable)
+}
+
+/// Removes cgroups left by Airlock processes that died without cleaning up (`kill -9`): those
+/// whose owner pid, encoded in the name, is gone. Empty ones only; the kernel refuses others.
+pub fn sweep_stale(layout: &Layout) {
+    let mut parents: Vec<PathBuf> = Vec::new();
+    for home in [&layout.memory, &layout.pids, &layout.cpu].into_iter().flatten() {
+        let parent = match home {
+            Home::V1 { own_dir } => own_dir.clone(),
+            Home::V2 { mount } => mount.join("airlock"),
+        };
+        if !parents.contains(&parent) {
+            parents.push(parent);
+        }
+    }
+    for parent in parents {
+        let Ok(entries) = fs::read_dir(&parent) else { continue };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(owner) = name.to_str().and_then(owner_pid) else { continue };
+            if crate::sys::kill(owner, 0).is_err_and(|e| e.raw_os_error() == Some(libc::ESRCH)) {
+                let _ = fs::remove_dir(entry.path());
+            }
+        }
+    }
+}
+
+/// `airlock-<pid>-<n>` → `pid`.
+pub fn owner_pid(name: &str) -> Option<libc::pid_t> {
+    name.strip_prefix(NAME_PREFIX)?.split('-').next()?.parse().ok()
+}
+
+#[cfg(test)]
+#[path = "cgroup_tests.rs"]
+mod tests;

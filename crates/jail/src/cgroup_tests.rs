@@ -1,0 +1,76 @@
+use super::*;
+
+const HYBRID_MOUNTINFO: &str = "\
+30 23 0:26 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+31 30 0:27 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw
+33 30 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+34 30 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
+36 30 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+40 30 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+";
+
+const HYBRID_OWN: &str = "\
+8:pids:/
+4:memory:/process_api/abc
+1:cpu:/
+0::/
+";
+
+#[test]
+fn test_layout_hybrid_prefers_v1_controllers() {
+    let layout = parse_layout(HYBRID_MOUNTINFO, HYBRID_OWN, |_| "hugetlb\n".into());
+    assert_eq!(
+        layout.memory,
+        Some(Home::V1 { own_dir: "/sys/fs/cgroup/memory/process_api/abc".into() })
+    );
+    assert_eq!(layout.pids, Some(Home::V1 { own_dir: "/sys/fs/cgroup/pids".into() }));
+    assert_eq!(layout.cpu, Some(Home::V1 { own_dir: "/sys/fs/cgroup/cpu".into() }));
+    assert_eq!(layout.describe(), "v1");
+}
+
+#[test]
+fn test_layout_pure_v2() {
+    let mountinfo = "25 1 0:22 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
+    let layout = parse_layout(mountinfo, "0::/user.slice\n", |mount| {
+        assert_eq!(mount, Path::new("/sys/fs/cgroup"));
+        "cpuset cpu io memory pids\n".into()
+    });
+    let v2 = Some(Home::V2 { mount: "/sys/fs/cgroup".into() });
+    assert_eq!(layout.memory, v2);
+    assert_eq!(layout.pids, v2);
+    assert_eq!(layout.cpu, v2);
+    assert_eq!(layout.describe(), "v2");
+}
+
+#[test]
+fn test_layout_mixed_v1_and_v2_is_hybrid() {
+    let mountinfo = "\
+25 1 0:22 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
+26 1 0:23 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+";
+    let layout = parse_layout(mountinfo, "4:memory:/\n0::/\n", |_| "pids cpu\n".into());
+    assert!(matches!(layout.memory, Some(Home::V1 { .. })));
+    assert!(matches!(layout.pids, Some(Home::V2 { .. })));
+    assert_eq!(layout.describe(), "hybrid");
+}
+
+#[test]
+fn test_layout_comounted_cpu_cpuacct() {
+    let mountinfo = "26 1 0:23 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n";
+    let layout = parse_layout(mountinfo, "3:cpu,cpuacct:/x\n", |_| String::new());
+    assert_eq!(layout.cpu, Some(Home::V1 { own_dir: "/sys/fs/cgroup/cpu,cpuacct/x".into() }));
+    assert_eq!(layout.memory, None);
+}
+
+#[test]
+fn test_mountinfo_escapes_are_decoded() {
+    assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
+    assert_eq!(unescape_mountinfo("/plain"), "/plain");
+}
+
+#[test]
+fn test_owner_pid_from_name() {
+    assert_eq!(owner_pid("airlock-1234-7"), Some(1234));
+    assert_eq!(owner_pid("other-1234"), None);
+    assert_eq!(owner_pid("airlock-x-1"), None);
+}

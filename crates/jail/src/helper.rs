@@ -1,0 +1,364 @@
+//! The `airlock-jail` helper: a freshly exec'd, single-threaded process that reads its spec from
+//! descriptor 3, enters new namespaces, and forks the sandbox's init (pid 1 inside), which builds
+//! the view, drops every privilege, confines itself and finally forks and execs the workload.
+//!
+//! Order of layers: user namespace (and the idmapped workspace, made while still privileged on
+//! the host) → mount, pid, network, ipc, uts and cgroup namespaces → view and pivot_root →
+//! hostname, loopback, rlimits → identity and capabilities → no_new_privs → Landlock → seccomp.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+use airlock_api::Compat;
+use airlock_policy::{IdMap, Plan, RlimitResource, WorkspacePlan};
+
+use crate::report::{self, Report, SPEC_FD};
+use crate::spec::HelperSpec;
+use crate::sys::{self, Forked};
+use crate::{landlock, seccomp, view};
+
+/// Exit code for a sandbox that could not be set up.
+pub const SETUP_FAILED: i32 = 125;
+
+/// An error on the way to the workload, with the exit code it maps to.
+struct Failure {
+    code: i32,
+    message: String,
+}
+
+impl Failure {
+    fn setup(message: impl Into<String>) -> Failure {
+        Failure { code: SETUP_FAILED, message: message.into() }
+    }
+}
+
+fn with_source(context: &str, err: &dyn std::error::Error) -> Failure {
+    Failure::setup(format!("{context}: {}", crate::error_chain(err)))
+}
+
+/// Entry point of the helper binary; returns its exit code.
+pub fn main() -> i32 {
+    // If the supervisor dies, so do we; init follows through its own death signal.
+    let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+    for signal in [libc::SIGINT, libc::SIGQUIT, libc::SIGTSTP] {
+        sys::ignore_signal(signal);
+    }
+    let spec = match read_spec() {
+        Ok(spec) => spec,
+        Err(message) => {
+            report::send(&Report::Failed { code: SETUP_FAILED, message });
+            return SETUP_FAILED;
+        }
+    };
+    if sys::getppid() != spec.supervisor_pid {
+        return SETUP_FAILED;
+    }
+    match run(&spec.plan) {
+        Ok(()) => 0,
+        Err(failure) => {
+            report::send(&Report::Failed { code: failure.code, message: failure.message });
+            failure.code
+        }
+    }
+}
+
+fn read_spec() -> Result<HelperSpec, String> {
+    // SAFETY: the supervisor placed the spec pipe at SPEC_FD for us alone; we take ownership.
+    let mut file = unsafe { File::from_raw_fd(SPEC_FD) };
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(|e| format!("reading the sandbox spec: {e}"))?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("the sandbox spec is invalid: {e}"))
+}
+
+fn warn_or_fail(compat: Compat, message: String) -> Result<(), Failure> {
+    match compat {
+        Compat::Strict => Err(Failure::setup(format!("{message} (--compat best-effort runs without it)"))),
+        Compat::BestEffort => {
+            report::send(&Report::Warning(format!("not enforced: {message}")));
+            Ok(())
+        }
+    }
+}
+
+fn run(plan: &Plan) -> Result<(), Failure> {
+    let idmapped = enter_user_namespace(plan)?;
+    let flags = libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWNET | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS | libc::CLONE_NEWCGROUP;
+    sys::unshare(flags).map_err(|e| with_source("creating namespaces", &e))?;
+    // Init cannot see its parent's pid from inside the new pid namespace, so it learns whether
+    // the helper is still alive from this pipe: EOF means the helper is gone.
+    let (lifeline_r, lifeline_w) = sys::pipe().map_err(|e| with_source("pipe", &e))?;
+    match sys::fork().map_err(|e| with_source("forking the sandbox init", &e))? {
+        Forked::Child => {
+            drop(lifeline_w);
+            let code = match init(plan, idmapped, lifeline_r) {
+                Ok(code) => code,
+                Err(failure) => {
+                    report::send(&Report::Failed { code: failure.code, message: failure.message });
+                    failure.code
+                }
+            };
+            sys::exit_now(code)
+        }
+        Forked::Parent(init_pid) => {
+            drop(idmapped);
+            drop(lifeline_r);
+            report::send(&Report::InitPid(init_pid));
+            let _ = sys::waitpid(init_pid, 0);
+            drop(lifeline_w);
+            Ok(())
+        }
+    }
+}
+
+fn map_text(maps: &[IdMap]) -> String {
+    maps.iter().map(|m| format!("{} {} {}\n", m.inside, m.outside, m.count)).collect()
+}
+
+/// Enters the sandbox's user namespace. A root caller builds it through a short-lived child, so
+/// that it can still create the idmapped workspace with its host privileges before joining.
+fn enter_user_namespace(plan: &Plan) -> Result<Option<OwnedFd>, Failure> {
+    let identity = &plan.identity;
+    if !identity.privileged_caller {
+        sys::unshare(libc::CLONE_NEWUSER).map_err(|e| with_source("creating the user namespace", &e))?;
+        let write = |file: &str, text: String| {
+            std::fs::write(file, text).map_err(|e| with_source(&format!("writing {file}"), &e))
+        };
+        write("/proc/self/setgroups", "deny".into())?;
+        write("/proc/self/uid_map", map_text(&identity.uid_map))?;
+        write("/proc/self/gid_map", map_text(&identity.gid_map))?;
+        return Ok(None);
+    }
+    let userns = privileged_user_namespace(plan)?;
+    let idmapped = match &plan.view.workspace {
+        WorkspacePlan::Host { path, idmap: true } => idmap_workspace(path, &userns, plan.compat)?,
+        _ => None,
+    };
+    sys::setns(&userns, libc::CLONE_NEWUSER).map_err(|e| with_source("joining the user namespace", &e))?;
+    sys::clear_groups().map_err(|e| with_source("dropping supplementary groups", &e))?;
+    sys::setresgid(0).map_err(|e| with_source("setresgid", &e))?;
+    sys::setresuid(0).map_err(|e| with_source("setresuid", &e))?;
+    Ok(idmapped)
+}
+
+fn privileged_user_namespace(plan: &Plan) -> Result<OwnedFd, Failure> {
+    let (ready_r, ready_w) = sys::pipe().map_err(|e| with_source("pipe", &e))?;
+    let (hold_r, hold_w) = sys::pipe().map_err(|e| with_source("pipe", &e))?;
+    let child = match sys::fork().map_err(|e| with_source("forking the namespace holder", &e))? {
+        Forked::Child => {
+            drop(ready_r);
+            drop(hold_w);
+            let code = if sys::unshare(libc::CLONE_NEWUSER).is_ok() {
+                let _ = sys::write_all_raw(ready_w.as_raw_fd(), b"1");
+                let mut byte = [0u8; 1];
+                let _ = File::from(hold_r).read(&mut byte);
+                0
+            } else {
+                1
+            };
+            sys::exit_now(code)
+        }
+        Forked::Parent(pid) => pid,
+    };
+    drop(ready_w);
+    drop(hold_r);
+    let result = (|| {
+        let mut byte = [0u8; 1];
+        let n = File::from(ready_r).read(&mut byte).unwrap_or(0);
+        if n != 1 {
+            return Err(Failure::setup("creating the user namespace failed (are user namespaces enabled?)"));
+        }
+        let proc_dir = format!("/proc/{child}");
+        for (file, maps) in [("uid_map", &plan.identity.uid_map), ("gid_map", &plan.identity.gid_map)] {
+            std::fs::write(format!("{proc_dir}/{file}"), map_text(maps))
+                .map_err(|e| with_source(&format!("writing {file}"), &e))?;
+        }
+        let ns = File::open(format!("{proc_dir}/ns/user")).map_err(|e| with_source("opening the user namespace", &e))?;
+        Ok(OwnedFd::from(ns))
+    })();
+    drop(hold_w);
+    let _ = sys::waitpid(child, 0);
+    result
+}
+
+fn idmap_workspace(path: &Path, userns: &OwnedFd, compat: Compat) -> Result<Option<OwnedFd>, Failure> {
+    let tree = sys::open_tree_clone(None, path, false)
+        .map_err(|e| with_source(&format!("opening workspace {}", path.display()), &e))?;
+    match sys::mount_setattr(&tree, false, sys::MOUNT_ATTR_IDMAP, Some(userns)) {
+        Ok(()) => Ok(Some(tree)),
+        Err(e) => {
+            warn_or_fail(
+                compat,
+                format!("idmapped workspace ({} does not support idmapped mounts: {e}); files written there would belong to an unmapped user", path.display()),
+            )?;
+            Ok(None)
+        }
+    }
+}
+
+/// The sandbox's init: pid 1 in the new pid namespace.
+fn init(plan: &Plan, idmapped: Option<OwnedFd>, lifeline: OwnedFd) -> Result<i32, Failure> {
+    let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+    if sys::poll_readable(&[lifeline.as_raw_fd()], 0).map_or(true, |ready| ready[0]) {
+        return Ok(SETUP_FAILED);
+    }
+    drop(lifeline);
+    sys::reset_signals();
+    let workspace = view::prepare_workspace(&plan.view.workspace, idmapped).map_err(|e| with_source("filesystem view", &e))?;
+    view::build(&plan.view, workspace, plan.identity.uid, plan.identity.gid)
+        .map_err(|e| with_source("filesystem view", &e))?;
+    sys::sethostname(&plan.view.hostname).map_err(|e| with_source("sethostname", &e))?;
+    sys::loopback_up().map_err(|e| with_source("bringing up loopback", &e))?;
+    apply_rlimits(plan)?;
+    drop_privileges(plan)?;
+    sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).map_err(|e| with_source("no_new_privs", &e))?;
+    if let Err(e) = landlock::apply(&plan.landlock) {
+        warn_or_fail(plan.compat, format!("Landlock: {}", crate::error_chain(&e)))?;
+    }
+    let program = seccomp::compile(&plan.seccomp).map_err(|e| with_source("seccomp", &e))?;
+    seccomp::install(&program).map_err(|e| with_source("seccomp", &e))?;
+    supervise(plan)
+}
+
+
+fn apply_rlimits(plan: &Plan) -> Result<(), Failure> {
+    for limit in &plan.rlimits {
+        let resource = match limit.resource {
+            RlimitResource::Core => libc::RLIMIT_CORE,
+            RlimitResource::Nofile => libc::RLIMIT_NOFILE,
+            RlimitResource::Fsize => libc::RLIMIT_FSIZE,
+        };
+        // Never raise a hard limit above what the host already allows.
+        let (_, current_hard) = sys::getrlimit(resource).map_err(|e| with_source("getrlimit", &e))?;
+        let hard = limit.hard.min(current_hard);
+        let soft = limit.soft.min(hard);
+        sys::setrlimit(resource, soft, hard).map_err(|e| with_source(&format!("setrlimit {:?}", limit.resource), &e))?;
+    }
+    Ok(())
+}
+
+fn drop_privileges(plan: &Plan) -> Result<(), Failure> {
+    // Empty the bounding set while CAP_SETPCAP is still held, so exec can never regain anything.
+    let mut cap = 0;
+    while sys::prctl(libc::PR_CAPBSET_DROP, cap).is_ok() {
+        cap += 1;
+    }
+    if plan.identity.privileged_caller {
+        sys::clear_groups().map_err(|e| with_source("dropping supplementary groups", &e))?;
+    }
+    sys::setresgid(plan.identity.gid).map_err(|e| with_source(&format!("switching to gid {}", plan.identity.gid), &e))?;
+    sys::setresuid(plan.identity.uid).map_err(|e| with_source(&format!("switching to uid {}", plan.identity.uid), &e))?;
+    sys::prctl_cap_ambient_clear_all().map_err(|e| with_source("clearing ambient capabilities", &e))?;
+    sys::clear_capabilities().map_err(|e| with_source("clearing capabilities", &e))
+}
+
+/// Converts strings for execve, rejecting interior NUL bytes.
+fn c_strings(items: impl Iterator<Item = String>) -> Result<Vec<CString>, Failure> {
+    items
+        .map(|s| CString::new(s).map_err(|_| Failure::setup("an argument or variable contains a NUL byte")))
+        .collect()
+}
+
+/// What the workload's child reports through its exec-error pipe before it exits.
+const STAGE_CWD: u8 = 1;
+const STAGE_EXEC: u8 = 2;
+
+/// Init's last job: fork the workload, forward signals to it, reap every orphan, and report the
+/// workload's wait status. Returning ends init, and the kernel then kills whatever is left in
+/// the pid namespace: daemons and double-forked children included.
+fn supervise(plan: &Plan) -> Result<i32, Failure> {
+    const FORWARDED: [libc::c_int; 8] = [
+        libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2,
+        libc::SIGWINCH, libc::SIGCONT,
+    ];
+    let mut watched = FORWARDED.to_vec();
+    watched.push(libc::SIGCHLD);
+    sys::block_signals(&watched).map_err(|e| with_source("blocking signals", &e))?;
+    let signals = sys::signalfd(&watched).map_err(|e| with_source("signalfd", &e))?;
+    let argv = c_strings(plan.process.argv.iter().cloned())?;
+    let env = c_strings(plan.process.env.iter().map(|(k, v)| format!("{k}={v}")))?;
+    let search_path = plan.process.env.iter().find(|(k, _)| k == "PATH").map_or("", |(_, v)| v.as_str());
+    let (error_r, error_w) = sys::pipe().map_err(|e| with_source("pipe", &e))?;
+    let workload = match sys::fork().map_err(|e| with_source("forking the workload", &e))? {
+        Forked::Child => {
+            drop(error_r);
+            drop(signals);
+            sys::reset_signals();
+            let _ = sys::close_from(3, &[error_w.as_raw_fd()]);
+            let (stage, errno) = match sys::chdir(Path::new(&plan.process.cwd)) {
+                Err(e) => (STAGE_CWD, e.raw_os_error().unwrap_or(libc::EIO)),
+                Ok(()) => (STAGE_EXEC, exec_search(&argv, &env, search_path)),
+            };
+            let mut message = [0u8; 5];
+            message[0] = stage;
+            message[1..].copy_from_slice(&errno.to_ne_bytes());
+            let _ = sys::write_all_raw(error_w.as_raw_fd(), &message);
+            sys::exit_now(if stage == STAGE_CWD { SETUP_FAILED } else { 127 })
+        }
+        Forked::Parent(pid) => pid,
+    };
+    drop(error_w);
+    let mut message = Vec::new();
+    let _ = File::from(error_r).read_to_end(&mut message);
+    if message.len() == 5 {
+        let _ = sys::waitpid(workload, 0);
+        let errno = i32::from_ne_bytes([message[1], message[2], message[3], message[4]]);
+        return Err(exec_error(plan, message[0], errno));
+    }
+    loop {
+        let signal = sys::read_signal(&signals).map_err(|e| with_source("reading signals", &e))?;
+        if signal != libc::SIGCHLD {
+            let _ = sys::kill(workload, signal);
+            continue;
+        }
+        while let Ok((pid, status)) = sys::waitpid(-1, libc::WNOHANG) {
+            if pid <= 0 {
+                break;
+            }
+            if pid == workload {
+                report::send(&Report::Ended(status));
+                return Ok(0);
+            }
+        }
+    }
+}
+
+/// Tries each `PATH` entry like a shell does; returns the errno that explains the failure.
+fn exec_search(argv: &[CString], env: &[CString], search_path: &str) -> i32 {
+    let Some(program) = argv.first() else { return libc::ENOENT };
+    let bytes = program.as_bytes();
+    if bytes.contains(&b'/') {
+        return sys::execve(program, argv, env).raw_os_error().unwrap_or(libc::EIO);
+    }
+    let mut denied = false;
+    for dir in search_path.split(':') {
+        let dir = if dir.is_empty() { "." } else { dir };
+        let mut candidate = dir.as_bytes().to_vec();
+        candidate.push(b'/');
+        candidate.extend_from_slice(bytes);
+        let Ok(candidate) = CString::new(candidate) else { continue };
+        match sys::execve(&candidate, argv, env).raw_os_error() {
+            Some(libc::ENOENT | libc::ENOTDIR) => {}
+            Some(libc::EACCES) => denied = true,
+            Some(other) => return other,
+            None => return libc::EIO,
+        }
+    }
+    if denied { libc::EACCES } else { libc::ENOENT }
+}
+
+fn exec_error(plan: &Plan, stage: u8, errno: i32) -> Failure {
+    let error = io::Error::from_raw_os_error(errno);
+    if stage == STAGE_CWD {
+        return Failure::setup(format!("cannot use working directory {}: {error}", plan.process.cwd));
+    }
+    let program = plan.process.argv.first().map_or("", String::as_str);
+    if errno == libc::ENOENT {
+        let what = if program.contains('/') { "no such file" } else { "command not found" };
+        return Failure { code: 127, message: format!("{program}: {what}") };
+    }
+    Failure { code: 126, message: format!("{program}: {error}") }
+}

@@ -1,0 +1,189 @@
+//! Landlock, through the raw syscalls: a read-only view everywhere, writes only where the plan
+//! allows, and (ABI 6) signals and abstract Unix sockets scoped to the sandbox.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+use airlock_policy::LandlockPlan;
+
+use crate::sys::cpath;
+
+const EXECUTE: u64 = 1 << 0;
+const WRITE_FILE: u64 = 1 << 1;
+const READ_FILE: u64 = 1 << 2;
+const READ_DIR: u64 = 1 << 3;
+const REMOVE_DIR: u64 = 1 << 4;
+const REMOVE_FILE: u64 = 1 << 5;
+const MAKE_CHAR: u64 = 1 << 6;
+const MAKE_DIR: u64 = 1 << 7;
+const MAKE_REG: u64 = 1 << 8;
+const MAKE_SOCK: u64 = 1 << 9;
+const MAKE_FIFO: u64 = 1 << 10;
+const MAKE_BLOCK: u64 = 1 << 11;
+const MAKE_SYM: u64 = 1 << 12;
+const REFER: u64 = 1 << 13;
+const TRUNCATE: u64 = 1 << 14;
+const IOCTL_DEV: u64 = 1 << 15;
+
+const SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1 << 0;
+const SCOPE_SIGNAL: u64 = 1 << 1;
+
+const CREATE_RULESET_VERSION: libc::c_uint = 1 << 0;
+const RULE_PATH_BENEATH: libc::c_int = 1;
+
+const READ: u64 = EXECUTE | READ_FILE | READ_DIR;
+/// Rights that apply to a file rather than a directory.
+const FILE_RIGHTS: u64 = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV;
+
+/// Why Landlock could not be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum LandlockError {
+    #[error("Landlock is not supported by this kernel (needs Linux 5.13 with landlock in the lsm= list)")]
+    Unsupported,
+    #[error("creating the Landlock ruleset failed")]
+    CreateRuleset(#[source] io::Error),
+    #[error("adding the Landlock rule for {path} failed")]
+    AddRule {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("enforcing the Landlock ruleset failed")]
+    RestrictSelf(#[source] io::Error),
+}
+
+/// The kernel's Landlock ABI version, or `None` when Landlock is off.
+pub fn abi_version() -> Option<u32> {
+    // SAFETY: with a null attribute, size 0 and the VERSION flag, the call only returns a number.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            CREATE_RULESET_VERSION,
+        )
+    };
+    u32::try_from(ret).ok().filter(|&v| v > 0)
+}
+
+/// Every filesystem right the kernel of `abi` knows.
+fn handled_fs(abi: u32) -> u64 {
+    let mut rights = EXECUTE | WRITE_FILE | READ_FILE | READ_DIR | REMOVE_DIR | REMOVE_FILE
+        | MAKE_CHAR | MAKE_DIR | MAKE_REG | MAKE_SOCK | MAKE_FIFO | MAKE_BLOCK | MAKE_SYM;
+    if abi >= 2 {
+        rights |= REFER;
+    }
+    if abi >= 3 {
+        rights |= TRUNCATE;
+    }
+    if abi >= 5 {
+        rights |= IOCTL_DEV;
+    }
+    rights
+}
+
+/// Rights granted on writable trees. Device nodes cannot be created there: MAKE_CHAR and
+/// MAKE_BLOCK stay denied.
+fn write_tree_rights(abi: u32) -> u64 {
+    handled_fs(abi) & !(MAKE_CHAR | MAKE_BLOCK)
+}
+
+/// What [`apply`] enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    pub abi: u32,
+    pub scoped: bool,
+}
+
+/// Restricts the calling thread, and every process it later creates, to `plan`.
+pub fn apply(plan: &LandlockPlan) -> Result<Applied, LandlockError> {
+    let abi = abi_version().ok_or(LandlockError::Unsupported)?;
+    let handled = handled_fs(abi);
+    let scoped = if plan.scoped && abi >= 6 { SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL } else { 0 };
+    #[repr(C)]
+    struct RulesetAttr {
+        handled_access_fs: u64,
+        handled_access_net: u64,
+        scoped: u64,
+    }
+    let attr = RulesetAttr { handled_access_fs: handled, handled_access_net: 0, scoped };
+    // Older kernels know a shorter struct; pass only the fields they understand.
+    let size = if abi >= 6 { 24usize } else if abi >= 4 { 16 } else { 8 };
+    // SAFETY: `attr` is valid for `size` bytes; the returned descriptor is new and ours.
+    let fd = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, &attr, size, 0) };
+    if fd < 0 {
+        return Err(LandlockError::CreateRuleset(io::Error::last_os_error()));
+    }
+    // SAFETY: the kernel returned a fresh descriptor.
+    let ruleset = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+    for path in &plan.read {
+        add_rule(&ruleset, path, READ & handled)?;
+    }
+    for path in &plan.write_trees {
+        add_rule(&ruleset, path, write_tree_rights(abi))?;
+    }
+    for path in &plan.write_files {
+        add_rule(&ruleset, path, (READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV) & handled)?;
+    }
+    // SAFETY: `ruleset` is a live Landlock ruleset descriptor; flags 0.
+    let ret = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0) };
+    if ret != 0 {
+        return Err(LandlockError::RestrictSelf(io::Error::last_os_error()));
+    }
+    Ok(Applied { abi, scoped: scoped != 0 })
+}
+
+/// Allows `rights` beneath `path`. A path that does not exist in this view is skipped: there is
+/// nothing there to allow.
+fn add_rule(ruleset: &OwnedFd, path: &Path, rights: u64) -> Result<(), LandlockError> {
+    let err = |source| LandlockError::AddRule { path: path.display().to_string(), source };
+    let cpath = cpath(path).map_err(err)?;
+    // SAFETY: `cpath` is a valid string; O_PATH opens nothing but a reference.
+    let raw = unsafe { libc::open(cpath.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    if raw < 0 {
+        let error = io::Error::last_os_error();
+        if error.raw_os_error() == Some(libc::ENOENT) || error.raw_os_error() == Some(libc::ENXIO) {
+            return Ok(());
+        }
+        return Err(err(error));
+    }
+    // SAFETY: the kernel returned a fresh descriptor.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let is_dir = std::fs::metadata(path).map(|m| m.is_dir()).unwrap_or(false);
+    let rights = if is_dir { rights } else { rights & FILE_RIGHTS };
+    #[repr(C, packed)]
+    struct PathBeneath {
+        allowed_access: u64,
+        parent_fd: i32,
+    }
+    let attr = PathBeneath { allowed_access: rights, parent_fd: fd.as_raw_fd() };
+    // SAFETY: `attr` is a valid packed landlock_path_beneath_attr and both descriptors are live.
+    let ret = unsafe {
+        libc::syscall(libc::SYS_landlock_add_rule, ruleset.as_raw_fd(), RULE_PATH_BENEATH, &attr, 0)
+    };
+    if ret != 0 {
+        return Err(err(io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_landlock_rights_grow_with_abi() {
+        assert_eq!(handled_fs(1) & (REFER | TRUNCATE | IOCTL_DEV), 0);
+        assert_ne!(handled_fs(2) & REFER, 0);
+        assert_ne!(handled_fs(3) & TRUNCATE, 0);
+        assert_ne!(handled_fs(5) & IOCTL_DEV, 0);
+    }
+
+    #[test]
+    fn test_landlock_writable_trees_cannot_make_devices() {
+        let rights = write_tree_rights(7);
+        assert_eq!(rights & (MAKE_CHAR | MAKE_BLOCK), 0);
+        assert_ne!(rights & (MAKE_REG | MAKE_DIR | REMOVE_FILE | WRITE_FILE), 0);
+    }
+}

@@ -1,0 +1,33 @@
+//! Linux confinement for Airlock's process tier.
+//!
+//! The supervisor side ([`supervisor`]) runs in the caller: it creates the sandbox's cgroup,
+//! spawns the freshly exec'd `airlock-jail` helper with the plan on descriptor 3, watches the
+//! report channel, enforces the wall-clock limit and cleans up. The helper side ([`helper`])
+//! applies the layers. This crate and `vmm` are the only ones allowed `unsafe`.
+#![allow(unsafe_code, reason = "the jail is one of the two crates that talk to the kernel directly")]
+
+pub mod cgroup;
+pub mod helper;
+pub mod host;
+pub mod landlock;
+pub mod report;
+pub mod seccomp;
+pub mod spec;
+pub mod supervisor;
+mod sys;
+mod view;
+
+pub use host::HostSupport;
+pub use supervisor::{Ending, JailError, Outcome, Sandbox, SpawnOptions, TerminationSignals, find_helper};
+
+/// Formats an error with its chain of causes on one line: `what failed: why: deeper why`.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(e) = cause {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        cause = e.source();
+    }
+    text
+}

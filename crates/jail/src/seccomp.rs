@@ -1,0 +1,210 @@
+//! Compiles the policy's seccomp rules into a classic BPF program for x86_64, and installs it.
+//!
+//! Shape of the program: an architecture check that kills foreign ABIs, then one block per
+//! syscall that has rules (a number compare that skips the block when it does not match), then
+//! allow. Each block ends in a `ret`, so the accumulator never needs to be restored.
+
+use std::io;
+
+use airlock_policy::{ArgCheck, SeccompRule, SyscallAction};
+
+/// One classic BPF instruction (`struct sock_filter`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct Insn {
+    pub code: u16,
+    pub jt: u8,
+    pub jf: u8,
+    pub k: u32,
+}
+
+const BPF_LD_W_ABS: u16 = 0x00 | 0x00 | 0x20;
+const BPF_ALU_AND_K: u16 = 0x04 | 0x50;
+const BPF_JEQ_K: u16 = 0x05 | 0x10;
+const BPF_JGE_K: u16 = 0x05 | 0x30;
+const BPF_RET_K: u16 = 0x06;
+
+pub const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+const OFFSET_NR: u32 = 0;
+const OFFSET_ARCH: u32 = 4;
+const OFFSET_ARGS: u32 = 16;
+
+pub const RET_KILL_PROCESS: u32 = 0x8000_0000;
+pub const RET_ALLOW: u32 = 0x7fff_0000;
+const RET_ERRNO: u32 = 0x0005_0000;
+
+/// Why the rules could not be turned into a program.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    #[error("unknown syscall `{0}` in the seccomp rules")]
+    UnknownSyscall(String),
+    #[error("the rules for `{0}` are too long for one BPF jump")]
+    BlockTooLong(String),
+    #[error("argument index {0} is out of range (0..=5)")]
+    BadArgument(u8),
+    #[error("installing the seccomp filter failed")]
+    Install(#[source] io::Error),
+}
+
+/// The x86_64 number of a syscall the rules may name.
+pub fn syscall_number(name: &str) -> Option<u32> {
+    let number: libc::c_long = match name {
+        "ptrace" => libc::SYS_ptrace,
+        "process_vm_readv" => libc::SYS_process_vm_readv,
+        "process_vm_writev" => libc::SYS_process_vm_writev,
+        "bpf" => libc::SYS_bpf,
+        "perf_event_open" => libc::SYS_perf_event_open,
+        "userfaultfd" => libc::SYS_userfaultfd,
+        "io_uring_setup" => libc::SYS_io_uring_setup,
+        "io_uring_enter" => libc::SYS_io_uring_enter,
+        "io_uring_register" => libc::SYS_io_uring_register,
+        "mount" => libc::SYS_mount,
+        "umount2" => libc::SYS_umount2,
+        "pivot_root" => libc::SYS_pivot_root,
+        "fsopen" => libc::SYS_fsopen,
+        "fsconfig" => libc::SYS_fsconfig,
+        "fsmount" => libc::SYS_fsmount,
+        "fspick" => libc::SYS_fspick,
+        "move_mount" => libc::SYS_move_mount,
+        "open_tree" => libc::SYS_open_tree,
+        "open_tree_attr" => 467,
+        "mount_setattr" => libc::SYS_mount_setattr,
+        "chroot" => libc::SYS_chroot,
+        "setns" => libc::SYS_setns,
+        "unshare" => libc::SYS_unshare,
+        "clone" => libc::SYS_clone,
+        "clone3" => libc::SYS_clone3,
+        "keyctl" => libc::SYS_keyctl,
+        "add_key" => libc::SYS_add_key,
+        "request_key" => libc::SYS_request_key,
+        "kexec_load" => libc::SYS_kexec_load,
+        "kexec_file_load" => libc::SYS_kexec_file_load,
+        "init_module" => libc::SYS_init_module,
+        "finit_module" => libc::SYS_finit_module,
+        "delete_module" => libc::SYS_delete_module,
+        "reboot" => libc::SYS_reboot,
+        "swapon" => libc::SYS_swapon,
+        "swapoff" => libc::SYS_swapoff,
+        "acct" => libc::SYS_acct,
+        "iopl" => libc::SYS_iopl,
+        "ioperm" => libc::SYS_ioperm,
+        "settimeofday" => libc::SYS_settimeofday,
+        "clock_settime" => libc::SYS_clock_settime,
+        "clock_adjtime" => libc::SYS_clock_adjtime,
+        "adjtimex" => libc::SYS_adjtimex,
+        "open_by_handle_at" => libc::SYS_open_by_handle_at,
+        "openat2" => libc::SYS_openat2,
+        "personality" => libc::SYS_personality,
+        "socket" => libc::SYS_socket,
+        "ioctl" => libc::SYS_ioctl,
+        "chmod" => libc::SYS_chmod,
+        "fchmod" => libc::SYS_fchmod,
+        "fchmodat" => libc::SYS_fchmodat,
+        "fchmodat2" => libc::SYS_fchmodat2,
+        "creat" => libc::SYS_creat,
+        "mknod" => libc::SYS_mknod,
+        "mknodat" => libc::SYS_mknodat,
+        "open" => libc::SYS_open,
+        "openat" => libc::SYS_openat,
+        _ => return None,
+    };
+    u32::try_from(number).ok()
+}
+
+const fn stmt(code: u16, k: u32) -> Insn {
+    Insn { code, jt: 0, jf: 0, k }
+}
+
+const fn jump(code: u16, k: u32, jt: u8, jf: u8) -> Insn {
+    Insn { code, jt, jf, k }
+}
+
+fn ret_for(action: SyscallAction) -> u32 {
+    match action {
+        SyscallAction::Eperm => RET_ERRNO | libc::EPERM as u32,
+        SyscallAction::Enosys => RET_ERRNO | libc::ENOSYS as u32,
+    }
+}
+
+fn check_len(check: &ArgCheck) -> usize {
+    if check.mask == u32::MAX { 2 } else { 3 }
+}
+
+/// Emits one rule: its checks, each jumping past the rule's `ret` when it fails.
+fn emit_rule(rule: &SeccompRule, out: &mut Vec<Insn>) -> Result<(), SeccompError> {
+    let total: usize = rule.checks.iter().map(check_len).sum::<usize>() + 1;
+    let mut emitted = 0;
+    for check in &rule.checks {
+        if check.arg > 5 {
+            return Err(SeccompError::BadArgument(check.arg));
+        }
+        out.push(stmt(BPF_LD_W_ABS, OFFSET_ARGS + 8 * u32::from(check.arg)));
+        if check.mask != u32::MAX {
+            out.push(stmt(BPF_ALU_AND_K, check.mask));
+        }
+        emitted += check_len(check);
+        // Instructions left in this rule after the jump: the rest of the checks and the ret.
+        let skip = u8::try_from(total - emitted)
+            .map_err(|_| SeccompError::BlockTooLong(rule.syscall.clone()))?;
+        let (jt, jf) = if check.equal { (0, skip) } else { (skip, 0) };
+        out.push(jump(BPF_JEQ_K, check.value, jt, jf));
+    }
+    out.push(stmt(BPF_RET_K, ret_for(rule.action)));
+    Ok(())
+}
+
+/// Compiles `rules` into a BPF program.
+pub fn compile(rules: &[SeccompRule]) -> Result<Vec<Insn>, SeccompError> {
+    let mut program = vec![
+        stmt(BPF_LD_W_ABS, OFFSET_ARCH),
+        jump(BPF_JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
+        stmt(BPF_RET_K, RET_KILL_PROCESS),
+        stmt(BPF_LD_W_ABS, OFFSET_NR),
+        jump(BPF_JGE_K, X32_SYSCALL_BIT, 0, 1),
+        stmt(BPF_RET_K, RET_KILL_PROCESS),
+    ];
+    // Group the rules by syscall, keeping first-appearance order and per-syscall order.
+    let mut order: Vec<&str> = Vec::new();
+    for rule in rules {
+        if !order.contains(&rule.syscall.as_str()) {
+            order.push(&rule.syscall);
+        }
+    }
+    for name in order {
+        let number = syscall_number(name).ok_or_else(|| SeccompError::UnknownSyscall(name.to_owned()))?;
+        let mut block = Vec::new();
+        for rule in rules.iter().filter(|r| r.syscall == name) {
+            emit_rule(rule, &mut block)?;
+        }
+        block.push(stmt(BPF_RET_K, RET_ALLOW));
+        let skip = u8::try_from(block.len()).map_err(|_| SeccompError::BlockTooLong(name.to_owned()))?;
+        program.push(jump(BPF_JEQ_K, number, 0, skip));
+        program.extend(block);
+    }
+    program.push(stmt(BPF_RET_K, RET_ALLOW));
+    Ok(program)
+}
+
+/// Installs `program` on the calling thread. `no_new_privs` must already be set.
+pub fn install(program: &[Insn]) -> Result<(), SeccompError> {
+    #[repr(C)]
+    struct Prog {
+        len: u16,
+        filter: *const Insn,
+    }
+    let len = u16::try_from(program.len())
+        .map_err(|_| SeccompError::Install(io::Error::from_raw_os_error(libc::E2BIG)))?;
+    let prog = Prog { len, filter: program.as_ptr() };
+    const SECCOMP_SET_MODE_FILTER: libc::c_ulong = 1;
+    // SAFETY: `prog` points at `program`, which outlives the call; the kernel copies the filter.
+    let ret = unsafe { libc::syscall(libc::SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) };
+    if ret != 0 {
+        return Err(SeccompError::Install(io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "seccomp_tests.rs"]
+mod tests;

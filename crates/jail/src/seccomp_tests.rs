@@ -1,0 +1,141 @@
+//! Runs the compiled program through a small BPF interpreter, so every rule is checked without
+//! installing anything.
+
+use airlock_policy::seccomp::default_rules;
+
+use super::*;
+
+struct Call {
+    arch: u32,
+    nr: u32,
+    args: [u64; 6],
+}
+
+fn call(nr: libc::c_long, args: &[u64]) -> Call {
+    let mut all = [0u64; 6];
+    all[..args.len()].copy_from_slice(args);
+    Call { arch: AUDIT_ARCH_X86_64, nr: nr as u32, args: all }
+}
+
+fn run(program: &[Insn], call: &Call) -> u32 {
+    let load = |offset: u32| -> u32 {
+        match offset {
+            0 => call.nr,
+            4 => call.arch,
+            o if o >= 16 && (o - 16) % 8 == 0 => call.args[((o - 16) / 8) as usize] as u32,
+            o => panic!("unexpected load offset {o}"),
+        }
+    };
+    let mut acc = 0u32;
+    let mut pc = 0usize;
+    loop {
+        let insn = program[pc];
+        pc += 1;
+        match insn.code {
+            BPF_LD_W_ABS => acc = load(insn.k),
+            BPF_ALU_AND_K => acc &= insn.k,
+            BPF_JEQ_K => pc += usize::from(if acc == insn.k { insn.jt } else { insn.jf }),
+            BPF_JGE_K => pc += usize::from(if acc >= insn.k { insn.jt } else { insn.jf }),
+            BPF_RET_K => return insn.k,
+            code => panic!("unexpected opcode {code:#x}"),
+        }
+    }
+}
+
+fn program() -> Vec<Insn> {
+    compile(&default_rules()).unwrap()
+}
+
+const EPERM: u32 = RET_ERRNO | libc::EPERM as u32;
+const ENOSYS: u32 = RET_ERRNO | libc::ENOSYS as u32;
+
+#[test]
+fn test_bpf_denies_listed_syscalls_and_allows_others() {
+    let p = program();
+    for nr in [libc::SYS_ptrace, libc::SYS_bpf, libc::SYS_mount, libc::SYS_setns, libc::SYS_keyctl, libc::SYS_io_uring_setup, libc::SYS_open_tree, libc::SYS_reboot] {
+        assert_eq!(run(&p, &call(nr, &[])), EPERM, "syscall {nr}");
+    }
+    for nr in [libc::SYS_read, libc::SYS_write, libc::SYS_execve, libc::SYS_getpid, libc::SYS_wait4] {
+        assert_eq!(run(&p, &call(nr, &[])), RET_ALLOW, "syscall {nr}");
+    }
+    assert_eq!(run(&p, &call(libc::SYS_clone3, &[])), ENOSYS);
+    assert_eq!(run(&p, &call(467, &[])), EPERM, "open_tree_attr");
+}
+
+#[test]
+fn test_bpf_kills_foreign_abis() {
+    let p = program();
+    let i386 = Call { arch: 0x4000_0003, nr: 1, args: [0; 6] };
+    assert_eq!(run(&p, &i386), RET_KILL_PROCESS);
+    let x32 = Call { arch: AUDIT_ARCH_X86_64, nr: X32_SYSCALL_BIT | 1, args: [0; 6] };
+    assert_eq!(run(&p, &x32), RET_KILL_PROCESS);
+}
+
+#[test]
+fn test_bpf_user_namespaces_only_are_denied_to_clone_and_unshare() {
+    let p = program();
+    let newuser = libc::CLONE_NEWUSER as u64;
+    assert_eq!(run(&p, &call(libc::SYS_clone, &[newuser | libc::SIGCHLD as u64])), EPERM);
+    assert_eq!(run(&p, &call(libc::SYS_clone, &[libc::SIGCHLD as u64])), RET_ALLOW);
+    assert_eq!(run(&p, &call(libc::SYS_unshare, &[newuser])), EPERM);
+    assert_eq!(run(&p, &call(libc::SYS_unshare, &[libc::CLONE_NEWNS as u64])), RET_ALLOW);
+}
+
+#[test]
+fn test_bpf_socket_families() {
+    let p = program();
+    let socket = |domain: i32, ty: i32, proto: i32| run(&p, &call(libc::SYS_socket, &[domain as u64, ty as u64, proto as u64]));
+    assert_eq!(socket(libc::AF_INET, libc::SOCK_STREAM, 0), RET_ALLOW);
+    assert_eq!(socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0), RET_ALLOW);
+    assert_eq!(socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE), EPERM, "SOCK_RAW");
+    assert_eq!(socket(libc::AF_NETLINK, libc::SOCK_DGRAM, libc::NETLINK_ROUTE), RET_ALLOW);
+    assert_eq!(socket(libc::AF_NETLINK, libc::SOCK_DGRAM, libc::NETLINK_AUDIT), EPERM);
+    assert_eq!(socket(libc::AF_NETLINK, libc::SOCK_DGRAM, libc::NETLINK_SOCK_DIAG), EPERM);
+    assert_eq!(socket(libc::AF_PACKET, libc::SOCK_DGRAM, 0), EPERM);
+    assert_eq!(socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0), EPERM);
+    assert_eq!(socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_NONBLOCK, 1), EPERM);
+    assert_eq!(socket(libc::AF_INET, libc::SOCK_DGRAM, libc::IPPROTO_ICMP), RET_ALLOW, "ping sockets are not raw");
+}
+
+#[test]
+fn test_bpf_personality_only_default_or_query() {
+    let p = program();
+    let personality = |value: u64| run(&p, &call(libc::SYS_personality, &[value]));
+    assert_eq!(personality(0), RET_ALLOW);
+    assert_eq!(personality(0xffff_ffff), RET_ALLOW);
+    assert_eq!(personality(0x0040_0000), EPERM, "READ_IMPLIES_EXEC");
+}
+
+#[test]
+fn test_bpf_set_id_bits_and_terminal_injection() {
+    let p = program();
+    assert_eq!(run(&p, &call(libc::SYS_chmod, &[0, 0o4755])), EPERM);
+    assert_eq!(run(&p, &call(libc::SYS_chmod, &[0, 0o2755])), EPERM);
+    assert_eq!(run(&p, &call(libc::SYS_chmod, &[0, 0o755])), RET_ALLOW);
+    assert_eq!(run(&p, &call(libc::SYS_fchmodat, &[0, 0, 0o4755])), EPERM);
+    let creat = libc::O_CREAT as u64 | libc::O_WRONLY as u64;
+    assert_eq!(run(&p, &call(libc::SYS_openat, &[0, 0, creat, 0o4755])), EPERM);
+    assert_eq!(run(&p, &call(libc::SYS_openat, &[0, 0, creat, 0o644])), RET_ALLOW);
+    assert_eq!(run(&p, &call(libc::SYS_openat, &[0, 0, libc::O_RDONLY as u64, 0o4755])), RET_ALLOW);
+    assert_eq!(run(&p, &call(libc::SYS_open, &[0, creat, 0o6755])), EPERM);
+    assert_eq!(run(&p, &call(libc::SYS_ioctl, &[0, libc::TIOCSTI])), EPERM);
+    assert_eq!(run(&p, &call(libc::SYS_ioctl, &[0, libc::TIOCGWINSZ])), RET_ALLOW);
+}
+
+#[test]
+fn test_bpf_rejects_unknown_syscall_names() {
+    let rules = vec![SeccompRule {
+        syscall: "frobnicate".into(),
+        checks: vec![],
+        action: SyscallAction::Eperm,
+        why: "test".into(),
+    }];
+    assert!(matches!(compile(&rules), Err(SeccompError::UnknownSyscall(name)) if name == "frobnicate"));
+}
+
+#[test]
+fn test_bpf_every_default_rule_names_a_known_syscall() {
+    for rule in default_rules() {
+        assert!(syscall_number(&rule.syscall).is_some(), "{}", rule.syscall);
+    }
+}

@@ -1,0 +1,350 @@
+//! The caller's side of a sandbox: spawn the helper, watch it, enforce the deadline, clean up.
+//!
+//! Cleanup is layered so that nothing outlives the sandbox however it ends: killing init (pid 1
+//! of the sandbox's pid namespace) makes the kernel kill every process inside; the helper and
+//! init carry a parent-death signal, so a dead supervisor takes them along; the cgroup is
+//! emptied and removed; and the sandbox's namespaces, mounts and tmpfs disappear with its last
+//! process. No file is created on the host.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use airlock_api::Compat;
+use airlock_policy::Plan;
+
+use crate::cgroup::{self, CgroupError, Layout, SandboxCgroup};
+use crate::report::{REPORT_FD, Report, SPEC_FD};
+use crate::spec::HelperSpec;
+use crate::sys;
+
+/// What can go wrong on the supervisor's side.
+#[derive(Debug, thiserror::Error)]
+pub enum JailError {
+    #[error("cannot find the airlock-jail helper next to {0} (set AIRLOCK_JAIL_BIN)")]
+    HelperNotFound(PathBuf),
+    #[error("cgroup limits cannot be applied (--compat best-effort runs without them)")]
+    Cgroup(#[source] CgroupError),
+    #[error("cannot start the helper {path}")]
+    Spawn {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("sending the spec to the helper failed")]
+    SendSpec(#[source] io::Error),
+    #[error("watching the sandbox failed")]
+    Watch(#[source] io::Error),
+}
+
+/// Locates `airlock-jail`: `$AIRLOCK_JAIL_BIN`, else next to the running executable or one
+/// directory up (where cargo puts binaries relative to test executables).
+pub fn find_helper() -> Result<PathBuf, JailError> {
+    if let Some(path) = std::env::var_os("AIRLOCK_JAIL_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut dir = exe.parent();
+    for _ in 0..2 {
+        let Some(current) = dir else { break };
+        let candidate = current.join("airlock-jail");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+        dir = current.parent();
+    }
+    Err(JailError::HelperNotFound(exe))
+}
+
+/// SIGINT, SIGTERM and SIGHUP, blocked in the calling thread and delivered through a
+/// descriptor so that the wait loop can tear the sandbox down before exiting.
+#[derive(Debug)]
+pub struct TerminationSignals {
+    fd: OwnedFd,
+}
+
+impl TerminationSignals {
+    const SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+    /// Call before spawning any sandbox, from a single-threaded program (the CLI).
+    pub fn install() -> io::Result<TerminationSignals> {
+        sys::block_signals(&Self::SIGNALS)?;
+        Ok(TerminationSignals { fd: sys::signalfd(&Self::SIGNALS)? })
+    }
+}
+
+/// How a sandbox ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// The workload exited with this code.
+    Exited(i32),
+    /// A signal killed the workload.
+    Signaled(i32),
+    /// The sandbox could not be set up; `code` is 125, 126 or 127.
+    SetupFailed { code: i32, message: String },
+    /// The wall-clock limit passed and the sandbox was killed.
+    TimedOut,
+    /// The supervisor received this signal and tore the sandbox down.
+    Interrupted(i32),
+}
+
+/// How a sandbox ended, and whether its memory limit was hit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub ending: Ending,
+    pub oom_killed: bool,
+}
+
+impl Outcome {
+    /// The exit code a shell-like caller reports: the workload's, 128+N for signal N, 124 for a
+    /// timeout, and the setup code for a sandbox that never started.
+    pub fn exit_code(&self) -> i32 {
+        match &self.ending {
+            Ending::Exited(code) => *code,
+            Ending::Signaled(signal) | Ending::Interrupted(signal) => 128 + signal,
+            Ending::SetupFailed { code, .. } => *code,
+            Ending::TimedOut => 124,
+        }
+    }
+}
+
+/// Everything the supervisor needs besides the plan.
+#[derive(Debug, Clone)]
+pub struct SpawnOptions {
+    pub helper: PathBuf,
+    pub cgroups: Layout,
+}
+
+/// A running sandbox.
+#[derive(Debug)]
+pub struct Sandbox {
+    helper: Option<Child>,
+    report: Option<File>,
+    init_pid: Option<libc::pid_t>,
+    cgroup: Option<SandboxCgroup>,
+    cgroups: Layout,
+    warnings: Vec<String>,
+}
+
+static SANDBOX_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl Sandbox {
+    /// Creates the cgroup and starts the helper with `plan`.
+    pub fn spawn(plan: &Plan, options: &SpawnOptions) -> Result<Sandbox, JailError> {
+        let name = format!(
+            "{}{}-{}",
+            cgroup::NAME_PREFIX,
+            std::process::id(),
+            SANDBOX_COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut warnings = Vec::new();
+        let cgroup = match SandboxCgroup::create(&options.cgroups, &name, &plan.cgroup) {
+            Ok(cgroup) => Some(cgroup),
+            Err(err) if plan.compat == Compat::BestEffort => {
+                warnings.push(format!("not enforced: cgroup limits (memory, pids, cpu): {}", crate::error_chain(&err)));
+                None
+            }
+            Err(err) => return Err(JailError::Cgroup(err)),
+        };
+        let mut sandbox = Sandbox {
+            helper: None,
+            report: None,
+            init_pid: None,
+            cgroup,
+            cgroups: options.cgroups.clone(),
+            warnings,
+        };
+        sandbox.start_helper(plan, &options.helper)?;
+        Ok(sandbox)
+    }
+
+    fn start_helper(&mut self, plan: &Plan, helper: &Path) -> Result<(), JailError> {
+        let pipe_err = |source| JailError::Spawn { path: helper.to_path_buf(), source };
+        let (spec_r, spec_w) = sys::pipe().map_err(pipe_err)?;
+        let (report_r, report_w) = sys::pipe().map_err(pipe_err)?;
+        let (spec_fd, report_fd) = (spec_r.as_raw_fd(), report_w.as_raw_fd());
+        let mut command = Command::new(helper);
+        command.env_clear();
+        // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
+        // syscalls (fcntl, dup2, sigprocmask, signal) on descriptors this process owns.
+        unsafe {
+            command.pre_exec(move || {
+                sys::install_fds(&[(spec_fd, SPEC_FD), (report_fd, REPORT_FD)])?;
+                sys::reset_signals();
+                Ok(())
+            });
+        }
+        let child = command.spawn().map_err(pipe_err)?;
+        drop(spec_r);
+        drop(report_w);
+        let pid = libc::pid_t::try_from(child.id()).unwrap_or(libc::pid_t::MAX);
+        self.helper = Some(child);
+        self.report = Some(File::from(report_r));
+        // The helper blocks reading its spec until it is inside the cgroup, so no process of
+        // the sandbox ever runs outside it.
+        if let Some(cgroup) = &self.cgroup {
+            if let Err(err) = cgroup.attach(pid) {
+                self.kill();
+                return Err(JailError::Cgroup(err));
+            }
+        }
+        let spec = HelperSpec { plan: plan.clone(), supervisor_pid: sys::getpid() };
+        let bytes = serde_json::to_vec(&spec).map_err(|e| JailError::SendSpec(e.into()))?;
+        let mut spec_w = File::from(spec_w);
+        if let Err(err) = spec_w.write_all(&bytes) {
+            self.kill();
+            return Err(JailError::SendSpec(err));
+        }
+        Ok(())
+    }
+
+    /// Kills everything in the sandbox. Safe to call more than once.
+    pub fn kill(&mut self) {
+        if let Some(pid) = self.init_pid {
+            let _ = sys::kill(pid, libc::SIGKILL);
+        }
+        if let Some(helper) = &mut self.helper {
+            let _ = helper.kill();
+        }
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.kill_all();
+        }
+    }
+
+    /// Waits for the sandbox to end, killing it at `deadline` or when a termination signal
+    /// arrives. `on_warning` receives every layer that best-effort mode skipped, as it happens.
+    pub fn wait(
+        mut self,
+        deadline: Option<Instant>,
+        signals: Option<&TerminationSignals>,
+        mut on_warning: impl FnMut(&str),
+    ) -> Result<Outcome, JailError> {
+        for warning in self.warnings.drain(..) {
+            on_warning(&warning);
+        }
+        let report = self.report.take().ok_or_else(|| JailError::Watch(io::ErrorKind::NotConnected.into()))?;
+        let mut fds = vec![report.as_raw_fd()];
+        if let Some(signals) = signals {
+            fds.push(signals.fd.as_raw_fd());
+        }
+        let mut reader = ReportReader { file: report, pending: Vec::new() };
+        let (mut status, mut failure, mut forced): (Option<libc::c_int>, Option<(i32, String)>, Option<Ending>) =
+            (None, None, None);
+        let mut deadline = deadline;
+        loop {
+            let timeout_ms = match deadline {
+                Some(at) => libc::c_int::try_from(at.saturating_duration_since(Instant::now()).as_millis().saturating_add(1))
+                    .unwrap_or(libc::c_int::MAX),
+                None => -1,
+            };
+            let ready = sys::poll_readable(&fds, timeout_ms).map_err(JailError::Watch)?;
+            if ready.get(1).copied().unwrap_or(false) {
+                if let Some(signals) = signals {
+                    let signal = sys::read_signal(&signals.fd).map_err(JailError::Watch)?;
+                    forced.get_or_insert(Ending::Interrupted(signal));
+                    self.kill();
+                }
+            }
+            if deadline.is_some_and(|at| Instant::now() >= at) {
+                forced.get_or_insert(Ending::TimedOut);
+                deadline = None;
+                self.kill();
+            }
+            if !ready.first().copied().unwrap_or(false) {
+                continue;
+            }
+            let (messages, open) = reader.read().map_err(JailError::Watch)?;
+            for message in messages {
+                match message {
+                    Report::InitPid(pid) => {
+                        self.init_pid = Some(pid);
+                        if forced.is_some() {
+                            self.kill();
+                        }
+                    }
+                    Report::Warning(text) => on_warning(&text),
+                    Report::Failed { code, message } => failure = Some((code, message)),
+                    Report::Ended(raw) => status = Some(raw),
+                }
+            }
+            if !open {
+                break;
+            }
+        }
+        let helper_status = self.helper.take().map(|mut child| child.wait());
+        let oom_killed = self.cgroup.as_ref().is_some_and(SandboxCgroup::oom_killed);
+        self.cleanup();
+        let ending = match (forced, failure, status) {
+            (Some(forced), _, _) => forced,
+            (None, Some((code, message)), _) => Ending::SetupFailed { code, message },
+            (None, None, Some(raw)) if libc::WIFSIGNALED(raw) => Ending::Signaled(libc::WTERMSIG(raw)),
+            (None, None, Some(raw)) => Ending::Exited(libc::WEXITSTATUS(raw)),
+            (None, None, None) => {
+                let detail = match helper_status {
+                    Some(Ok(status)) => format!("{status}"),
+                    Some(Err(err)) => err.to_string(),
+                    None => "unknown".into(),
+                };
+                let message = if oom_killed {
+                    "the sandbox was killed by its memory limit before the workload started".to_owned()
+                } else {
+                    format!("the sandbox ended without reporting its workload's status (helper: {detail})")
+                };
+                Ending::SetupFailed { code: crate::helper::SETUP_FAILED, message }
+            }
+        };
+        Ok(Outcome { ending, oom_killed })
+    }
+
+    fn cleanup(&mut self) {
+        if let Some(mut child) = self.helper.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(cgroup) = self.cgroup.take() {
+            cgroup.kill_all();
+            cgroup.remove();
+            cgroup::sweep_stale(&self.cgroups);
+        }
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        self.kill();
+        self.cleanup();
+    }
+}
+
+/// Splits the report stream into messages.
+struct ReportReader {
+    file: File,
+    pending: Vec<u8>,
+}
+
+impl ReportReader {
+    /// Reads what is available; returns the complete messages and whether the channel is open.
+    fn read(&mut self) -> io::Result<(Vec<Report>, bool)> {
+        let mut buf = [0u8; 4096];
+        let n = match self.file.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok((Vec::new(), true)),
+            Err(e) => return Err(e),
+        };
+        self.pending.extend_from_slice(&buf[..n]);
+        let mut messages = Vec::new();
+        while let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.pending.drain(..=end).collect();
+            if let Some(report) = Report::decode(String::from_utf8_lossy(&line[..end]).as_ref()) {
+                messages.push(report);
+            }
+        }
+        Ok((messages, n > 0))
+    }
+}
+

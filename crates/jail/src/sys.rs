@@ -1,0 +1,524 @@
+//! Thin, safe wrappers over the Linux syscalls the jail needs. Every `unsafe` block of the
+//! helper lives here or in `landlock`/`seccomp`, each with its reasoning.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+/// Turns a `-1`-on-error return into an `io::Result`.
+fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret == -1 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+}
+
+fn check_int(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret == -1 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+}
+
+/// Converts a path into a C string, rejecting interior NUL bytes.
+pub fn cpath(path: &Path) -> io::Result<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+/// `pipe2(O_CLOEXEC)`: (read end, write end).
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` is a valid array of two ints for the kernel to fill; on success both are new
+    // descriptors that nothing else owns.
+    check_int(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: the kernel just returned these descriptors to us, so we own them exclusively.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Result of [`fork`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forked {
+    Child,
+    Parent(libc::pid_t),
+}
+
+/// `fork()`. Only called by the single-threaded helper and its init, never by a threaded
+/// process, so the child may run arbitrary code.
+pub fn fork() -> io::Result<Forked> {
+    // SAFETY: the helper and init are single-threaded (they never spawn threads), so the child
+    // inherits a consistent copy of the address space, allocator locks included.
+    let pid = check_int(unsafe { libc::fork() })?;
+    Ok(if pid == 0 { Forked::Child } else { Forked::Parent(pid) })
+}
+
+/// `waitpid(pid, 0)`, retried on `EINTR`; returns the raw wait status.
+pub fn waitpid(pid: libc::pid_t, flags: libc::c_int) -> io::Result<(libc::pid_t, libc::c_int)> {
+    loop {
+        let mut status = 0;
+        // SAFETY: `status` is a valid out-pointer; waitpid touches nothing else.
+        let ret = unsafe { libc::waitpid(pid, &mut status, flags) };
+        if ret == -1 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        return Ok((ret, status));
+    }
+}
+
+pub fn kill(pid: libc::pid_t, signal: libc::c_int) -> io::Result<()> {
+    // SAFETY: kill takes plain integers and has no memory effects.
+    check_int(unsafe { libc::kill(pid, signal) }).map(drop)
+}
+
+pub fn getpid() -> libc::pid_t {
+    // SAFETY: getpid cannot fail and has no memory effects.
+    unsafe { libc::getpid() }
+}
+
+pub fn getppid() -> libc::pid_t {
+    // SAFETY: getppid cannot fail and has no memory effects.
+    unsafe { libc::getppid() }
+}
+
+pub fn geteuid() -> u32 {
+    // SAFETY: geteuid cannot fail and has no memory effects.
+    unsafe { libc::geteuid() }
+}
+
+/// Exits immediately, without running destructors or flushing stdio: the right exit for a
+/// forked child.
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and only ends this process.
+    unsafe { libc::_exit(code) }
+}
+
+pub fn getegid() -> u32 {
+    // SAFETY: getegid cannot fail and has no memory effects.
+    unsafe { libc::getegid() }
+}
+
+pub fn unshare(flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: unshare takes a flag word and only changes this process's namespaces.
+    check_int(unsafe { libc::unshare(flags) }).map(drop)
+}
+
+pub fn setns(fd: &OwnedFd, nstype: libc::c_int) -> io::Result<()> {
+    // SAFETY: `fd` is a live namespace descriptor owned by the caller.
+    check_int(unsafe { libc::setns(fd.as_raw_fd(), nstype) }).map(drop)
+}
+
+/// `prctl` with integer arguments only.
+pub fn prctl(option: libc::c_int, arg2: libc::c_ulong) -> io::Result<libc::c_int> {
+    // SAFETY: every option we pass takes integer arguments, never pointers.
+    check_int(unsafe { libc::prctl(option, arg2, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) })
+}
+
+pub fn prctl_cap_ambient_clear_all() -> io::Result<()> {
+    const PR_CAP_AMBIENT_CLEAR_ALL: libc::c_ulong = 4;
+    // SAFETY: PR_CAP_AMBIENT takes integer arguments only.
+    check_int(unsafe { libc::prctl(libc::PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) }).map(drop)
+}
+
+pub fn setresuid(uid: u32) -> io::Result<()> {
+    // SAFETY: plain integer arguments. The raw syscall, not libc's wrapper, because glibc's
+    // setxid broadcast is unnecessary in a single-threaded process.
+    check(unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, uid) }).map(drop)
+}
+
+pub fn setresgid(gid: u32) -> io::Result<()> {
+    // SAFETY: plain integer arguments, as for setresuid.
+    check(unsafe { libc::syscall(libc::SYS_setresgid, gid, gid, gid) }).map(drop)
+}
+
+/// Drops every supplementary group.
+pub fn clear_groups() -> io::Result<()> {
+    // SAFETY: a zero-length list with a null pointer is the documented way to clear the groups.
+    check(unsafe { libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) }).map(drop)
+}
+
+/// Empties the effective, permitted and inheritable capability sets.
+pub fn clear_capabilities() -> io::Result<()> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    let mut header = Header { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+    let data = [Data { effective: 0, permitted: 0, inheritable: 0 }; 2];
+    // SAFETY: version 3 takes a header and an array of two data structs, both valid for the call.
+    check(unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) }).map(drop)
+}
+
+pub fn sethostname(name: &str) -> io::Result<()> {
+    // SAFETY: the pointer and length describe `name`'s bytes, which outlive the call.
+    check_int(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }).map(drop)
+}
+
+pub fn setrlimit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> io::Result<()> {
+    let limit = libc::rlimit { rlim_cur: soft, rlim_max: hard };
+    // SAFETY: `limit` is a valid rlimit that outlives the call.
+    check_int(unsafe { libc::setrlimit(resource, &limit) }).map(drop)
+}
+
+pub fn getrlimit(resource: libc::__rlimit_resource_t) -> io::Result<(u64, u64)> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `limit` is a valid out-pointer.
+    check_int(unsafe { libc::getrlimit(resource, &mut limit) })?;
+    Ok((limit.rlim_cur, limit.rlim_max))
+}
+
+pub fn chdir(path: &Path) -> io::Result<()> {
+    let path = cpath(path)?;
+    // SAFETY: `path` is a valid NUL-terminated string.
+    check_int(unsafe { libc::chdir(path.as_ptr()) }).map(drop)
+}
+
+/// `mount(2)` with optional source, fstype and data.
+pub fn mount(
+    source: Option<&str>,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> io::Result<()> {
+    let target = cpath(target)?;
+    let cstr = |s: Option<&str>| s.map(CString::new).transpose();
+    let bad = |_| io::Error::new(io::ErrorKind::InvalidInput, "mount argument contains NUL");
+    let source = cstr(source).map_err(bad)?;
+    let fstype = cstr(fstype).map_err(bad)?;
+    let data = cstr(data).map_err(bad)?;
+    let ptr = |s: &Option<CString>| s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+    // SAFETY: every pointer is null or a NUL-terminated string that outlives the call.
+    check_int(unsafe {
+        libc::mount(ptr(&source), target.as_ptr(), ptr(&fstype), flags, ptr(&data).cast())
+    })
+    .map(drop)
+}
+
+pub fn umount_detach(target: &Path) -> io::Result<()> {
+    let target = cpath(target)?;
+    // SAFETY: `target` is a valid NUL-terminated string.
+    check_int(unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) }).map(drop)
+}
+
+/// `pivot_root(".", ".")`: stacks the old root on the new one, to be detached right after.
+pub fn pivot_root_here() -> io::Result<()> {
+    let dot = c".";
+    // SAFETY: both arguments are valid NUL-terminated strings.
+    check(unsafe { libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) }).map(drop)
+}
+
+pub const OPEN_TREE_CLONE: libc::c_uint = 1;
+pub const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+pub const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+
+/// `open_tree(OPEN_TREE_CLONE)`: a detached copy of the mount at `path` (relative to `dir`, or
+/// to the working directory), recursive if asked.
+pub fn open_tree_clone(dir: Option<&OwnedFd>, path: &Path, recursive: bool) -> io::Result<OwnedFd> {
+    let path = cpath(path)?;
+    let mut flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint;
+    if recursive {
+        flags |= libc::AT_RECURSIVE as libc::c_uint;
+    }
+    let dirfd = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
+    // SAFETY: `path` is a valid string and `dirfd` a live descriptor or AT_FDCWD; the returned
+    // descriptor is new and ours alone.
+    let fd = check(unsafe { libc::syscall(libc::SYS_open_tree, dirfd, path.as_ptr(), flags) })?;
+    // SAFETY: the kernel returned a fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Opens `path` beneath `root` as an `O_PATH` descriptor, resolving symlinks and `..` as if
+/// `root` were `/`, so a hostile symlink in the view cannot point the caller outside it.
+pub fn open_in_root(root: &OwnedFd, path: &Path) -> io::Result<OwnedFd> {
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    const RESOLVE_IN_ROOT: u64 = 0x10;
+    const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+    let path = cpath(path)?;
+    let how = OpenHow {
+        flags: (libc::O_PATH | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: `root` is live, `path` valid, `how` is an open_how of the size we pass.
+    let fd = check(unsafe {
+        libc::syscall(libc::SYS_openat2, root.as_raw_fd(), path.as_ptr(), &how, std::mem::size_of::<OpenHow>())
+    })?;
+    // SAFETY: the kernel returned a fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Opens a directory as an `O_PATH` descriptor.
+pub fn open_path(path: &Path) -> io::Result<OwnedFd> {
+    let path = cpath(path)?;
+    // SAFETY: `path` is a valid string; the descriptor returned is ours.
+    let fd = check_int(unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) })?;
+    // SAFETY: the kernel returned a fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `mount_setattr` on a mount (tree) given by descriptor.
+pub fn mount_setattr(
+    tree: &OwnedFd,
+    recursive: bool,
+    attr_set: u64,
+    userns: Option<&OwnedFd>,
+) -> io::Result<()> {
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    let attr = MountAttr {
+        attr_set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.map_or(0, |fd| fd.as_raw_fd() as u64),
+    };
+    let mut flags = libc::AT_EMPTY_PATH as libc::c_uint;
+    if recursive {
+        flags |= libc::AT_RECURSIVE as libc::c_uint;
+    }
+    // SAFETY: `tree` is a live mount descriptor, the path is the empty string, and `attr` is a
+    // valid mount_attr whose size we pass.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            flags,
+            &attr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })
+    .map(drop)
+}
+
+/// Attaches a detached mount tree at `target`.
+pub fn move_mount(tree: &OwnedFd, target: &Path) -> io::Result<()> {
+    let target = cpath(target)?;
+    // SAFETY: `tree` is a live mount descriptor, both strings are valid.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    })
+    .map(drop)
+}
+
+/// Attaches a detached mount tree on top of the object `target` refers to.
+pub fn move_mount_onto(tree: &OwnedFd, target: &OwnedFd) -> io::Result<()> {
+    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+    // SAFETY: both descriptors are live; the paths are empty strings.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            target.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    })
+    .map(drop)
+}
+
+/// Places each `(fd, target)` at descriptor number `target`, inheritable across exec. Safe to
+/// call between fork and exec: only async-signal-safe syscalls.
+pub fn install_fds(pairs: &[(RawFd, RawFd)]) -> io::Result<()> {
+    const HIGH: RawFd = 100;
+    let mut moved = [0 as RawFd; 8];
+    for (slot, &(fd, _)) in moved.iter_mut().zip(pairs) {
+        // SAFETY: F_DUPFD_CLOEXEC takes integers and returns a new descriptor we own.
+        *slot = check_int(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, HIGH) })?;
+    }
+    for (slot, &(_, target)) in moved.iter().zip(pairs) {
+        dup2(*slot, target)?;
+    }
+    Ok(())
+}
+
+/// Closes every descriptor from `first` up, except those listed (which must be sorted).
+pub fn close_from(first: RawFd, keep: &[RawFd]) -> io::Result<()> {
+    let mut start = first as libc::c_uint;
+    for &fd in keep.iter().filter(|&&fd| fd >= first) {
+        let fd = fd as libc::c_uint;
+        if fd > start {
+            close_range(start, fd - 1)?;
+        }
+        start = fd + 1;
+    }
+    close_range(start, libc::c_uint::MAX)
+}
+
+fn close_range(first: libc::c_uint, last: libc::c_uint) -> io::Result<()> {
+    // SAFETY: close_range only closes descriptors of this process; the callers own them all.
+    check(unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) }).map(drop)
+}
+
+/// Moves `fd` to number `target` (clearing close-on-exec there).
+pub fn dup2(fd: RawFd, target: RawFd) -> io::Result<()> {
+    // SAFETY: dup2 takes integers; the caller owns `fd`, and `target` is replaced on purpose.
+    check_int(unsafe { libc::dup2(fd, target) }).map(drop)
+}
+
+/// Blocks `signals` in this thread and returns the previous mask.
+pub fn block_signals(signals: &[libc::c_int]) -> io::Result<libc::sigset_t> {
+    let set = sigset(signals);
+    // SAFETY: a zeroed sigset_t is a valid out-parameter.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: both sets are valid for the call.
+    let ret = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) };
+    if ret != 0 {
+        return Err(io::Error::from_raw_os_error(ret));
+    }
+    Ok(old)
+}
+
+/// Unblocks every signal and restores default dispositions: the state a new program expects.
+pub fn reset_signals() {
+    // SAFETY: an empty set is valid; sigprocmask with SIG_SETMASK cannot fail with valid input.
+    unsafe {
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+    }
+    for signal in 1..libc::SIGRTMIN() {
+        if signal == libc::SIGKILL || signal == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: SIG_DFL is always a valid disposition; errors for reserved signals are ignored.
+        unsafe { libc::signal(signal, libc::SIG_DFL) };
+    }
+}
+
+pub fn ignore_signal(signal: libc::c_int) {
+    // SAFETY: SIG_IGN is always a valid disposition.
+    unsafe { libc::signal(signal, libc::SIG_IGN) };
+}
+
+fn sigset(signals: &[libc::c_int]) -> libc::sigset_t {
+    // SAFETY: sigemptyset initialises the zeroed set; sigaddset only writes within it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &signal in signals {
+            libc::sigaddset(&mut set, signal);
+        }
+        set
+    }
+}
+
+/// A `signalfd` for `signals`, which the caller has blocked.
+pub fn signalfd(signals: &[libc::c_int]) -> io::Result<OwnedFd> {
+    let set = sigset(signals);
+    // SAFETY: `set` is valid; the returned descriptor is new and ours.
+    let fd = check_int(unsafe { libc::signalfd(-1, &set, libc::SFD_CLOEXEC) })?;
+    // SAFETY: fresh descriptor from the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Reads one pending signal from a signalfd.
+pub fn read_signal(fd: &OwnedFd) -> io::Result<libc::c_int> {
+    // SAFETY: a zeroed signalfd_siginfo is a valid buffer of the exact size read asks for.
+    let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::signalfd_siginfo>();
+    // SAFETY: the buffer is valid for `size` bytes.
+    let n = unsafe { libc::read(fd.as_raw_fd(), (&mut info as *mut libc::signalfd_siginfo).cast(), size) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(info.ssi_signo as libc::c_int)
+}
+
+/// Waits until one of `fds` is readable or `timeout_ms` passes (-1: forever). Returns which
+/// entries are ready.
+pub fn poll_readable(fds: &[RawFd], timeout_ms: libc::c_int) -> io::Result<Vec<bool>> {
+    let mut pollfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
+        .collect();
+    // SAFETY: the slice is valid for its length.
+    let ret = unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, timeout_ms) };
+    if ret == -1 {
+        let err = io::Error::last_os_error();
+        if err.kind() == io::ErrorKind::Interrupted {
+            return Ok(vec![false; fds.len()]);
+        }
+        return Err(err);
+    }
+    Ok(pollfds.iter().map(|p| p.revents != 0).collect())
+}
+
+/// `execve`; returns only on failure.
+pub fn execve(path: &CStr, argv: &[CString], env: &[CString]) -> io::Error {
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut env_ptrs: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
+    env_ptrs.push(std::ptr::null());
+    // SAFETY: all pointers are NUL-terminated strings kept alive by the borrowed vectors, and both
+    // arrays end in a null pointer.
+    unsafe { libc::execve(path.as_ptr(), argv_ptrs.as_ptr(), env_ptrs.as_ptr()) };
+    io::Error::last_os_error()
+}
+
+/// Brings the loopback interface of the current network namespace up.
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket takes integers; we own the result.
+    let fd = check_int(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: fresh descriptor from the kernel.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: a zeroed ifreq is valid; we fill in the name and flags.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: `req` is a valid ifreq for SIOCGIFFLAGS and SIOCSIFFLAGS.
+    unsafe {
+        check_int(libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req))?;
+        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        check_int(libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req))?;
+    }
+    Ok(())
+}
+
+/// Writes the whole buffer to a raw descriptor that the caller keeps owning.
+pub fn write_all_raw(fd: RawFd, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: the buffer is valid for its length; `fd` is open for the caller.
+        let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        buf = &buf[n as usize..];
+    }
+    Ok(())
+}

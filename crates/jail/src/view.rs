@@ -1,0 +1,240 @@
+//! Builds the sandbox's filesystem view in its fresh mount namespace, then pivots into it.
+//!
+//! The new root is a small tmpfs holding one read-only recursive bind per top-level entry of the
+//! rootfs, so that Airlock can add mount points (`/workspace`) that the rootfs lacks without
+//! writing to it. Secrets are masked, the whole tree is made read-only, nosuid and nodev in one
+//! call, and only then are the writable and virtual filesystems mounted on top.
+
+use std::fs;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use airlock_policy::{Mask, MaskKind, ViewPlan, WorkspacePlan};
+
+use crate::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
+
+/// Where the new root is assembled, inside the sandbox's own mount namespace only.
+const STAGE: &str = "/tmp";
+const MASK_DIR: &str = ".airlock-mask-dir";
+const EMPTY_DIR: &str = ".airlock-empty-dir";
+const MASK_FILE: &str = ".airlock-mask-file";
+/// Top-level entries Airlock provides itself.
+const PROVIDED: &[&str] = &["proc", "sys", "dev", "tmp", "workspace"];
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+/// A step of the view that failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{step}")]
+pub struct ViewError {
+    pub step: String,
+    #[source]
+    pub source: io::Error,
+}
+
+fn step<T>(what: impl FnOnce() -> String, result: io::Result<T>) -> Result<T, ViewError> {
+    result.map_err(|source| ViewError { step: what(), source })
+}
+
+/// The workspace, prepared before the view is built (it may live under the staging path).
+#[derive(Debug)]
+pub enum PreparedWorkspace {
+    Fresh { size_bytes: u64 },
+    Tree(OwnedFd),
+}
+
+/// Detaches a copy of a host workspace, unless the helper already made an idmapped one.
+pub fn prepare_workspace(plan: &WorkspacePlan, idmapped: Option<OwnedFd>) -> Result<PreparedWorkspace, ViewError> {
+    match (plan, idmapped) {
+        (WorkspacePlan::Fresh { size_bytes }, _) => Ok(PreparedWorkspace::Fresh { size_bytes: *size_bytes }),
+        (WorkspacePlan::Host { .. }, Some(tree)) => Ok(PreparedWorkspace::Tree(tree)),
+        (WorkspacePlan::Host { path, .. }, None) => {
+            let tree = step(|| format!("binding workspace {}", path.display()), sys::open_tree_clone(None, path, true))?;
+            Ok(PreparedWorkspace::Tree(tree))
+        }
+    }
+}
+
+/// Builds the view and pivots into it. `uid`/`gid` own a fresh workspace.
+pub fn build(plan: &ViewPlan, workspace: PreparedWorkspace, uid: u32, gid: u32) -> Result<(), ViewError> {
+    let stage = Path::new(STAGE);
+    step(|| "making mounts private".into(), sys::mount(None, Path::new("/"), None, libc::MS_REC | libc::MS_PRIVATE, None))?;
+    let rootfs = step(|| format!("opening rootfs {}", plan.rootfs.display()), sys::open_path(&plan.rootfs))?;
+    let rootfs_path = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&rootfs)));
+    step(|| "mounting the staging root".into(), sys::mount(Some("airlock"), stage, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some("mode=0755,size=1m,nr_inodes=4096")))?;
+    bind_top_level(&rootfs, &rootfs_path, stage)?;
+    for dir in PROVIDED {
+        mkdir(&stage.join(dir), 0o755)?;
+    }
+    apply_masks(stage, &plan.masks)?;
+    let root = step(|| "opening the new root".into(), sys::open_path(stage))?;
+    step(
+        || "making the view read-only".into(),
+        sys::mount_setattr(&root, true, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, None),
+    )?;
+    mount_proc_and_sys(stage)?;
+    mount_dev(stage)?;
+    let tmp_options = format!("mode=1777,size={}", plan.tmp_size_bytes);
+    step(|| "mounting /tmp".into(), sys::mount(Some("tmpfs"), &stage.join("tmp"), Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some(&tmp_options)))?;
+    mount_workspace(stage, workspace, uid, gid)?;
+    step(|| "entering the new root".into(), sys::chdir(stage))?;
+    step(|| "pivot_root".into(), sys::pivot_root_here())?;
+    step(|| "detaching the host root".into(), sys::umount_detach(Path::new(".")))?;
+    step(|| "chdir /".into(), sys::chdir(Path::new("/")))?;
+    Ok(())
+}
+
+fn mkdir(path: &Path, mode: u32) -> Result<(), ViewError> {
+    let result = fs::DirBuilder::new().mode(mode).create(path);
+    match result {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        other => step(|| format!("creating {}", path.display()), other),
+    }
+}
+
+/// One recursive bind per top-level entry; symlinks are recreated, special files skipped.
+fn bind_top_level(rootfs: &OwnedFd, rootfs_path: &Path, stage: &Path) -> Result<(), ViewError> {
+    let entries = step(|| "listing the rootfs".into(), fs::read_dir(rootfs_path))?;
+    for entry in entries {
+        let entry = step(|| "listing the rootfs".into(), entry)?;
+        let name = entry.file_name();
+        let Some(text) = name.to_str() else { continue };
+        if PROVIDED.contains(&text) {
+            continue;
+        }
+        let target = stage.join(&name);
+        let kind = step(|| format!("inspecting /{text}"), entry.file_type())?;
+        if kind.is_symlink() {
+            let link = step(|| format!("reading /{text}"), fs::read_link(entry.path()))?;
+            step(|| format!("linking /{text}"), std::os::unix::fs::symlink(link, &target))?;
+        } else if kind.is_dir() || kind.is_file() {
+            if kind.is_dir() {
+                mkdir(&target, 0o755)?;
+            } else {
+                step(|| format!("creating /{text}"), fs::write(&target, b""))?;
+            }
+            let tree = step(|| format!("binding /{text}"), sys::open_tree_clone(Some(rootfs), Path::new(&name), true))?;
+            step(|| format!("attaching /{text}"), sys::move_mount(&tree, &target))?;
+        }
+    }
+    Ok(())
+}
+
+/// Expands `*` components against the staged tree.
+fn expand(stage: &Path, pattern: &str) -> Vec<PathBuf> {
+    let mut found = vec![PathBuf::new()];
+    for component in pattern.split('/').filter(|c| !c.is_empty()) {
+        let mut next = Vec::new();
+        for base in &found {
+            if component == "*" {
+                let Ok(entries) = fs::read_dir(stage.join(base)) else { continue };
+                next.extend(entries.flatten().map(|e| base.join(e.file_name())));
+            } else {
+                next.push(base.join(component));
+            }
+        }
+        found = next;
+    }
+    found.into_iter().filter(|p| fs::symlink_metadata(stage.join(p)).is_ok()).collect()
+}
+
+fn apply_masks(stage: &Path, masks: &[Mask]) -> Result<(), ViewError> {
+    let sources = [(MASK_DIR, 0o000), (EMPTY_DIR, 0o755)];
+    for (name, mode) in sources {
+        mkdir(&stage.join(name), mode)?;
+        step(|| format!("chmod {name}"), fs::set_permissions(stage.join(name), fs::Permissions::from_mode(mode)))?;
+    }
+    step(|| "creating the mask file".into(), fs::write(stage.join(MASK_FILE), b""))?;
+    step(|| "chmod mask file".into(), fs::set_permissions(stage.join(MASK_FILE), fs::Permissions::from_mode(0)))?;
+    let root = step(|| "opening the staging root".into(), sys::open_path(stage))?;
+    for mask in masks {
+        for path in expand(stage, &mask.path) {
+            // Resolve inside the view: a symlinked secret is masked where it really lives.
+            let Ok(target) = sys::open_in_root(&root, &path) else { continue };
+            let is_dir = fs::metadata(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&target)))
+                .map(|m| m.is_dir())
+                .unwrap_or(false);
+            let source = match (is_dir, mask.kind) {
+                (true, MaskKind::Secret) => MASK_DIR,
+                (true, MaskKind::Empty) => EMPTY_DIR,
+                (false, _) => MASK_FILE,
+            };
+            let shown = || format!("masking /{}", path.display());
+            let tree = step(shown, sys::open_tree_clone(Some(&root), Path::new(source), false))?;
+            step(shown, sys::move_mount_onto(&tree, &target))?;
+        }
+    }
+    // The sources stay reachable only through the masks; remove their names from the root.
+    let _ = fs::remove_dir(stage.join(MASK_DIR));
+    let _ = fs::remove_dir(stage.join(EMPTY_DIR));
+    let _ = fs::remove_file(stage.join(MASK_FILE));
+    Ok(())
+}
+
+fn mount_proc_and_sys(stage: &Path) -> Result<(), ViewError> {
+    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    step(|| "mounting /proc".into(), sys::mount(Some("proc"), &stage.join("proc"), Some("proc"), flags, None))?;
+    // A fresh sysfs shows this network namespace, not the host's. It is optional: without it
+    // /sys is an empty directory, which hides more, not less.
+    let _ = sys::mount(Some("sysfs"), &stage.join("sys"), Some("sysfs"), flags | libc::MS_RDONLY, None);
+    Ok(())
+}
+
+fn mount_dev(stage: &Path) -> Result<(), ViewError> {
+    let dev = stage.join("dev");
+    step(|| "mounting /dev".into(), sys::mount(Some("tmpfs"), &dev, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NOEXEC, Some("mode=0755,size=64k,nr_inodes=64")))?;
+    for name in DEVICES {
+        let target = dev.join(name);
+        step(|| format!("creating /dev/{name}"), fs::write(&target, b""))?;
+        let source = format!("/dev/{name}");
+        step(|| format!("binding /dev/{name}"), sys::mount(Some(&source), &target, None, libc::MS_BIND, None))?;
+    }
+    for (name, mode) in [("pts", 0o755), ("shm", 0o1777)] {
+        mkdir(&dev.join(name), mode)?;
+    }
+    step(
+        || "mounting /dev/pts".into(),
+        sys::mount(Some("devpts"), &dev.join("pts"), Some("devpts"), libc::MS_NOSUID | libc::MS_NOEXEC, Some("newinstance,ptmxmode=0666,mode=0620")),
+    )?;
+    step(
+        || "mounting /dev/shm".into(),
+        sys::mount(Some("tmpfs"), &dev.join("shm"), Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some("mode=1777,size=64m")),
+    )?;
+    for (name, target) in [("ptmx", "pts/ptmx"), ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")] {
+        step(|| format!("linking /dev/{name}"), std::os::unix::fs::symlink(target, dev.join(name)))?;
+    }
+    let dev_fd = step(|| "opening /dev".into(), sys::open_path(&dev))?;
+    step(|| "making /dev read-only".into(), sys::mount_setattr(&dev_fd, false, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, None))
+}
+
+fn mount_workspace(stage: &Path, workspace: PreparedWorkspace, uid: u32, gid: u32) -> Result<(), ViewError> {
+    let target = stage.join("workspace");
+    match workspace {
+        PreparedWorkspace::Fresh { size_bytes } => {
+            let options = format!("mode=0755,size={size_bytes},uid={uid},gid={gid}");
+            step(|| "mounting the fresh /workspace".into(), sys::mount(Some("tmpfs"), &target, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some(&options)))
+        }
+        PreparedWorkspace::Tree(tree) => {
+            step(|| "securing /workspace".into(), sys::mount_setattr(&tree, true, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, None))?;
+            step(|| "attaching /workspace".into(), sys::move_mount(&tree, &target))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_expand_matches_star_components_and_skips_missing() {
+        let dir = std::env::temp_dir().join(format!("airlock-view-test-{}", std::process::id()));
+        fs::create_dir_all(dir.join("home/a/.ssh")).unwrap();
+        fs::create_dir_all(dir.join("home/b")).unwrap();
+        let mut found = expand(&dir, "/home/*/.ssh");
+        found.sort();
+        assert_eq!(found, vec![PathBuf::from("home/a/.ssh")]);
+        assert_eq!(expand(&dir, "/missing"), Vec::<PathBuf>::new());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

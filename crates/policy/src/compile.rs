@@ -1,0 +1,209 @@
+//! `SandboxConfig` + `HostFacts` → `Plan`.
+
+use std::path::{Path, PathBuf};
+
+use airlock_api::{SandboxConfig, Tier, WorkspaceSource};
+
+use crate::plan::{
+    CgroupLimits, IdMap, IdentityPlan, LandlockPlan, Mask, MaskKind, Plan, ProcessPlan, Rlimit,
+    RlimitResource, ViewPlan, WorkspacePlan,
+};
+use crate::seccomp::default_rules;
+
+/// The first host id of a root caller's sandboxes: uid 0 inside is this unprivileged uid
+/// outside. It sits far above ordinary users and the usual subordinate-id ranges.
+pub const SANDBOX_ID_BASE: u32 = 0x7000_0000;
+/// How many ids a root caller's sandbox maps.
+pub const SANDBOX_ID_COUNT: u32 = 65_536;
+const CPU_PERIOD_US: u64 = 100_000;
+const NOFILE: u64 = 65_536;
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// What the caller's side knows about the host. Gathered at the edge, passed in as data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostFacts {
+    pub caller_uid: u32,
+    pub caller_gid: u32,
+    /// Airlock's own state directories, hidden from every sandbox.
+    pub state_dirs: Vec<PathBuf>,
+}
+
+/// Why a configuration cannot become a plan.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CompileError {
+    #[error("the {0} tier is not available yet; use --tier process")]
+    UnsupportedTier(&'static str),
+    #[error("no command given")]
+    EmptyCommand,
+    #[error("{what} contains a NUL byte")]
+    NulByte { what: String },
+    #[error("`{0}` is not a valid environment variable name")]
+    BadEnvName(String),
+    #[error("{what} must be an absolute path, got `{path}`")]
+    RelativePath { what: &'static str, path: String },
+}
+
+/// Dot-directories and files in a home directory that hold keys or credentials.
+const HOME_SECRETS: &[&str] = &[
+    ".ssh", ".aws", ".config/gh", ".docker", ".netrc", ".kube", ".gnupg", ".git-credentials",
+    ".config/gcloud", ".azure", ".npmrc", ".pypirc", ".cargo/credentials", ".cargo/credentials.toml",
+];
+const HOST_SECRETS: &[&str] = &["/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/sudoers.d"];
+/// Runtime directories: sockets of docker, containerd, D-Bus and every other host daemon.
+const HOST_RUNTIME_DIRS: &[&str] = &["/run", "/var/run"];
+
+/// Compiles `config` into the plan that `airlock-jail` applies.
+pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, CompileError> {
+    if config.tier != Tier::Process {
+        return Err(CompileError::UnsupportedTier(config.tier.as_str()));
+    }
+    validate_process(config)?;
+    let rootfs = match &config.rootfs {
+        Some(path) => absolute("--rootfs", path)?,
+        None => PathBuf::from("/"),
+    };
+    let privileged_caller = host.caller_uid == 0;
+    let workspace = match &config.workspace {
+        WorkspaceSource::Fresh => WorkspacePlan::Fresh { size_bytes: config.resources.disk_bytes },
+        WorkspaceSource::Host { path } => WorkspacePlan::Host {
+            path: absolute("--workspace", path)?,
+            idmap: privileged_caller,
+        },
+    };
+    Ok(Plan {
+        identity: identity(config, host),
+        view: ViewPlan {
+            rootfs,
+            workspace,
+            tmp_size_bytes: config.resources.disk_bytes,
+            masks: masks(&host.state_dirs),
+            hostname: "airlock".to_owned(),
+        },
+        landlock: LandlockPlan {
+            read: vec!["/".into()],
+            write_trees: ["/workspace", "/tmp", "/dev/shm", "/dev/pts"].map(PathBuf::from).to_vec(),
+            write_files: ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty"].map(PathBuf::from).to_vec(),
+            scoped: true,
+        },
+        seccomp: default_rules(),
+        rlimits: vec![
+            Rlimit { resource: RlimitResource::Core, soft: 0, hard: 0 },
+            Rlimit { resource: RlimitResource::Nofile, soft: NOFILE, hard: NOFILE },
+            Rlimit {
+                resource: RlimitResource::Fsize,
+                soft: config.resources.disk_bytes,
+                hard: config.resources.disk_bytes,
+            },
+        ],
+        cgroup: CgroupLimits {
+            memory_bytes: config.resources.memory_bytes,
+            pids_max: config.resources.pids_max,
+            cpu_quota_us: config
+                .resources
+                .cpu_milli
+                .map(|milli| u64::from(milli) * CPU_PERIOD_US / 1_000),
+            cpu_period_us: CPU_PERIOD_US,
+        },
+        process: ProcessPlan {
+            argv: config.command.clone(),
+            env: environment(&config.env),
+            cwd: config.cwd.clone(),
+        },
+        compat: config.compat,
+        timeout_ms: config.timeout_ms,
+    })
+}
+
+fn validate_process(config: &SandboxConfig) -> Result<(), CompileError> {
+    if config.command.is_empty() {
+        return Err(CompileError::EmptyCommand);
+    }
+    for arg in &config.command {
+        no_nul("an argument", arg)?;
+    }
+    for (name, value) in &config.env {
+        if name.is_empty() || name.contains('=') || name.contains('\0') {
+            return Err(CompileError::BadEnvName(name.clone()));
+        }
+        no_nul(&format!("environment variable {name}"), value)?;
+    }
+    no_nul("--cwd", &config.cwd)?;
+    absolute("--cwd", Path::new(&config.cwd))?;
+    Ok(())
+}
+
+fn no_nul(what: &str, value: &str) -> Result<(), CompileError> {
+    if value.contains('\0') {
+        return Err(CompileError::NulByte { what: what.to_owned() });
+    }
+    Ok(())
+}
+
+fn absolute(what: &'static str, path: &Path) -> Result<PathBuf, CompileError> {
+    let text = path.to_string_lossy();
+    if text.contains('\0') {
+        return Err(CompileError::NulByte { what: what.to_owned() });
+    }
+    if !path.is_absolute() {
+        return Err(CompileError::RelativePath { what, path: text.into_owned() });
+    }
+    Ok(path.to_path_buf())
+}
+
+fn identity(config: &SandboxConfig, host: &HostFacts) -> IdentityPlan {
+    let user = config.user;
+    if host.caller_uid == 0 {
+        let map = vec![IdMap { inside: 0, outside: SANDBOX_ID_BASE, count: SANDBOX_ID_COUNT }];
+        return IdentityPlan {
+            uid_map: map.clone(),
+            gid_map: map,
+            uid: user.uid,
+            gid: user.gid,
+            privileged_caller: true,
+        };
+    }
+    // An unprivileged caller may map only its own ids; the workload's ids stand for them.
+    IdentityPlan {
+        uid_map: vec![IdMap { inside: user.uid, outside: host.caller_uid, count: 1 }],
+        gid_map: vec![IdMap { inside: user.gid, outside: host.caller_gid, count: 1 }],
+        uid: user.uid,
+        gid: user.gid,
+        privileged_caller: false,
+    }
+}
+
+fn masks(state_dirs: &[PathBuf]) -> Vec<Mask> {
+    let secret = |path: String| Mask { path, kind: MaskKind::Secret };
+    let mut masks = Vec::new();
+    for home in ["/root", "/home/*"] {
+        masks.extend(HOME_SECRETS.iter().map(|name| secret(format!("{home}/{name}"))));
+    }
+    masks.extend(HOST_SECRETS.iter().map(|path| secret((*path).to_owned())));
+    masks.extend(state_dirs.iter().map(|dir| secret(dir.to_string_lossy().into_owned())));
+    masks.extend(
+        HOST_RUNTIME_DIRS
+            .iter()
+            .map(|path| Mask { path: (*path).to_owned(), kind: MaskKind::Empty }),
+    );
+    masks
+}
+
+/// The workload's environment: a sane base, then the caller's variables, which win.
+fn environment(requested: &[(String, String)]) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), DEFAULT_PATH.into()),
+        ("HOME".into(), "/tmp".into()),
+        ("LANG".into(), "C.UTF-8".into()),
+    ];
+    for (name, value) in requested {
+        match env.iter_mut().find(|(existing, _)| existing == name) {
+            Some(slot) => slot.1.clone_from(value),
+            None => env.push((name.clone(), value.clone())),
+        }
+    }
+    env
+}
+
+#[cfg(test)]
+#[path = "compile_tests.rs"]
+mod tests;

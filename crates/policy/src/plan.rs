@@ -1,0 +1,137 @@
+//! The compiled plan, handed to the helper as its spec.
+
+use std::path::PathBuf;
+
+use airlock_api::Compat;
+use serde::{Deserialize, Serialize};
+
+use crate::seccomp::SeccompRule;
+
+/// One line of `/proc/PID/uid_map` or `gid_map`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdMap {
+    pub inside: u32,
+    pub outside: u32,
+    pub count: u32,
+}
+
+/// Who the workload is, inside and outside.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityPlan {
+    pub uid_map: Vec<IdMap>,
+    pub gid_map: Vec<IdMap>,
+    /// The workload's ids inside the sandbox.
+    pub uid: u32,
+    pub gid: u32,
+    /// Whether the caller can write a multi-id map (it is root); otherwise the map is the
+    /// caller's own id only and `setgroups` must be denied first.
+    pub privileged_caller: bool,
+}
+
+/// What stands at `/workspace`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum WorkspacePlan {
+    /// A private tmpfs of this size, owned by the workload's user.
+    Fresh { size_bytes: u64 },
+    /// A host directory bound read-write; `idmap` maps its owners into the sandbox's id range.
+    Host { path: PathBuf, idmap: bool },
+}
+
+/// How a masked path is hidden.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaskKind {
+    /// Replaced by something that cannot be read at all (mode 000).
+    Secret,
+    /// Replaced by an empty, readable, read-only directory (`/run`).
+    Empty,
+}
+
+/// A path hidden in the view. `*` as a whole component matches every entry of that directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mask {
+    pub path: String,
+    pub kind: MaskKind,
+}
+
+/// The filesystem view, built in a fresh mount namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ViewPlan {
+    /// The host directory shown read-only as `/`.
+    pub rootfs: PathBuf,
+    pub workspace: WorkspacePlan,
+    pub tmp_size_bytes: u64,
+    pub masks: Vec<Mask>,
+    pub hostname: String,
+}
+
+/// Landlock rules, in sandbox paths. Rights are added by the helper for the kernel's ABI.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LandlockPlan {
+    /// Trees that may be read and executed.
+    pub read: Vec<PathBuf>,
+    /// Trees that may also be written.
+    pub write_trees: Vec<PathBuf>,
+    /// Single files (device nodes) that may be written.
+    pub write_files: Vec<PathBuf>,
+    /// Signals and abstract Unix sockets stay inside the sandbox (ABI 6).
+    pub scoped: bool,
+}
+
+/// A resource limit the kernel enforces per process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RlimitResource {
+    Core,
+    Nofile,
+    Fsize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rlimit {
+    pub resource: RlimitResource,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+/// cgroup limits, independent of the cgroup version that will carry them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CgroupLimits {
+    pub memory_bytes: Option<u64>,
+    pub pids_max: Option<u64>,
+    /// CPU bandwidth: `cpu_quota_us` of every `cpu_period_us`.
+    pub cpu_quota_us: Option<u64>,
+    pub cpu_period_us: u64,
+}
+
+/// The workload itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessPlan {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+}
+
+/// Everything the helper needs, in the order it applies it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    pub identity: IdentityPlan,
+    pub view: ViewPlan,
+    pub landlock: LandlockPlan,
+    pub seccomp: Vec<SeccompRule>,
+    pub rlimits: Vec<Rlimit>,
+    pub cgroup: CgroupLimits,
+    pub process: ProcessPlan,
+    pub compat: Compat,
+    pub timeout_ms: Option<u64>,
+}

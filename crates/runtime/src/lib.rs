@@ -1,0 +1,119 @@
+//! Airlock's embeddable runtime: pick a backend for a tier, compile the configuration into a
+//! plan, and run the sandbox.
+//!
+//! ```no_run
+//! use airlock_runtime::Runtime;
+//! use airlock_api::SandboxConfig;
+//!
+//! let runtime = Runtime::new()?;
+//! let outcome = runtime.run(&SandboxConfig::new(vec!["echo".into(), "hi".into()]), None, |w| eprintln!("{w}"))?;
+//! assert_eq!(outcome.exit_code(), 0);
+//! # Ok::<(), airlock_runtime::RuntimeError>(())
+//! ```
+
+mod backend;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use airlock_api::{SandboxConfig, Tier, WorkspaceSource};
+use airlock_jail::{HostSupport, JailError, Outcome, Sandbox, SpawnOptions, TerminationSignals};
+use airlock_policy::{CompileError, HostFacts};
+
+pub use airlock_jail::{Ending, TerminationSignals as Signals};
+pub use backend::{Backend, BackendSupport};
+
+/// Why a sandbox could not be run.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("invalid sandbox configuration")]
+    Compile(#[from] CompileError),
+    #[error("workspace {0} does not exist or is not a directory")]
+    WorkspaceMissing(PathBuf),
+    #[error("rootfs {0} does not exist or is not a directory")]
+    RootfsMissing(PathBuf),
+    #[error("the {tier} tier cannot run on this host: {reason}")]
+    TierUnavailable { tier: &'static str, reason: String },
+    #[error(transparent)]
+    Jail(#[from] JailError),
+}
+
+/// One runtime per process: it knows where its helper is and what the host supports.
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    helper: PathBuf,
+    support: HostSupport,
+}
+
+impl Runtime {
+    /// Finds the helper and probes the host.
+    pub fn new() -> Result<Runtime, RuntimeError> {
+        Ok(Runtime::with_helper(airlock_jail::find_helper()?))
+    }
+
+    pub fn with_helper(helper: PathBuf) -> Runtime {
+        Runtime { helper, support: HostSupport::probe() }
+    }
+
+    pub fn support(&self) -> &HostSupport {
+        &self.support
+    }
+
+    /// The backends of this build and whether this host can run each.
+    pub fn backends(&self) -> Vec<BackendSupport> {
+        Backend::all().iter().map(|b| b.probe(&self.support)).collect()
+    }
+
+    /// Starts a sandbox; returns it with its deadline.
+    pub fn start(&self, config: &SandboxConfig) -> Result<(Sandbox, Option<Instant>), RuntimeError> {
+        let backend = Backend::for_tier(config.tier);
+        let support = backend.probe(&self.support);
+        if let Some(reason) = support.unavailable {
+            return Err(RuntimeError::TierUnavailable { tier: config.tier.as_str(), reason });
+        }
+        check_paths(config)?;
+        let plan = airlock_policy::compile(config, &self.facts())?;
+        let options = SpawnOptions { helper: self.helper.clone(), cgroups: self.support.cgroups.clone() };
+        let sandbox = backend.start(&plan, &options)?;
+        let deadline = config.timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+        Ok((sandbox, deadline))
+    }
+
+    /// Runs a sandbox to its end. `signals`, when given, tear it down on SIGINT/SIGTERM/SIGHUP.
+    pub fn run(
+        &self,
+        config: &SandboxConfig,
+        signals: Option<&TerminationSignals>,
+        on_warning: impl FnMut(&str),
+    ) -> Result<Outcome, RuntimeError> {
+        let (sandbox, deadline) = self.start(config)?;
+        Ok(sandbox.wait(deadline, signals, on_warning)?)
+    }
+
+    fn facts(&self) -> HostFacts {
+        let mut state_dirs = vec![PathBuf::from("/var/lib/airlock")];
+        if let Some(home) = std::env::var_os("HOME") {
+            state_dirs.push(PathBuf::from(home).join(".local/share/airlock"));
+        }
+        HostFacts { caller_uid: self.support.caller_uid, caller_gid: self.support.caller_gid, state_dirs }
+    }
+}
+
+fn check_paths(config: &SandboxConfig) -> Result<(), RuntimeError> {
+    if let WorkspaceSource::Host { path } = &config.workspace {
+        if !path.is_dir() {
+            return Err(RuntimeError::WorkspaceMissing(path.clone()));
+        }
+    }
+    if let Some(rootfs) = &config.rootfs {
+        if !rootfs.is_dir() {
+            return Err(RuntimeError::RootfsMissing(rootfs.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// The tier names this build knows, for help texts.
+pub fn tiers() -> [Tier; 3] {
+    [Tier::Process, Tier::Container, Tier::Microvm]
+}
