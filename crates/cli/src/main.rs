@@ -33,10 +33,13 @@ enum Command {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(err) => {
-            let code = if err.use_stderr() { AIRLOCK_ERROR } else { 0 };
+        Err(err) if !err.use_stderr() => {
             let _ = err.print();
-            return ExitCode::from(code);
+            return ExitCode::SUCCESS;
+        }
+        Err(err) => {
+            eprintln!("airlock: {}", clap_error_line(&err));
+            return ExitCode::from(AIRLOCK_ERROR);
         }
     };
     let result = match cli.command {
@@ -51,6 +54,16 @@ fn main() -> ExitCode {
             ExitCode::from(AIRLOCK_ERROR)
         }
     }
+}
+
+/// clap's message up to its first blank line (before the usage and tips), on one line.
+fn clap_error_line(err: &clap::Error) -> String {
+    err.to_string()
+        .lines()
+        .take_while(|line| !line.trim().is_empty())
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `err: cause: cause`, on one line.

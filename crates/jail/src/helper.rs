@@ -56,6 +56,13 @@ pub fn main() -> i32 {
     if sys::getppid() != spec.supervisor_pid {
         return SETUP_FAILED;
     }
+    for file in &spec.cgroup_join {
+        if let Err(err) = std::fs::write(file, "0") {
+            let message = format!("joining the sandbox cgroup through {}: {err}", file.display());
+            report::send(&Report::Failed { code: SETUP_FAILED, message });
+            return SETUP_FAILED;
+        }
+    }
     match run(&spec.plan) {
         Ok(()) => 0,
         Err(failure) => {

@@ -9,4 +9,6 @@ pub struct HelperSpec {
     pub plan: Plan,
     /// The helper exits at once if its parent is not this process (it died before we started).
     pub supervisor_pid: libc::pid_t,
+    /// Files the helper writes `0` to, first thing, to join the sandbox's cgroup.
+    pub cgroup_join: Vec<std::path::PathBuf>,
 }

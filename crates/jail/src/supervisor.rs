@@ -182,18 +182,12 @@ impl Sandbox {
         let child = command.spawn().map_err(pipe_err)?;
         drop(spec_r);
         drop(report_w);
-        let pid = libc::pid_t::try_from(child.id()).unwrap_or(libc::pid_t::MAX);
         self.helper = Some(child);
         self.report = Some(File::from(report_r));
-        // The helper blocks reading its spec until it is inside the cgroup, so no process of
-        // the sandbox ever runs outside it.
-        if let Some(cgroup) = &self.cgroup {
-            if let Err(err) = cgroup.attach(pid) {
-                self.kill();
-                return Err(JailError::Cgroup(err));
-            }
-        }
-        let spec = HelperSpec { plan: plan.clone(), supervisor_pid: sys::getpid() };
+        // The helper joins the cgroup before it creates any other process, so no process of the
+        // sandbox ever runs outside it.
+        let cgroup_join = self.cgroup.as_ref().map(SandboxCgroup::join_files).unwrap_or_default();
+        let spec = HelperSpec { plan: plan.clone(), supervisor_pid: sys::getpid(), cgroup_join };
         let bytes = serde_json::to_vec(&spec).map_err(|e| JailError::SendSpec(e.into()))?;
         let mut spec_w = File::from(spec_w);
         if let Err(err) = spec_w.write_all(&bytes) {

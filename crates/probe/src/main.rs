@@ -1,1 +1,262 @@
-fn main() {}
+//! `airlock-probe`: attempts one action and prints what happened, so that tests can prove a
+//! denial from inside a sandbox and show, as a control, that the same action works outside.
+//!
+//! Output is one line: `ok [detail]` or `errno <N> <name>`. The exit code is 0 whenever the
+//! attempt itself ran, so that a failed attempt is never confused with a broken sandbox; the
+//! `exit` and `kill-self` actions exist to test exit-status propagation.
+//!
+//! This binary is test equipment, not part of the runtime. It needs raw syscalls to attempt
+//! attacks, which is why it is the one crate outside `jail`/`vmm` allowed `unsafe`.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |i: usize| args.get(i).cloned().unwrap_or_default();
+    let number = |i: usize| arg(i).parse::<i64>().unwrap_or(0);
+    let result = match arg(0).as_str() {
+        "read" => read_file(&arg(1)),
+        "write" => write_file(&arg(1)),
+        "ptrace" => ptrace_child(),
+        "mount" => mount_tmpfs(),
+        // SAFETY: unshare takes flags only.
+        "userns" => sys(|| unsafe_call(|| libc::c_long::from(unsafe { libc::unshare(libc::CLONE_NEWUSER) }))),
+        "connect" => connect(&arg(1)),
+        "loopback" => loopback_round_trip(),
+        "pid-visible" => pid_visible(number(1)),
+        "alloc" => alloc_mib(number(1)),
+        "forkbomb" => fork_bomb(number(1)),
+        "daemon" => daemonize(&arg(1)),
+        "sleep-marker" => loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        },
+        "exit" => std::process::exit(i32::try_from(number(1)).unwrap_or(1)),
+        "kill-self" => kill_self(number(1)),
+        "spew" => spew(number(1)),
+        "cat" => cat(),
+        "whoami" => whoami(),
+        "socket" => open_socket(number(1), number(2), number(3)),
+        "chmod-setuid" => chmod_setuid(&arg(1)),
+        other => {
+            eprintln!("airlock-probe: unknown action `{other}`");
+            std::process::exit(2);
+        }
+    };
+    match result {
+        Ok(detail) if detail.is_empty() => println!("ok"),
+        Ok(detail) => println!("ok {detail}"),
+        Err(err) => {
+            let errno = err.raw_os_error().unwrap_or(0);
+            println!("errno {errno} {}", errno_name(errno));
+        }
+    }
+}
+
+type Outcome = io::Result<String>;
+
+fn errno_name(errno: i32) -> &'static str {
+    match errno {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::ESRCH => "ESRCH",
+        libc::EAGAIN => "EAGAIN",
+        libc::EACCES => "EACCES",
+        libc::EROFS => "EROFS",
+        libc::ENOSYS => "ENOSYS",
+        libc::ECONNREFUSED => "ECONNREFUSED",
+        libc::ENETUNREACH => "ENETUNREACH",
+        libc::EAFNOSUPPORT => "EAFNOSUPPORT",
+        libc::EINVAL => "EINVAL",
+        _ => "other",
+    }
+}
+
+/// Runs a libc call that returns -1 on error.
+fn unsafe_call(call: impl FnOnce() -> libc::c_long) -> io::Result<libc::c_long> {
+    let ret = call();
+    if ret == -1 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+}
+
+fn sys(call: impl FnOnce() -> io::Result<libc::c_long>) -> Outcome {
+    call().map(|_| String::new())
+}
+
+fn read_file(path: &str) -> Outcome {
+    let mut contents = Vec::new();
+    std::fs::File::open(path)?.read_to_end(&mut contents)?;
+    Ok(contents.len().to_string())
+}
+
+fn write_file(path: &str) -> Outcome {
+    std::fs::OpenOptions::new().create(true).truncate(true).write(true).open(path)?.write_all(b"probe")?;
+    Ok(String::new())
+}
+
+fn fork() -> io::Result<libc::pid_t> {
+    // SAFETY: the probe is single-threaded, so the child may keep running Rust code.
+    let pid = unsafe { libc::fork() };
+    if pid == -1 { Err(io::Error::last_os_error()) } else { Ok(pid) }
+}
+
+fn child_that_sleeps() -> io::Result<libc::pid_t> {
+    let pid = fork()?;
+    if pid == 0 {
+        std::thread::sleep(Duration::from_secs(30));
+        // SAFETY: ends only this child.
+        unsafe { libc::_exit(0) };
+    }
+    Ok(pid)
+}
+
+fn reap(pid: libc::pid_t) {
+    // SAFETY: kill and waitpid on our own child, with a valid status pointer.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        let mut status = 0;
+        libc::waitpid(pid, &mut status, 0);
+    }
+}
+
+fn ptrace_child() -> Outcome {
+    let child = child_that_sleeps()?;
+    // SAFETY: PTRACE_ATTACH takes a pid and null pointers.
+    let result = unsafe_call(|| unsafe {
+        libc::ptrace(libc::PTRACE_ATTACH, child, std::ptr::null_mut::<libc::c_void>(), std::ptr::null_mut::<libc::c_void>())
+    });
+    reap(child);
+    sys(|| result)
+}
+
+/// Mounts a tmpfs in a private mount namespace of this process (so that, as a control on the
+/// host, nothing outside it changes).
+fn mount_tmpfs() -> Outcome {
+    // SAFETY: unshare takes flags only.
+    let _ = unsafe { libc::unshare(libc::CLONE_NEWNS) };
+    // SAFETY: all strings are NUL-terminated literals.
+    let _ = unsafe { libc::mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) };
+    // SAFETY: all strings are NUL-terminated literals.
+    sys(|| unsafe_call(|| unsafe { libc::mount(c"none".as_ptr(), c"/tmp".as_ptr(), c"tmpfs".as_ptr(), 0, std::ptr::null()) as libc::c_long }))
+}
+
+fn connect(address: &str) -> Outcome {
+    let address = address.parse().map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    TcpStream::connect_timeout(&address, Duration::from_secs(2))?;
+    Ok(String::new())
+}
+
+fn loopback_round_trip() -> Outcome {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let address = listener.local_addr()?;
+    let mut client = TcpStream::connect(address)?;
+    let (mut server, _) = listener.accept()?;
+    client.write_all(b"ping")?;
+    let mut buf = [0u8; 4];
+    server.read_exact(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+fn pid_visible(pid: i64) -> Outcome {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: signal 0 only checks for existence.
+    sys(|| unsafe_call(|| unsafe { libc::kill(pid, 0) as libc::c_long }))?;
+    Ok(format!("proc={}", std::path::Path::new(&format!("/proc/{pid}")).exists()))
+}
+
+fn alloc_mib(mib: i64) -> Outcome {
+    let mut blocks: Vec<Vec<u8>> = Vec::new();
+    for _ in 0..mib {
+        blocks.push(vec![1u8; 1 << 20]);
+    }
+    Ok(blocks.len().to_string())
+}
+
+fn fork_bomb(limit: i64) -> Outcome {
+    let mut children = 0;
+    while children < limit {
+        match child_that_sleeps() {
+            Ok(_) => children += 1,
+            Err(err) => {
+                return Ok(format!("forked {children} errno {}", err.raw_os_error().unwrap_or(0)));
+            }
+        }
+    }
+    Ok(format!("forked {children}"))
+}
+
+/// setsid + double fork, the classic daemon: the grandchild re-executes this probe with a
+/// marker in its argv so the test can look for it on the host afterwards.
+fn daemonize(marker: &str) -> Outcome {
+    let exe = std::env::current_exe()?;
+    if fork()? == 0 {
+        // SAFETY: setsid takes no arguments.
+        unsafe { libc::setsid() };
+        if fork().unwrap_or(-1) == 0 {
+            let err = std::os::unix::process::CommandExt::exec(
+                std::process::Command::new(exe).args(["sleep-marker", marker]).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()),
+            );
+            eprintln!("exec failed: {err}");
+        }
+        // SAFETY: ends only the intermediate child.
+        unsafe { libc::_exit(0) };
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    Ok(String::new())
+}
+
+fn kill_self(signal: i64) -> Outcome {
+    let signal = libc::c_int::try_from(signal).unwrap_or(libc::SIGKILL);
+    io::stdout().flush()?;
+    // SAFETY: raising a signal on ourselves.
+    unsafe { libc::raise(signal) };
+    Ok("survived".into())
+}
+
+/// Writes `bytes` of a position-dependent pattern, so truncation or reordering shows.
+fn spew(bytes: i64) -> Outcome {
+    let total = usize::try_from(bytes).unwrap_or(0);
+    let mut out = io::stdout().lock();
+    let mut written = 0;
+    let mut chunk = vec![0u8; 64 * 1024];
+    while written < total {
+        let n = chunk.len().min(total - written);
+        for (i, byte) in chunk[..n].iter_mut().enumerate() {
+            *byte = ((written + i) % 251) as u8;
+        }
+        out.write_all(&chunk[..n])?;
+        written += n;
+    }
+    out.flush()?;
+    std::process::exit(0)
+}
+
+fn cat() -> Outcome {
+    let mut input = Vec::new();
+    io::stdin().read_to_end(&mut input)?;
+    io::stdout().write_all(&input)?;
+    io::stdout().flush()?;
+    std::process::exit(0)
+}
+
+fn whoami() -> Outcome {
+    // SAFETY: these getters cannot fail.
+    let (uid, gid, euid) = unsafe { (libc::getuid(), libc::getgid(), libc::geteuid()) };
+    Ok(format!("uid={uid} gid={gid} euid={euid}"))
+}
+
+fn open_socket(domain: i64, kind: i64, protocol: i64) -> Outcome {
+    let int = |v: i64| libc::c_int::try_from(v).unwrap_or(-1);
+    // SAFETY: socket takes integers; the descriptor is closed right after.
+    let fd = unsafe_call(|| unsafe { libc::socket(int(domain), int(kind), int(protocol)) as libc::c_long })?;
+    // SAFETY: closing the descriptor we just opened.
+    unsafe { libc::close(fd as libc::c_int) };
+    Ok(String::new())
+}
+
+fn chmod_setuid(path: &str) -> Outcome {
+    std::fs::write(path, b"#!/bin/sh\n")?;
+    let c_path = std::ffi::CString::new(path).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: a valid NUL-terminated path and a mode.
+    sys(|| unsafe_call(|| unsafe { libc::chmod(c_path.as_ptr(), 0o4755) as libc::c_long }))
+}
