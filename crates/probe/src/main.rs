@@ -208,8 +208,12 @@ fn daemonize(marker: &str) -> Outcome {
 fn kill_self(signal: i64) -> Outcome {
     let signal = libc::c_int::try_from(signal).unwrap_or(libc::SIGKILL);
     io::stdout().flush()?;
-    // SAFETY: raising a signal on ourselves.
-    unsafe { libc::raise(signal) };
+    // SAFETY: restoring the default action (std handles SIGSEGV itself) and raising the signal
+    // on ourselves.
+    unsafe {
+        libc::signal(signal, libc::SIG_DFL);
+        libc::raise(signal);
+    }
     Ok("survived".into())
 }
 
