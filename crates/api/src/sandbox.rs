@@ -166,7 +166,13 @@ mod tests {
 
     #[test]
     fn test_user_spec_parses_uid_and_optional_gid() {
-        assert_eq!("1000".parse(), Ok(UserSpec { uid: 1000, gid: 1000 }));
+        assert_eq!(
+            "1000".parse(),
+            Ok(UserSpec {
+                uid: 1000,
+                gid: 1000
+            })
+        );
         assert_eq!("1000:50".parse(), Ok(UserSpec { uid: 1000, gid: 50 }));
         assert_eq!(
             "alice".parse::<UserSpec>(),
@@ -176,7 +182,10 @@ mod tests {
             "1000:".parse::<UserSpec>(),
             Err(UserSpecError::NotNumeric("1000:".into()))
         );
-        assert_eq!("70000".parse::<UserSpec>(), Err(UserSpecError::OutOfRange(70000)));
+        assert_eq!(
+            "70000".parse::<UserSpec>(),
+            Err(UserSpecError::OutOfRange(70000))
+        );
     }
 
     #[test]
@@ -188,13 +197,17 @@ mod tests {
 
         let mut value: serde_json::Value = serde_json::from_str(&json).unwrap_or_default();
         value["surprise"] = serde_json::Value::Bool(true);
-        let err = serde_json::from_value::<SandboxConfig>(value).err().map(|e| e.to_string());
+        let err = serde_json::from_value::<SandboxConfig>(value)
+            .err()
+            .map(|e| e.to_string());
         assert!(err.unwrap_or_default().contains("unknown field `surprise`"));
     }
 
     #[test]
     fn test_workspace_source_is_tagged() {
-        let host = WorkspaceSource::Host { path: "/src".into() };
+        let host = WorkspaceSource::Host {
+            path: "/src".into(),
+        };
         let json = serde_json::to_string(&host).unwrap_or_default();
         assert_eq!(json, r#"{"type":"host","path":"/src"}"#);
     }

@@ -32,7 +32,11 @@ fn split_number(value: &str) -> Result<(&str, &str), UnitError> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(value.len());
     let (number, unit) = value.split_at(end);
-    if number.is_empty() || number.starts_with('.') || number.ends_with('.') || number.matches('.').count() > 1 {
+    if number.is_empty()
+        || number.starts_with('.')
+        || number.ends_with('.')
+        || number.matches('.').count() > 1
+    {
         return Err(UnitError::NotANumber(value.to_owned()));
     }
     Ok((number, unit.trim()))
@@ -52,7 +56,8 @@ fn scale_decimal(number: &str, scale: u64, original: &str) -> Result<u64, UnitEr
     }
     let numerator: u128 = fraction.parse().map_err(|_| overflow())?;
     let denominator = 10u128.pow(u32::try_from(fraction.len()).map_err(|_| overflow())?);
-    let part = u64::try_from(numerator * u128::from(scale) / denominator).map_err(|_| overflow())?;
+    let part =
+        u64::try_from(numerator * u128::from(scale) / denominator).map_err(|_| overflow())?;
     let total = total.checked_add(part).ok_or_else(overflow)?;
     Ok(total)
 }
@@ -144,15 +149,27 @@ mod tests {
     #[test]
     fn test_size_bad_input_is_named() {
         assert_eq!(parse_size_bytes(""), Err(UnitError::Empty));
-        assert_eq!(parse_size_bytes("MiB"), Err(UnitError::NotANumber("MiB".into())));
-        assert_eq!(parse_size_bytes("1..2M"), Err(UnitError::NotANumber("1..2M".into())));
-        assert!(matches!(parse_size_bytes("12 parsecs"), Err(UnitError::UnknownUnit { .. })));
+        assert_eq!(
+            parse_size_bytes("MiB"),
+            Err(UnitError::NotANumber("MiB".into()))
+        );
+        assert_eq!(
+            parse_size_bytes("1..2M"),
+            Err(UnitError::NotANumber("1..2M".into()))
+        );
+        assert!(matches!(
+            parse_size_bytes("12 parsecs"),
+            Err(UnitError::UnknownUnit { .. })
+        ));
         assert_eq!(parse_size_bytes("0"), Err(UnitError::Zero("0".into())));
         assert_eq!(
             parse_size_bytes("99999999999TiB"),
             Err(UnitError::Overflow("99999999999TiB".into()))
         );
-        assert_eq!(parse_size_bytes("-5M"), Err(UnitError::NotANumber("-5M".into())));
+        assert_eq!(
+            parse_size_bytes("-5M"),
+            Err(UnitError::NotANumber("-5M".into()))
+        );
     }
 
     #[test]
@@ -163,7 +180,10 @@ mod tests {
         assert_eq!(parse_duration_ms("1.5s"), Ok(1_500));
         assert_eq!(parse_duration_ms("2m"), Ok(120_000));
         assert_eq!(parse_duration_ms("1h"), Ok(3_600_000));
-        assert!(matches!(parse_duration_ms("3 days"), Err(UnitError::UnknownUnit { .. })));
+        assert!(matches!(
+            parse_duration_ms("3 days"),
+            Err(UnitError::UnknownUnit { .. })
+        ));
         assert_eq!(parse_duration_ms("0s"), Err(UnitError::Zero("0s".into())));
     }
 
@@ -172,7 +192,10 @@ mod tests {
         assert_eq!(parse_cpus_milli("1.5"), Ok(1_500));
         assert_eq!(parse_cpus_milli("0.25"), Ok(250));
         assert_eq!(parse_cpus_milli("2"), Ok(2_000));
-        assert!(matches!(parse_cpus_milli("2cores"), Err(UnitError::UnknownUnit { .. })));
+        assert!(matches!(
+            parse_cpus_milli("2cores"),
+            Err(UnitError::UnknownUnit { .. })
+        ));
         assert_eq!(parse_cpus_milli("0"), Err(UnitError::Zero("0".into())));
     }
 }

@@ -18,7 +18,18 @@ pub enum BenchCommand {
     },
 }
 
-const BWRAP_ARGS: &[&str] = &["--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"];
+const BWRAP_ARGS: &[&str] = &[
+    "--unshare-all",
+    "--die-with-parent",
+    "--ro-bind",
+    "/",
+    "/",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "true",
+];
 
 pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
     let BenchCommand::Start { iterations } = command;
@@ -27,14 +38,25 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
     let config = SandboxConfig::new(vec!["/bin/true".into()]);
     let airlock = || -> anyhow::Result<()> {
         let outcome = runtime.run(&config, None, |_| {})?;
-        anyhow::ensure!(outcome.exit_code() == 0, "airlock sandbox failed: {:?}", outcome.ending);
+        anyhow::ensure!(
+            outcome.exit_code() == 0,
+            "airlock sandbox failed: {:?}",
+            outcome.ending
+        );
         Ok(())
     };
-    let bwrap_present = Command::new("bwrap").arg("--version").stdout(Stdio::null()).status().is_ok_and(|s| s.success());
+    let bwrap_present = Command::new("bwrap")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
     let bwrap = || spawn_wait("bwrap", BWRAP_ARGS);
     let bare = || spawn_wait("/bin/true", &[]);
 
-    let mut samples: Vec<(&str, Vec<Duration>)> = vec![("airlock process tier", Vec::new()), ("fork+exec+wait /bin/true", Vec::new())];
+    let mut samples: Vec<(&str, Vec<Duration>)> = vec![
+        ("airlock process tier", Vec::new()),
+        ("fork+exec+wait /bin/true", Vec::new()),
+    ];
     if bwrap_present {
         samples.push(("bwrap --unshare-all", Vec::new()));
     }
@@ -53,16 +75,24 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
         }
     }
     println!("{iterations} iterations each, interleaved, after 5 warm-up runs");
-    println!("{:<28} {:>9} {:>9} {:>9}", "contender", "p50 ms", "p95 ms", "p99 ms");
+    println!(
+        "{:<28} {:>9} {:>9} {:>9}",
+        "contender", "p50 ms", "p95 ms", "p99 ms"
+    );
     let mut p50s = Vec::new();
     for (name, times) in &mut samples {
         times.sort();
-        let (p50, p95, p99) = (percentile(times, 50), percentile(times, 95), percentile(times, 99));
+        let (p50, p95, p99) = (
+            percentile(times, 50),
+            percentile(times, 95),
+            percentile(times, 99),
+        );
         println!("{name:<28} {p50:>9.3} {p95:>9.3} {p99:>9.3}");
         p50s.push((*name, p50));
     }
     let p50 = |wanted: &str| p50s.iter().find(|(n, _)| *n == wanted).map(|(_, v)| *v);
-    if let (Some(ours), Some(bare)) = (p50("airlock process tier"), p50("fork+exec+wait /bin/true")) {
+    if let (Some(ours), Some(bare)) = (p50("airlock process tier"), p50("fork+exec+wait /bin/true"))
+    {
         println!("ratio airlock / fork+exec (p50): {:.2}x", ours / bare);
     }
     match (p50("airlock process tier"), p50("bwrap --unshare-all")) {
@@ -77,12 +107,19 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
 }
 
 fn spawn_wait(program: &str, args: &[&str]) -> anyhow::Result<()> {
-    let status = Command::new(program).args(args).stdin(Stdio::null()).stdout(Stdio::null()).status()?;
+    let status = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .status()?;
     anyhow::ensure!(status.success(), "{program} failed: {status}");
     Ok(())
 }
 
 fn percentile(sorted: &[Duration], pct: usize) -> f64 {
-    let index = (sorted.len() * pct).div_ceil(100).saturating_sub(1).min(sorted.len().saturating_sub(1));
+    let index = (sorted.len() * pct)
+        .div_ceil(100)
+        .saturating_sub(1)
+        .min(sorted.len().saturating_sub(1));
     sorted.get(index).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
 }

@@ -11,7 +11,11 @@ use clap::{Parser, Subcommand};
 const AIRLOCK_ERROR: u8 = 125;
 
 #[derive(Debug, Parser)]
-#[command(name = "airlock", version, about = "Run untrusted code in disposable, hardened sandboxes")]
+#[command(
+    name = "airlock",
+    version,
+    about = "Run untrusted code in disposable, hardened sandboxes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -68,17 +72,39 @@ fn clap_error_line(err: &clap::Error) -> String {
 
 /// `err: cause: cause`, on one line.
 fn one_line(err: &anyhow::Error) -> String {
-    err.chain().map(ToString::to_string).collect::<Vec<_>>().join(": ")
+    err.chain()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
 }
 
 fn probe() -> anyhow::Result<ExitCode> {
     let runtime = airlock_runtime::Runtime::new()?;
     let support = runtime.support();
-    println!("landlock abi:     {}", support.landlock_abi.map_or("unavailable".into(), |v| v.to_string()));
-    println!("user namespaces:  {}", if support.user_namespaces { "yes" } else { "no" });
-    println!("seccomp filter:   {}", if support.seccomp_filter { "yes" } else { "no" });
+    println!(
+        "landlock abi:     {}",
+        support
+            .landlock_abi
+            .map_or("unavailable".into(), |v| v.to_string())
+    );
+    println!(
+        "user namespaces:  {}",
+        if support.user_namespaces { "yes" } else { "no" }
+    );
+    println!(
+        "seccomp filter:   {}",
+        if support.seccomp_filter { "yes" } else { "no" }
+    );
     println!("cgroups:          {}", support.cgroups.describe());
-    println!("caller:           uid {}{}", support.caller_uid, if support.caller_is_root { " (root)" } else { "" });
+    println!(
+        "caller:           uid {}{}",
+        support.caller_uid,
+        if support.caller_is_root {
+            " (root)"
+        } else {
+            ""
+        }
+    );
     for backend in runtime.backends() {
         let state = match &backend.unavailable {
             None if backend.degraded.is_empty() => "available".to_owned(),

@@ -3,7 +3,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use airlock_api::{Compat, SandboxConfig, Tier, UserSpec, WorkspaceSource, parse_cpus_milli, parse_duration_ms, parse_size_bytes};
+use airlock_api::{
+    Compat, SandboxConfig, Tier, UserSpec, WorkspaceSource, parse_cpus_milli, parse_duration_ms,
+    parse_size_bytes,
+};
 use airlock_runtime::{Ending, Runtime, Signals};
 use clap::{Args, ValueEnum};
 
@@ -74,7 +77,9 @@ fn parse_limit_size(value: &str) -> Result<Limit, String> {
     if value == "max" {
         return Ok(Limit::Max);
     }
-    parse_size_bytes(value).map(Limit::Value).map_err(|e| e.to_string())
+    parse_size_bytes(value)
+        .map(Limit::Value)
+        .map_err(|e| e.to_string())
 }
 
 fn parse_limit_count(value: &str) -> Result<Limit, String> {
@@ -125,8 +130,9 @@ pub fn config(args: RunArgs) -> anyhow::Result<SandboxConfig> {
         let (name, value) = match item.split_once('=') {
             Some((name, value)) => (name.to_owned(), value.to_owned()),
             None => {
-                let value = std::env::var(&item)
-                    .map_err(|_| anyhow::anyhow!("--env {item}: the host has no variable {item} to copy"))?;
+                let value = std::env::var(&item).map_err(|_| {
+                    anyhow::anyhow!("--env {item}: the host has no variable {item} to copy")
+                })?;
                 (item, value)
             }
         };
@@ -145,7 +151,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let config = config(args)?;
     let signals = Signals::install()?;
     let runtime = Runtime::new()?;
-    let outcome = runtime.run(&config, Some(&signals), |warning| eprintln!("airlock: warning: {warning}"))?;
+    let outcome = runtime.run(&config, Some(&signals), |warning| {
+        eprintln!("airlock: warning: {warning}")
+    })?;
     match &outcome.ending {
         Ending::SetupFailed { message, .. } => eprintln!("airlock: {message}"),
         Ending::TimedOut => {
@@ -157,5 +165,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         _ => {}
     }
-    Ok(ExitCode::from(u8::try_from(outcome.exit_code()).unwrap_or(u8::MAX)))
+    Ok(ExitCode::from(
+        u8::try_from(outcome.exit_code()).unwrap_or(u8::MAX),
+    ))
 }

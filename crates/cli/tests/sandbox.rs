@@ -5,6 +5,12 @@
 //! These tests need root (as CI has) for cgroups, idmapped mounts and the unprivileged-caller
 //! test, which drops to `nobody` itself.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests: failing loudly is the point"
+)]
+
 mod common;
 
 use std::fs;
@@ -41,14 +47,24 @@ fn test_run_host_secret_files_are_masked() {
         if !std::path::Path::new(path).exists() {
             continue;
         }
-        assert_eq!(inside(&scratch, &[], &["read", path]).verdict(), "errno 13 EACCES", "{path}");
-        assert!(outside(&scratch, &["read", path]).starts_with("ok"), "control: root reads {path}");
+        assert_eq!(
+            inside(&scratch, &[], &["read", path]).verdict(),
+            "errno 13 EACCES",
+            "{path}"
+        );
+        assert!(
+            outside(&scratch, &["read", path]).starts_with("ok"),
+            "control: root reads {path}"
+        );
     }
     // /run holds host daemons' sockets: inside it is an empty directory.
     let listing = airlock(&["run", "--", "ls", "-A", "/run"]);
     assert_eq!(listing.code, 0, "{listing:?}");
     assert_eq!(listing.stdout, "");
-    assert!(fs::read_dir("/run").unwrap().next().is_some(), "control: the host /run is not empty");
+    assert!(
+        fs::read_dir("/run").unwrap().next().is_some(),
+        "control: the host /run is not empty"
+    );
 }
 
 #[test]
@@ -56,14 +72,27 @@ fn test_run_writes_outside_workspace_and_tmp_fail() {
     let scratch = Scratch::new();
     let target = scratch.dir.join("written-from-inside");
     let target = target.to_str().unwrap();
-    for path in ["/etc/airlock-probe", "/usr/airlock-probe", target, "/dev/airlock-probe"] {
+    for path in [
+        "/etc/airlock-probe",
+        "/usr/airlock-probe",
+        target,
+        "/dev/airlock-probe",
+    ] {
         let run = inside(&scratch, &[], &["write", path]);
         assert_eq!(run.verdict(), "errno 30 EROFS", "{path}: {run:?}");
     }
     assert!(!std::path::Path::new(target).exists());
-    assert_eq!(outside(&scratch, &["write", target]), "ok", "control: the host can write there");
+    assert_eq!(
+        outside(&scratch, &["write", target]),
+        "ok",
+        "control: the host can write there"
+    );
     for path in ["/workspace/file", "/tmp/file", "/dev/shm/file", "/dev/null"] {
-        assert_eq!(inside(&scratch, &[], &["write", path]).verdict(), "ok", "{path}");
+        assert_eq!(
+            inside(&scratch, &[], &["write", path]).verdict(),
+            "ok",
+            "{path}"
+        );
     }
 }
 
@@ -86,7 +115,10 @@ fn test_run_host_pids_are_invisible() {
     assert_eq!(outside(&scratch, &["pid-visible", &me]), "ok proc=true");
     let ps = airlock(&["run", "--", "sh", "-c", "ls /proc | grep -c '^[0-9]'"]);
     let count: u32 = ps.stdout.trim().parse().unwrap();
-    assert!(count <= 4, "only the sandbox's own processes are listed, saw {count}");
+    assert!(
+        count <= 4,
+        "only the sandbox's own processes are listed, saw {count}"
+    );
 }
 
 #[test]
@@ -95,7 +127,11 @@ fn test_run_ptrace_mount_and_nested_userns_are_denied() {
     for action in ["ptrace", "mount", "userns"] {
         let run = inside(&scratch, &[], &[action]);
         assert_eq!(run.verdict(), "errno 1 EPERM", "{action}: {run:?}");
-        assert_eq!(outside(&scratch, &[action]), "ok", "control: {action} works outside");
+        assert_eq!(
+            outside(&scratch, &[action]),
+            "ok",
+            "control: {action} works outside"
+        );
     }
 }
 
@@ -106,15 +142,30 @@ fn test_run_dangerous_socket_families_are_denied() {
     let netlink_audit = ["socket", "16", "2", "9"];
     let raw_inet = ["socket", "2", "3", "1"];
     for attempt in [&packet, &netlink_audit, &raw_inet] {
-        assert_eq!(inside(&scratch, &[], attempt).verdict(), "errno 1 EPERM", "{attempt:?}");
+        assert_eq!(
+            inside(&scratch, &[], attempt).verdict(),
+            "errno 1 EPERM",
+            "{attempt:?}"
+        );
         assert_eq!(outside(&scratch, attempt), "ok", "control {attempt:?}");
     }
-    assert_eq!(inside(&scratch, &[], &["socket", "16", "2", "0"]).verdict(), "ok", "NETLINK_ROUTE stays");
+    assert_eq!(
+        inside(&scratch, &[], &["socket", "16", "2", "0"]).verdict(),
+        "ok",
+        "NETLINK_ROUTE stays"
+    );
 }
 
 #[test]
 fn test_run_privileges_are_gone() {
-    let status = airlock(&["run", "--", "grep", "-E", "^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):", "/proc/self/status"]);
+    let status = airlock(&[
+        "run",
+        "--",
+        "grep",
+        "-E",
+        "^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):",
+        "/proc/self/status",
+    ]);
     assert_eq!(status.code, 0, "{status:?}");
     let expected = "CapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n\
                     CapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n";
@@ -122,10 +173,16 @@ fn test_run_privileges_are_gone() {
     let uid_map = airlock(&["run", "--", "cat", "/proc/self/uid_map"]);
     let fields: Vec<&str> = uid_map.stdout.split_whitespace().collect();
     assert_eq!(fields.first(), Some(&"0"));
-    assert_ne!(fields.get(1), Some(&"0"), "uid 0 inside must not be root outside: {fields:?}");
+    assert_ne!(
+        fields.get(1),
+        Some(&"0"),
+        "uid 0 inside must not be root outside: {fields:?}"
+    );
     let setuid = {
         let scratch = Scratch::new();
-        inside(&scratch, &[], &["chmod-setuid", "/workspace/tool"]).verdict().to_owned()
+        inside(&scratch, &[], &["chmod-setuid", "/workspace/tool"])
+            .verdict()
+            .to_owned()
     };
     assert_eq!(setuid, "errno 1 EPERM");
 }
@@ -139,7 +196,11 @@ fn test_run_host_loopback_is_unreachable_but_sandbox_loopback_works() {
     assert_eq!(run.verdict(), "errno 111 ECONNREFUSED", "{run:?}");
     assert_eq!(outside(&scratch, &["connect", &address]), "ok");
     assert_eq!(inside(&scratch, &[], &["loopback"]).verdict(), "ok ping");
-    assert_eq!(inside(&scratch, &[], &["connect", "169.254.169.254:80"]).verdict(), "errno 101 ENETUNREACH", "no route off the box");
+    assert_eq!(
+        inside(&scratch, &[], &["connect", "169.254.169.254:80"]).verdict(),
+        "errno 101 ENETUNREACH",
+        "no route off the box"
+    );
 }
 
 #[test]
@@ -161,7 +222,11 @@ fn test_run_fork_bomb_stops_at_the_pids_limit() {
     let forked: u32 = words[2].parse().unwrap();
     assert!(forked < 32, "forked {forked} with a limit of 32");
     assert_eq!(words[3..], ["errno", "11"], "fork fails with EAGAIN");
-    assert_eq!(outside(&scratch, &["forkbomb", "40"]), "ok forked 40", "control");
+    assert_eq!(
+        outside(&scratch, &["forkbomb", "40"]),
+        "ok forked 40",
+        "control"
+    );
 }
 
 #[test]
@@ -170,15 +235,23 @@ fn test_run_setsid_double_fork_daemon_is_gone_after_the_run() {
     let marker = unique_marker("daemon");
     let run = inside(&scratch, &[], &["daemon", &marker]);
     assert_eq!(run.verdict(), "ok");
-    assert!(eventually(|| processes_with(&marker).is_empty()), "the daemon outlived its sandbox");
+    assert!(
+        eventually(|| processes_with(&marker).is_empty()),
+        "the daemon outlived its sandbox"
+    );
 
     // Control: the same daemon outside survives its parent.
     assert_eq!(outside(&scratch, &["daemon", &marker]), "ok");
     let survivors = processes_with(&marker);
     for pid in &survivors {
-        let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status();
     }
-    assert!(!survivors.is_empty(), "control: a daemon outside a sandbox survives");
+    assert!(
+        !survivors.is_empty(),
+        "control: a daemon outside a sandbox survives"
+    );
 }
 
 #[test]
@@ -188,7 +261,11 @@ fn test_run_exit_codes_and_signals_propagate() {
     assert_eq!(inside(&scratch, &[], &["exit", "0"]).code, 0);
     assert_eq!(inside(&scratch, &[], &["kill-self", "15"]).code, 143);
     assert_eq!(inside(&scratch, &[], &["kill-self", "9"]).code, 137);
-    assert_eq!(inside(&scratch, &[], &["kill-self", "11"]).code, 139, "a crash of CMD");
+    assert_eq!(
+        inside(&scratch, &[], &["kill-self", "11"]).code,
+        139,
+        "a crash of CMD"
+    );
 }
 
 #[test]
@@ -198,7 +275,11 @@ fn test_run_large_stdout_arrives_intact() {
     let run = inside(&scratch, &[], &["spew", &bytes.to_string()]);
     assert_eq!(run.code, 0);
     assert_eq!(run.stdout_bytes.len(), bytes);
-    let corrupt = run.stdout_bytes.iter().enumerate().position(|(i, &b)| b != (i % 251) as u8);
+    let corrupt = run
+        .stdout_bytes
+        .iter()
+        .enumerate()
+        .position(|(i, &b)| b != (i % 251) as u8);
     assert_eq!(corrupt, None, "stdout differs from the pattern");
 }
 
@@ -221,7 +302,11 @@ fn test_run_as_non_root_user_inside() {
     let run = inside(&scratch, &["--user", "1000:1000"], &["whoami"]);
     assert_eq!(run.verdict(), "ok uid=1000 gid=1000 euid=1000", "{run:?}");
     let write = inside(&scratch, &["--user", "1000"], &["write", "/workspace/mine"]);
-    assert_eq!(write.verdict(), "ok", "the fresh workspace belongs to the workload's user");
+    assert_eq!(
+        write.verdict(),
+        "ok",
+        "the fresh workspace belongs to the workload's user"
+    );
 }
 
 #[test]
@@ -230,19 +315,42 @@ fn test_run_host_workspace_keeps_host_ownership() {
     let workspace = scratch.workspace("ws");
     fs::write(workspace.join("input.txt"), "from the host").unwrap();
     let ws = workspace.to_str().unwrap();
-    let run = airlock(&["run", "--workspace", ws, "--", "sh", "-c", "cat input.txt && echo made > output.txt"]);
+    let run = airlock(&[
+        "run",
+        "--workspace",
+        ws,
+        "--",
+        "sh",
+        "-c",
+        "cat input.txt && echo made > output.txt",
+    ]);
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(run.stdout, "from the host");
     let meta = fs::metadata(workspace.join("output.txt")).unwrap();
-    assert_eq!((meta.uid(), meta.gid()), (0, 0), "a file written by root inside belongs to the workspace's owner");
-    assert_eq!(fs::read_to_string(workspace.join("output.txt")).unwrap(), "made\n");
+    assert_eq!(
+        (meta.uid(), meta.gid()),
+        (0, 0),
+        "a file written by root inside belongs to the workspace's owner"
+    );
+    assert_eq!(
+        fs::read_to_string(workspace.join("output.txt")).unwrap(),
+        "made\n"
+    );
 }
 
 #[test]
 fn test_run_environment_is_not_inherited() {
     // SAFETY of the test: only this test reads this variable.
     let run = std::process::Command::new(airlock_bin())
-        .args(["run", "--env", "GIVEN=yes", "--", "sh", "-c", "echo ${HOST_SECRET:-absent} $GIVEN"])
+        .args([
+            "run",
+            "--env",
+            "GIVEN=yes",
+            "--",
+            "sh",
+            "-c",
+            "echo ${HOST_SECRET:-absent} $GIVEN",
+        ])
         .env("HOST_SECRET", "hunter2")
         .output()
         .unwrap();
@@ -258,7 +366,10 @@ fn test_run_timeout_kills_the_whole_sandbox() {
     let run = airlock(&["run", "--timeout", "1s", "--", "sh", "-c", &script]);
     assert_eq!(run.code, 124, "{run:?}");
     assert!(run.stderr.contains("timed out"), "{}", run.stderr);
-    assert!(eventually(|| processes_with(&marker).is_empty()), "a process outlived the timeout");
+    assert!(
+        eventually(|| processes_with(&marker).is_empty()),
+        "a process outlived the timeout"
+    );
 }
 
 fn signal_tears_down(signal: &str, expected: i32) {
@@ -267,13 +378,22 @@ fn signal_tears_down(signal: &str, expected: i32) {
     let probe = scratch.probe();
     let child = spawn_airlock(&["run", "--", &probe, "sleep-marker", &marker]);
     let pid = child.id();
-    assert!(eventually(|| !processes_with(&marker).is_empty()), "the sandbox never started");
-    let status = std::process::Command::new("kill").args([signal, &pid.to_string()]).status().unwrap();
+    assert!(
+        eventually(|| !processes_with(&marker).is_empty()),
+        "the sandbox never started"
+    );
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
     assert!(status.success());
     let run = run_from(child.wait_with_output().unwrap());
     assert_no_leftovers(pid);
     assert_eq!(run.code, expected, "{run:?}");
-    assert!(eventually(|| processes_with(&marker).is_empty()), "the workload outlived airlock");
+    assert!(
+        eventually(|| processes_with(&marker).is_empty()),
+        "the workload outlived airlock"
+    );
 }
 
 #[test]
@@ -299,14 +419,30 @@ fn test_run_bad_input_gets_one_line_errors_and_code_125() {
     for args in cases {
         let run = airlock(args);
         assert_eq!(run.code, 125, "{args:?}: {run:?}");
-        assert_eq!(run.stderr.trim_end().lines().count(), 1, "{args:?}: one line, got {:?}", run.stderr);
+        assert_eq!(
+            run.stderr.trim_end().lines().count(),
+            1,
+            "{args:?}: one line, got {:?}",
+            run.stderr
+        );
         assert!(run.stderr.starts_with("airlock: "), "{:?}", run.stderr);
     }
     let missing = airlock(&["run", "--", "no-such-command-anywhere"]);
     assert_eq!(missing.code, 127);
-    assert_eq!(missing.stderr, "airlock: no-such-command-anywhere: command not found\n");
-    assert!(airlock(&["run", "--workspace", "/no/such/dir", "--", "true"]).stderr.contains("/no/such/dir"));
-    assert!(airlock(&["run", "--memory", "12parsecs", "--", "true"]).stderr.contains("parsecs"));
+    assert_eq!(
+        missing.stderr,
+        "airlock: no-such-command-anywhere: command not found\n"
+    );
+    assert!(
+        airlock(&["run", "--workspace", "/no/such/dir", "--", "true"])
+            .stderr
+            .contains("/no/such/dir")
+    );
+    assert!(
+        airlock(&["run", "--memory", "12parsecs", "--", "true"])
+            .stderr
+            .contains("parsecs")
+    );
 }
 
 #[test]
@@ -323,13 +459,35 @@ fn test_run_unprivileged_caller_works_and_strict_names_the_missing_layer() {
             .output()
             .unwrap()
     };
-    let best_effort = run_from(as_nobody(&["run", "--compat", "best-effort", "--", &probe, "whoami"]));
+    let best_effort = run_from(as_nobody(&[
+        "run",
+        "--compat",
+        "best-effort",
+        "--",
+        &probe,
+        "whoami",
+    ]));
     assert_eq!(best_effort.code, 0, "{best_effort:?}");
     assert_eq!(best_effort.verdict(), "ok uid=0 gid=0 euid=0");
-    assert!(best_effort.stderr.contains("not enforced: cgroup limits"), "{}", best_effort.stderr);
+    assert!(
+        best_effort.stderr.contains("not enforced: cgroup limits"),
+        "{}",
+        best_effort.stderr
+    );
 
-    let confined = run_from(as_nobody(&["run", "--compat", "best-effort", "--", &probe, "mount"]));
-    assert_eq!(confined.verdict(), "errno 1 EPERM", "the other layers still hold");
+    let confined = run_from(as_nobody(&[
+        "run",
+        "--compat",
+        "best-effort",
+        "--",
+        &probe,
+        "mount",
+    ]));
+    assert_eq!(
+        confined.verdict(),
+        "errno 1 EPERM",
+        "the other layers still hold"
+    );
 
     let strict = run_from(as_nobody(&["run", "--", &probe, "whoami"]));
     assert_eq!(strict.code, 125);

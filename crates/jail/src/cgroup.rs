@@ -71,27 +71,41 @@ impl Layout {
     pub fn detect() -> io::Result<Layout> {
         let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
         let own = fs::read_to_string("/proc/self/cgroup")?;
-        let v2_controllers = |mount: &Path| fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
+        let v2_controllers =
+            |mount: &Path| fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
         Ok(parse_layout(&mountinfo, &own, v2_controllers))
     }
 }
 
 /// Pure part of [`Layout::detect`]: a controller is v1 if a v1 hierarchy carries it, otherwise
 /// v2 if the v2 root lists it.
-pub fn parse_layout(mountinfo: &str, own_cgroups: &str, v2_controllers: impl Fn(&Path) -> String) -> Layout {
+pub fn parse_layout(
+    mountinfo: &str,
+    own_cgroups: &str,
+    v2_controllers: impl Fn(&Path) -> String,
+) -> Layout {
     let mut v1: Vec<(Vec<String>, PathBuf)> = Vec::new();
     let mut v2: Option<PathBuf> = None;
     for line in mountinfo.lines() {
         // Fields: id parent major:minor root mountpoint options [optional...] - fstype source super
-        let Some((left, right)) = line.split_once(" - ") else { continue };
-        let mut right = right.split_whitespace();
-        let (Some(fstype), Some(_source), Some(super_options)) = (right.next(), right.next(), right.next()) else {
+        let Some((left, right)) = line.split_once(" - ") else {
             continue;
         };
-        let Some(mount_point) = left.split_whitespace().nth(4) else { continue };
+        let mut right = right.split_whitespace();
+        let (Some(fstype), Some(_source), Some(super_options)) =
+            (right.next(), right.next(), right.next())
+        else {
+            continue;
+        };
+        let Some(mount_point) = left.split_whitespace().nth(4) else {
+            continue;
+        };
         let mount_point = PathBuf::from(unescape_mountinfo(mount_point));
         match fstype {
-            "cgroup" => v1.push((super_options.split(',').map(str::to_owned).collect(), mount_point)),
+            "cgroup" => v1.push((
+                super_options.split(',').map(str::to_owned).collect(),
+                mount_point,
+            )),
             "cgroup2" if v2.is_none() => v2 = Some(mount_point),
             _ => {}
         }
@@ -100,20 +114,39 @@ pub fn parse_layout(mountinfo: &str, own_cgroups: &str, v2_controllers: impl Fn(
         own_cgroups.lines().find_map(|line| {
             let mut parts = line.splitn(3, ':');
             let (_, list, path) = (parts.next()?, parts.next()?, parts.next()?);
-            list.split(',').any(|c| c == controller).then(|| path.to_owned())
+            list.split(',')
+                .any(|c| c == controller)
+                .then(|| path.to_owned())
         })
     };
-    let v2_list = v2.as_ref().map(|mount| v2_controllers(mount)).unwrap_or_default();
+    let v2_list = v2
+        .as_ref()
+        .map(|mount| v2_controllers(mount))
+        .unwrap_or_default();
     let home = |controller: Controller| -> Option<Home> {
         let name = controller.name();
-        if let Some((_, mount)) = v1.iter().find(|(options, _)| options.iter().any(|o| o == name)) {
+        if let Some((_, mount)) = v1
+            .iter()
+            .find(|(options, _)| options.iter().any(|o| o == name))
+        {
             let own = own_v1_path(name).unwrap_or_else(|| "/".to_owned());
-            return Some(Home::V1 { own_dir: mount.join(own.trim_start_matches('/')) });
+            return Some(Home::V1 {
+                own_dir: mount.join(own.trim_start_matches('/')),
+            });
         }
         let mount = v2.as_ref()?;
-        v2_list.split_whitespace().any(|c| c == name).then(|| Home::V2 { mount: mount.clone() })
+        v2_list
+            .split_whitespace()
+            .any(|c| c == name)
+            .then(|| Home::V2 {
+                mount: mount.clone(),
+            })
     };
-    Layout { memory: home(Controller::Memory), pids: home(Controller::Pids), cpu: home(Controller::Cpu) }
+    Layout {
+        memory: home(Controller::Memory),
+        pids: home(Controller::Pids),
+        cpu: home(Controller::Cpu),
+    }
 }
 
 /// mountinfo escapes spaces and the like as `\040`.
@@ -122,8 +155,14 @@ fn unescape_mountinfo(field: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
-            let value = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let value =
+                (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
             out.push(value);
             i += 4;
         } else {
@@ -166,20 +205,33 @@ pub struct SandboxCgroup {
 }
 
 fn write(path: PathBuf, value: &str) -> Result<(), CgroupError> {
-    fs::write(&path, value).map_err(|source| CgroupError::Write { path, value: value.to_owned(), source })
+    fs::write(&path, value).map_err(|source| CgroupError::Write {
+        path,
+        value: value.to_owned(),
+        source,
+    })
 }
 
 impl SandboxCgroup {
     /// Creates the cgroup `name` with `limits` in every hierarchy that carries a limited
     /// controller. Memory and pids are always used: they also let Airlock find every process.
-    pub fn create(layout: &Layout, name: &str, limits: &CgroupLimits) -> Result<SandboxCgroup, CgroupError> {
+    pub fn create(
+        layout: &Layout,
+        name: &str,
+        limits: &CgroupLimits,
+    ) -> Result<SandboxCgroup, CgroupError> {
         let mut wanted = vec![Controller::Memory, Controller::Pids];
         if limits.cpu_quota_us.is_some() {
             wanted.push(Controller::Cpu);
         }
-        let mut cgroup = SandboxCgroup { dirs: Vec::new(), v2_dir: None };
+        let mut cgroup = SandboxCgroup {
+            dirs: Vec::new(),
+            v2_dir: None,
+        };
         for controller in wanted {
-            let home = layout.home(controller).ok_or(CgroupError::MissingController(controller.name()))?;
+            let home = layout
+                .home(controller)
+                .ok_or(CgroupError::MissingController(controller.name()))?;
             match home {
                 Home::V1 { own_dir } => {
                     let dir = own_dir.join(name);
@@ -217,7 +269,10 @@ impl SandboxCgroup {
     }
 
     fn dir(&self, controller: Controller) -> Option<&PathBuf> {
-        self.dirs.iter().find(|(c, _)| *c == controller).map(|(_, d)| d)
+        self.dirs
+            .iter()
+            .find(|(c, _)| *c == controller)
+            .map(|(_, d)| d)
     }
 
     fn set_limits(&self, limits: &CgroupLimits) -> Result<(), CgroupError> {
@@ -247,13 +302,19 @@ impl SandboxCgroup {
                 }
                 (Controller::Cpu, false) => {
                     if let Some(quota) = limits.cpu_quota_us {
-                        write(dir.join("cpu.cfs_period_us"), &limits.cpu_period_us.to_string())?;
+                        write(
+                            dir.join("cpu.cfs_period_us"),
+                            &limits.cpu_period_us.to_string(),
+                        )?;
                         write(dir.join("cpu.cfs_quota_us"), &quota.to_string())?;
                     }
                 }
                 (Controller::Cpu, true) => {
                     if let Some(quota) = limits.cpu_quota_us {
-                        write(dir.join("cpu.max"), &format!("{quota} {}", limits.cpu_period_us))?;
+                        write(
+                            dir.join("cpu.max"),
+                            &format!("{quota} {}", limits.cpu_period_us),
+                        )?;
                     }
                 }
             }
@@ -268,7 +329,11 @@ impl SandboxCgroup {
     pub fn join_files(&self) -> Vec<PathBuf> {
         let mut files: Vec<PathBuf> = Vec::new();
         for (_, dir) in &self.dirs {
-            let file = if self.v2_dir.as_ref() == Some(dir) { dir.join("cgroup.procs") } else { dir.join("tasks") };
+            let file = if self.v2_dir.as_ref() == Some(dir) {
+                dir.join("cgroup.procs")
+            } else {
+                dir.join("tasks")
+            };
             if !files.contains(&file) {
                 files.push(file);
             }
@@ -278,7 +343,10 @@ impl SandboxCgroup {
 
     /// The processes in the sandbox's cgroup.
     pub fn pids(&self) -> Vec<libc::pid_t> {
-        let Some(dir) = self.dir(Controller::Pids).or_else(|| self.dirs.first().map(|(_, d)| d)) else {
+        let Some(dir) = self
+            .dir(Controller::Pids)
+            .or_else(|| self.dirs.first().map(|(_, d)| d))
+        else {
             return Vec::new();
         };
         fs::read_to_string(dir.join("cgroup.procs"))
@@ -291,10 +359,10 @@ impl SandboxCgroup {
     /// Kills every process in the cgroup. On v2 with `cgroup.kill` this is one write; on v1,
     /// processes are killed until none is left (a fork racing the kill is caught next round).
     pub fn kill_all(&self) {
-        if let Some(dir) = &self.v2_dir {
-            if fs::write(dir.join("cgroup.kill"), "1").is_ok() {
-                return;
-            }
+        if let Some(dir) = &self.v2_dir
+            && fs::write(dir.join("cgroup.kill"), "1").is_ok()
+        {
+            return;
         }
         for _ in 0..1000 {
             let pids = self.pids();
@@ -310,7 +378,9 @@ impl SandboxCgroup {
 
     /// Whether the kernel's OOM killer acted inside this cgroup.
     pub fn oom_killed(&self) -> bool {
-        let Some(dir) = self.dir(Controller::Memory) else { return false };
+        let Some(dir) = self.dir(Controller::Memory) else {
+            return false;
+        };
         let (file, key) = if dir.join("memory.events").exists() {
             ("memory.events", "oom_kill")
         } else {
@@ -356,7 +426,10 @@ impl SandboxCgroup {
 fn create_dir(dir: &Path) -> Result<(), CgroupError> {
     match fs::create_dir(dir) {
         Ok(()) => Ok(()),
-        Err(source) => Err(CgroupError::Create { path: dir.to_path_buf(), source }),
+        Err(source) => Err(CgroupError::Create {
+            path: dir.to_path_buf(),
+            source,
+        }),
     }
 }
 
@@ -368,7 +441,12 @@ fn prepare_v2_parent(mount: &Path, parent: &Path) -> Result<(), CgroupError> {
     match fs::create_dir(parent) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(source) => return Err(CgroupError::Create { path: parent.to_path_buf(), source }),
+        Err(source) => {
+            return Err(CgroupError::Create {
+                path: parent.to_path_buf(),
+                source,
+            });
+        }
     }
     write(parent.join("cgroup.subtree_control"), enable)
 }
@@ -377,7 +455,10 @@ fn prepare_v2_parent(mount: &Path, parent: &Path) -> Result<(), CgroupError> {
 /// whose owner pid, encoded in the name, is gone. Empty ones only; the kernel refuses others.
 pub fn sweep_stale(layout: &Layout) {
     let mut parents: Vec<PathBuf> = Vec::new();
-    for home in [&layout.memory, &layout.pids, &layout.cpu].into_iter().flatten() {
+    for home in [&layout.memory, &layout.pids, &layout.cpu]
+        .into_iter()
+        .flatten()
+    {
         let parent = match home {
             Home::V1 { own_dir } => own_dir.clone(),
             Home::V2 { mount } => mount.join("airlock"),
@@ -387,10 +468,14 @@ pub fn sweep_stale(layout: &Layout) {
         }
     }
     for parent in parents {
-        let Ok(entries) = fs::read_dir(&parent) else { continue };
+        let Ok(entries) = fs::read_dir(&parent) else {
+            continue;
+        };
         for entry in entries.flatten() {
             let name = entry.file_name();
-            let Some(owner) = name.to_str().and_then(owner_pid) else { continue };
+            let Some(owner) = name.to_str().and_then(owner_pid) else {
+                continue;
+            };
             if crate::sys::kill(owner, 0).is_err_and(|e| e.raw_os_error() == Some(libc::ESRCH)) {
                 let _ = fs::remove_dir(entry.path());
             }
@@ -400,7 +485,11 @@ pub fn sweep_stale(layout: &Layout) {
 
 /// `airlock-<pid>-<n>` → `pid`.
 pub fn owner_pid(name: &str) -> Option<libc::pid_t> {
-    name.strip_prefix(NAME_PREFIX)?.split('-').next()?.parse().ok()
+    name.strip_prefix(NAME_PREFIX)?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]

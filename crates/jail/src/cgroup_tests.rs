@@ -21,10 +21,22 @@ fn test_layout_hybrid_prefers_v1_controllers() {
     let layout = parse_layout(HYBRID_MOUNTINFO, HYBRID_OWN, |_| "hugetlb\n".into());
     assert_eq!(
         layout.memory,
-        Some(Home::V1 { own_dir: "/sys/fs/cgroup/memory/process_api/abc".into() })
+        Some(Home::V1 {
+            own_dir: "/sys/fs/cgroup/memory/process_api/abc".into()
+        })
     );
-    assert_eq!(layout.pids, Some(Home::V1 { own_dir: "/sys/fs/cgroup/pids".into() }));
-    assert_eq!(layout.cpu, Some(Home::V1 { own_dir: "/sys/fs/cgroup/cpu".into() }));
+    assert_eq!(
+        layout.pids,
+        Some(Home::V1 {
+            own_dir: "/sys/fs/cgroup/pids".into()
+        })
+    );
+    assert_eq!(
+        layout.cpu,
+        Some(Home::V1 {
+            own_dir: "/sys/fs/cgroup/cpu".into()
+        })
+    );
     assert_eq!(layout.describe(), "v1");
 }
 
@@ -35,7 +47,9 @@ fn test_layout_pure_v2() {
         assert_eq!(mount, Path::new("/sys/fs/cgroup"));
         "cpuset cpu io memory pids\n".into()
     });
-    let v2 = Some(Home::V2 { mount: "/sys/fs/cgroup".into() });
+    let v2 = Some(Home::V2 {
+        mount: "/sys/fs/cgroup".into(),
+    });
     assert_eq!(layout.memory, v2);
     assert_eq!(layout.pids, v2);
     assert_eq!(layout.cpu, v2);
@@ -58,7 +72,12 @@ fn test_layout_mixed_v1_and_v2_is_hybrid() {
 fn test_layout_comounted_cpu_cpuacct() {
     let mountinfo = "26 1 0:23 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n";
     let layout = parse_layout(mountinfo, "3:cpu,cpuacct:/x\n", |_| String::new());
-    assert_eq!(layout.cpu, Some(Home::V1 { own_dir: "/sys/fs/cgroup/cpu,cpuacct/x".into() }));
+    assert_eq!(
+        layout.cpu,
+        Some(Home::V1 {
+            own_dir: "/sys/fs/cgroup/cpu,cpuacct/x".into()
+        })
+    );
     assert_eq!(layout.memory, None);
 }
 

@@ -31,7 +31,10 @@ struct Failure {
 
 impl Failure {
     fn setup(message: impl Into<String>) -> Failure {
-        Failure { code: SETUP_FAILED, message: message.into() }
+        Failure {
+            code: SETUP_FAILED,
+            message: message.into(),
+        }
     }
 }
 
@@ -49,7 +52,10 @@ pub fn main() -> i32 {
     let spec = match read_spec() {
         Ok(spec) => spec,
         Err(message) => {
-            report::send(&Report::Failed { code: SETUP_FAILED, message });
+            report::send(&Report::Failed {
+                code: SETUP_FAILED,
+                message,
+            });
             return SETUP_FAILED;
         }
     };
@@ -58,15 +64,24 @@ pub fn main() -> i32 {
     }
     for file in &spec.cgroup_join {
         if let Err(err) = std::fs::write(file, "0") {
-            let message = format!("joining the sandbox cgroup through {}: {err}", file.display());
-            report::send(&Report::Failed { code: SETUP_FAILED, message });
+            let message = format!(
+                "joining the sandbox cgroup through {}: {err}",
+                file.display()
+            );
+            report::send(&Report::Failed {
+                code: SETUP_FAILED,
+                message,
+            });
             return SETUP_FAILED;
         }
     }
     match run(&spec.plan) {
         Ok(()) => 0,
         Err(failure) => {
-            report::send(&Report::Failed { code: failure.code, message: failure.message });
+            report::send(&Report::Failed {
+                code: failure.code,
+                message: failure.message,
+            });
             failure.code
         }
     }
@@ -76,13 +91,16 @@ fn read_spec() -> Result<HelperSpec, String> {
     // SAFETY: the supervisor placed the spec pipe at SPEC_FD for us alone; we take ownership.
     let mut file = unsafe { File::from_raw_fd(SPEC_FD) };
     let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes).map_err(|e| format!("reading the sandbox spec: {e}"))?;
+    file.read_to_end(&mut bytes)
+        .map_err(|e| format!("reading the sandbox spec: {e}"))?;
     serde_json::from_slice(&bytes).map_err(|e| format!("the sandbox spec is invalid: {e}"))
 }
 
 fn warn_or_fail(compat: Compat, message: String) -> Result<(), Failure> {
     match compat {
-        Compat::Strict => Err(Failure::setup(format!("{message} (--compat best-effort runs without it)"))),
+        Compat::Strict => Err(Failure::setup(format!(
+            "{message} (--compat best-effort runs without it)"
+        ))),
         Compat::BestEffort => {
             report::send(&Report::Warning(format!("not enforced: {message}")));
             Ok(())
@@ -92,8 +110,12 @@ fn warn_or_fail(compat: Compat, message: String) -> Result<(), Failure> {
 
 fn run(plan: &Plan) -> Result<(), Failure> {
     let idmapped = enter_user_namespace(plan)?;
-    let flags = libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWNET | libc::CLONE_NEWIPC
-        | libc::CLONE_NEWUTS | libc::CLONE_NEWCGROUP;
+    let flags = libc::CLONE_NEWNS
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWNET
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS
+        | libc::CLONE_NEWCGROUP;
     sys::unshare(flags).map_err(|e| with_source("creating namespaces", &e))?;
     // Init cannot see its parent's pid from inside the new pid namespace, so it learns whether
     // the helper is still alive from this pipe: EOF means the helper is gone.
@@ -104,7 +126,10 @@ fn run(plan: &Plan) -> Result<(), Failure> {
             let code = match init(plan, idmapped, lifeline_r) {
                 Ok(code) => code,
                 Err(failure) => {
-                    report::send(&Report::Failed { code: failure.code, message: failure.message });
+                    report::send(&Report::Failed {
+                        code: failure.code,
+                        message: failure.message,
+                    });
                     failure.code
                 }
             };
@@ -122,7 +147,9 @@ fn run(plan: &Plan) -> Result<(), Failure> {
 }
 
 fn map_text(maps: &[IdMap]) -> String {
-    maps.iter().map(|m| format!("{} {} {}\n", m.inside, m.outside, m.count)).collect()
+    maps.iter()
+        .map(|m| format!("{} {} {}\n", m.inside, m.outside, m.count))
+        .collect()
 }
 
 /// Enters the sandbox's user namespace. A root caller builds it through a short-lived child, so
@@ -130,7 +157,8 @@ fn map_text(maps: &[IdMap]) -> String {
 fn enter_user_namespace(plan: &Plan) -> Result<Option<OwnedFd>, Failure> {
     let identity = &plan.identity;
     if !identity.privileged_caller {
-        sys::unshare(libc::CLONE_NEWUSER).map_err(|e| with_source("creating the user namespace", &e))?;
+        sys::unshare(libc::CLONE_NEWUSER)
+            .map_err(|e| with_source("creating the user namespace", &e))?;
         let write = |file: &str, text: String| {
             std::fs::write(file, text).map_err(|e| with_source(&format!("writing {file}"), &e))
         };
@@ -144,7 +172,8 @@ fn enter_user_namespace(plan: &Plan) -> Result<Option<OwnedFd>, Failure> {
         WorkspacePlan::Host { path, idmap: true } => idmap_workspace(path, &userns, plan.compat)?,
         _ => None,
     };
-    sys::setns(&userns, libc::CLONE_NEWUSER).map_err(|e| with_source("joining the user namespace", &e))?;
+    sys::setns(&userns, libc::CLONE_NEWUSER)
+        .map_err(|e| with_source("joining the user namespace", &e))?;
     sys::clear_groups().map_err(|e| with_source("dropping supplementary groups", &e))?;
     sys::setresgid(0).map_err(|e| with_source("setresgid", &e))?;
     sys::setresuid(0).map_err(|e| with_source("setresuid", &e))?;
@@ -176,14 +205,20 @@ fn privileged_user_namespace(plan: &Plan) -> Result<OwnedFd, Failure> {
         let mut byte = [0u8; 1];
         let n = File::from(ready_r).read(&mut byte).unwrap_or(0);
         if n != 1 {
-            return Err(Failure::setup("creating the user namespace failed (are user namespaces enabled?)"));
+            return Err(Failure::setup(
+                "creating the user namespace failed (are user namespaces enabled?)",
+            ));
         }
         let proc_dir = format!("/proc/{child}");
-        for (file, maps) in [("uid_map", &plan.identity.uid_map), ("gid_map", &plan.identity.gid_map)] {
+        for (file, maps) in [
+            ("uid_map", &plan.identity.uid_map),
+            ("gid_map", &plan.identity.gid_map),
+        ] {
             std::fs::write(format!("{proc_dir}/{file}"), map_text(maps))
                 .map_err(|e| with_source(&format!("writing {file}"), &e))?;
         }
-        let ns = File::open(format!("{proc_dir}/ns/user")).map_err(|e| with_source("opening the user namespace", &e))?;
+        let ns = File::open(format!("{proc_dir}/ns/user"))
+            .map_err(|e| with_source("opening the user namespace", &e))?;
         Ok(OwnedFd::from(ns))
     })();
     drop(hold_w);
@@ -191,7 +226,11 @@ fn privileged_user_namespace(plan: &Plan) -> Result<OwnedFd, Failure> {
     result
 }
 
-fn idmap_workspace(path: &Path, userns: &OwnedFd, compat: Compat) -> Result<Option<OwnedFd>, Failure> {
+fn idmap_workspace(
+    path: &Path,
+    userns: &OwnedFd,
+    compat: Compat,
+) -> Result<Option<OwnedFd>, Failure> {
     let tree = sys::open_tree_clone(None, path, false)
         .map_err(|e| with_source(&format!("opening workspace {}", path.display()), &e))?;
     match sys::mount_setattr(&tree, false, sys::MOUNT_ATTR_IDMAP, Some(userns)) {
@@ -199,7 +238,10 @@ fn idmap_workspace(path: &Path, userns: &OwnedFd, compat: Compat) -> Result<Opti
         Err(e) => {
             warn_or_fail(
                 compat,
-                format!("idmapped workspace ({} does not support idmapped mounts: {e}); files written there would belong to an unmapped user", path.display()),
+                format!(
+                    "idmapped workspace ({} does not support idmapped mounts: {e}); files written there would belong to an unmapped user",
+                    path.display()
+                ),
             )?;
             Ok(None)
         }
@@ -214,7 +256,8 @@ fn init(plan: &Plan, idmapped: Option<OwnedFd>, lifeline: OwnedFd) -> Result<i32
     }
     drop(lifeline);
     sys::reset_signals();
-    let workspace = view::prepare_workspace(&plan.view.workspace, idmapped).map_err(|e| with_source("filesystem view", &e))?;
+    let workspace = view::prepare_workspace(&plan.view.workspace, idmapped)
+        .map_err(|e| with_source("filesystem view", &e))?;
     view::build(&plan.view, workspace, plan.identity.uid, plan.identity.gid)
         .map_err(|e| with_source("filesystem view", &e))?;
     sys::sethostname(&plan.view.hostname).map_err(|e| with_source("sethostname", &e))?;
@@ -230,7 +273,6 @@ fn init(plan: &Plan, idmapped: Option<OwnedFd>, lifeline: OwnedFd) -> Result<i32
     supervise(plan)
 }
 
-
 fn apply_rlimits(plan: &Plan) -> Result<(), Failure> {
     for limit in &plan.rlimits {
         let resource = match limit.resource {
@@ -239,10 +281,12 @@ fn apply_rlimits(plan: &Plan) -> Result<(), Failure> {
             RlimitResource::Fsize => libc::RLIMIT_FSIZE,
         };
         // Never raise a hard limit above what the host already allows.
-        let (_, current_hard) = sys::getrlimit(resource).map_err(|e| with_source("getrlimit", &e))?;
+        let (_, current_hard) =
+            sys::getrlimit(resource).map_err(|e| with_source("getrlimit", &e))?;
         let hard = limit.hard.min(current_hard);
         let soft = limit.soft.min(hard);
-        sys::setrlimit(resource, soft, hard).map_err(|e| with_source(&format!("setrlimit {:?}", limit.resource), &e))?;
+        sys::setrlimit(resource, soft, hard)
+            .map_err(|e| with_source(&format!("setrlimit {:?}", limit.resource), &e))?;
     }
     Ok(())
 }
@@ -256,16 +300,22 @@ fn drop_privileges(plan: &Plan) -> Result<(), Failure> {
     if plan.identity.privileged_caller {
         sys::clear_groups().map_err(|e| with_source("dropping supplementary groups", &e))?;
     }
-    sys::setresgid(plan.identity.gid).map_err(|e| with_source(&format!("switching to gid {}", plan.identity.gid), &e))?;
-    sys::setresuid(plan.identity.uid).map_err(|e| with_source(&format!("switching to uid {}", plan.identity.uid), &e))?;
-    sys::prctl_cap_ambient_clear_all().map_err(|e| with_source("clearing ambient capabilities", &e))?;
+    sys::setresgid(plan.identity.gid)
+        .map_err(|e| with_source(&format!("switching to gid {}", plan.identity.gid), &e))?;
+    sys::setresuid(plan.identity.uid)
+        .map_err(|e| with_source(&format!("switching to uid {}", plan.identity.uid), &e))?;
+    sys::prctl_cap_ambient_clear_all()
+        .map_err(|e| with_source("clearing ambient capabilities", &e))?;
     sys::clear_capabilities().map_err(|e| with_source("clearing capabilities", &e))
 }
 
 /// Converts strings for execve, rejecting interior NUL bytes.
 fn c_strings(items: impl Iterator<Item = String>) -> Result<Vec<CString>, Failure> {
     items
-        .map(|s| CString::new(s).map_err(|_| Failure::setup("an argument or variable contains a NUL byte")))
+        .map(|s| {
+            CString::new(s)
+                .map_err(|_| Failure::setup("an argument or variable contains a NUL byte"))
+        })
         .collect()
 }
 
@@ -278,8 +328,14 @@ const STAGE_EXEC: u8 = 2;
 /// the pid namespace: daemons and double-forked children included.
 fn supervise(plan: &Plan) -> Result<i32, Failure> {
     const FORWARDED: [libc::c_int; 8] = [
-        libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2,
-        libc::SIGWINCH, libc::SIGCONT,
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGWINCH,
+        libc::SIGCONT,
     ];
     let mut watched = FORWARDED.to_vec();
     watched.push(libc::SIGCHLD);
@@ -287,7 +343,12 @@ fn supervise(plan: &Plan) -> Result<i32, Failure> {
     let signals = sys::signalfd(&watched).map_err(|e| with_source("signalfd", &e))?;
     let argv = c_strings(plan.process.argv.iter().cloned())?;
     let env = c_strings(plan.process.env.iter().map(|(k, v)| format!("{k}={v}")))?;
-    let search_path = plan.process.env.iter().find(|(k, _)| k == "PATH").map_or("", |(_, v)| v.as_str());
+    let search_path = plan
+        .process
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map_or("", |(_, v)| v.as_str());
     let (error_r, error_w) = sys::pipe().map_err(|e| with_source("pipe", &e))?;
     let workload = match sys::fork().map_err(|e| with_source("forking the workload", &e))? {
         Forked::Child => {
@@ -303,7 +364,11 @@ fn supervise(plan: &Plan) -> Result<i32, Failure> {
             message[0] = stage;
             message[1..].copy_from_slice(&errno.to_ne_bytes());
             let _ = sys::write_all_raw(error_w.as_raw_fd(), &message);
-            sys::exit_now(if stage == STAGE_CWD { SETUP_FAILED } else { 127 })
+            sys::exit_now(if stage == STAGE_CWD {
+                SETUP_FAILED
+            } else {
+                127
+            })
         }
         Forked::Parent(pid) => pid,
     };
@@ -335,10 +400,14 @@ fn supervise(plan: &Plan) -> Result<i32, Failure> {
 
 /// Tries each `PATH` entry like a shell does; returns the errno that explains the failure.
 fn exec_search(argv: &[CString], env: &[CString], search_path: &str) -> i32 {
-    let Some(program) = argv.first() else { return libc::ENOENT };
+    let Some(program) = argv.first() else {
+        return libc::ENOENT;
+    };
     let bytes = program.as_bytes();
     if bytes.contains(&b'/') {
-        return sys::execve(program, argv, env).raw_os_error().unwrap_or(libc::EIO);
+        return sys::execve(program, argv, env)
+            .raw_os_error()
+            .unwrap_or(libc::EIO);
     }
     let mut denied = false;
     for dir in search_path.split(':') {
@@ -346,7 +415,9 @@ fn exec_search(argv: &[CString], env: &[CString], search_path: &str) -> i32 {
         let mut candidate = dir.as_bytes().to_vec();
         candidate.push(b'/');
         candidate.extend_from_slice(bytes);
-        let Ok(candidate) = CString::new(candidate) else { continue };
+        let Ok(candidate) = CString::new(candidate) else {
+            continue;
+        };
         match sys::execve(&candidate, argv, env).raw_os_error() {
             Some(libc::ENOENT | libc::ENOTDIR) => {}
             Some(libc::EACCES) => denied = true,
@@ -360,12 +431,25 @@ fn exec_search(argv: &[CString], env: &[CString], search_path: &str) -> i32 {
 fn exec_error(plan: &Plan, stage: u8, errno: i32) -> Failure {
     let error = io::Error::from_raw_os_error(errno);
     if stage == STAGE_CWD {
-        return Failure::setup(format!("cannot use working directory {}: {error}", plan.process.cwd));
+        return Failure::setup(format!(
+            "cannot use working directory {}: {error}",
+            plan.process.cwd
+        ));
     }
     let program = plan.process.argv.first().map_or("", String::as_str);
     if errno == libc::ENOENT {
-        let what = if program.contains('/') { "no such file" } else { "command not found" };
-        return Failure { code: 127, message: format!("{program}: {what}") };
+        let what = if program.contains('/') {
+            "no such file"
+        } else {
+            "command not found"
+        };
+        return Failure {
+            code: 127,
+            message: format!("{program}: {what}"),
+        };
     }
-    Failure { code: 126, message: format!("{program}: {error}") }
+    Failure {
+        code: 126,
+        message: format!("{program}: {error}"),
+    }
 }

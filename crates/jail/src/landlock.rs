@@ -39,7 +39,9 @@ const FILE_RIGHTS: u64 = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
 /// Why Landlock could not be applied.
 #[derive(Debug, thiserror::Error)]
 pub enum LandlockError {
-    #[error("Landlock is not supported by this kernel (needs Linux 5.13 with landlock in the lsm= list)")]
+    #[error(
+        "Landlock is not supported by this kernel (needs Linux 5.13 with landlock in the lsm= list)"
+    )]
     Unsupported,
     #[error("creating the Landlock ruleset failed")]
     CreateRuleset(#[source] io::Error),
@@ -69,8 +71,19 @@ pub fn abi_version() -> Option<u32> {
 
 /// Every filesystem right the kernel of `abi` knows.
 fn handled_fs(abi: u32) -> u64 {
-    let mut rights = EXECUTE | WRITE_FILE | READ_FILE | READ_DIR | REMOVE_DIR | REMOVE_FILE
-        | MAKE_CHAR | MAKE_DIR | MAKE_REG | MAKE_SOCK | MAKE_FIFO | MAKE_BLOCK | MAKE_SYM;
+    let mut rights = EXECUTE
+        | WRITE_FILE
+        | READ_FILE
+        | READ_DIR
+        | REMOVE_DIR
+        | REMOVE_FILE
+        | MAKE_CHAR
+        | MAKE_DIR
+        | MAKE_REG
+        | MAKE_SOCK
+        | MAKE_FIFO
+        | MAKE_BLOCK
+        | MAKE_SYM;
     if abi >= 2 {
         rights |= REFER;
     }
@@ -100,16 +113,30 @@ pub struct Applied {
 pub fn apply(plan: &LandlockPlan) -> Result<Applied, LandlockError> {
     let abi = abi_version().ok_or(LandlockError::Unsupported)?;
     let handled = handled_fs(abi);
-    let scoped = if plan.scoped && abi >= 6 { SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL } else { 0 };
+    let scoped = if plan.scoped && abi >= 6 {
+        SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
+    } else {
+        0
+    };
     #[repr(C)]
     struct RulesetAttr {
         handled_access_fs: u64,
         handled_access_net: u64,
         scoped: u64,
     }
-    let attr = RulesetAttr { handled_access_fs: handled, handled_access_net: 0, scoped };
+    let attr = RulesetAttr {
+        handled_access_fs: handled,
+        handled_access_net: 0,
+        scoped,
+    };
     // Older kernels know a shorter struct; pass only the fields they understand.
-    let size = if abi >= 6 { 24usize } else if abi >= 4 { 16 } else { 8 };
+    let size = if abi >= 6 {
+        24usize
+    } else if abi >= 4 {
+        16
+    } else {
+        8
+    };
     // SAFETY: `attr` is valid for `size` bytes; the returned descriptor is new and ours.
     let fd = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, &attr, size, 0) };
     if fd < 0 {
@@ -124,20 +151,30 @@ pub fn apply(plan: &LandlockPlan) -> Result<Applied, LandlockError> {
         add_rule(&ruleset, path, write_tree_rights(abi))?;
     }
     for path in &plan.write_files {
-        add_rule(&ruleset, path, (READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV) & handled)?;
+        add_rule(
+            &ruleset,
+            path,
+            (READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV) & handled,
+        )?;
     }
     // SAFETY: `ruleset` is a live Landlock ruleset descriptor; flags 0.
     let ret = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0) };
     if ret != 0 {
         return Err(LandlockError::RestrictSelf(io::Error::last_os_error()));
     }
-    Ok(Applied { abi, scoped: scoped != 0 })
+    Ok(Applied {
+        abi,
+        scoped: scoped != 0,
+    })
 }
 
 /// Allows `rights` beneath `path`. A path that does not exist in this view is skipped: there is
 /// nothing there to allow.
 fn add_rule(ruleset: &OwnedFd, path: &Path, rights: u64) -> Result<(), LandlockError> {
-    let err = |source| LandlockError::AddRule { path: path.display().to_string(), source };
+    let err = |source| LandlockError::AddRule {
+        path: path.display().to_string(),
+        source,
+    };
     let cpath = cpath(path).map_err(err)?;
     // SAFETY: `cpath` is a valid string; O_PATH opens nothing but a reference.
     let raw = unsafe { libc::open(cpath.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
@@ -157,10 +194,19 @@ fn add_rule(ruleset: &OwnedFd, path: &Path, rights: u64) -> Result<(), LandlockE
         allowed_access: u64,
         parent_fd: i32,
     }
-    let attr = PathBeneath { allowed_access: rights, parent_fd: fd.as_raw_fd() };
+    let attr = PathBeneath {
+        allowed_access: rights,
+        parent_fd: fd.as_raw_fd(),
+    };
     // SAFETY: `attr` is a valid packed landlock_path_beneath_attr and both descriptors are live.
     let ret = unsafe {
-        libc::syscall(libc::SYS_landlock_add_rule, ruleset.as_raw_fd(), RULE_PATH_BENEATH, &attr, 0)
+        libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset.as_raw_fd(),
+            RULE_PATH_BENEATH,
+            &attr,
+            0,
+        )
     };
     if ret != 0 {
         return Err(err(io::Error::last_os_error()));

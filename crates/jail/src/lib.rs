@@ -4,7 +4,10 @@
 //! spawns the freshly exec'd `airlock-jail` helper with the plan on descriptor 3, watches the
 //! report channel, enforces the wall-clock limit and cleans up. The helper side ([`helper`])
 //! applies the layers. This crate and `vmm` are the only ones allowed `unsafe`.
-#![allow(unsafe_code, reason = "the jail is one of the two crates that talk to the kernel directly")]
+#![allow(
+    unsafe_code,
+    reason = "the jail is one of the two crates that talk to the kernel directly"
+)]
 
 pub mod cgroup;
 pub mod helper;
@@ -18,7 +21,9 @@ mod sys;
 mod view;
 
 pub use host::HostSupport;
-pub use supervisor::{Ending, JailError, Outcome, Sandbox, SpawnOptions, TerminationSignals, find_helper};
+pub use supervisor::{
+    Ending, JailError, Outcome, Sandbox, SpawnOptions, TerminationSignals, find_helper,
+};
 
 /// Formats an error with its chain of causes on one line: `what failed: why: deeper why`.
 pub fn error_chain(err: &dyn std::error::Error) -> String {

@@ -41,7 +41,10 @@ impl Report {
             "W" => Some(Report::Warning(rest.to_owned())),
             "E" => {
                 let (code, message) = rest.split_once(' ')?;
-                Some(Report::Failed { code: code.parse().ok()?, message: message.to_owned() })
+                Some(Report::Failed {
+                    code: code.parse().ok()?,
+                    message: message.to_owned(),
+                })
             }
             "X" => rest.parse().ok().map(Report::Ended),
             _ => None,
@@ -64,7 +67,10 @@ mod tests {
         for report in [
             Report::InitPid(42),
             Report::Warning("cgroups are not enforced".into()),
-            Report::Failed { code: 127, message: "nope: command not found".into() },
+            Report::Failed {
+                code: 127,
+                message: "nope: command not found".into(),
+            },
             Report::Ended(0x0900),
         ] {
             let line = report.encode();

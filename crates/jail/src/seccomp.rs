@@ -18,7 +18,8 @@ pub struct Insn {
     pub k: u32,
 }
 
-const BPF_LD_W_ABS: u16 = 0x00 | 0x00 | 0x20;
+/// BPF_LD | BPF_W | BPF_ABS: classic BPF's load class and word size are both 0.
+const BPF_LD_W_ABS: u16 = 0x20;
 const BPF_ALU_AND_K: u16 = 0x04 | 0x50;
 const BPF_JEQ_K: u16 = 0x05 | 0x10;
 const BPF_JGE_K: u16 = 0x05 | 0x30;
@@ -113,7 +114,12 @@ pub fn syscall_number(name: &str) -> Option<u32> {
 }
 
 const fn stmt(code: u16, k: u32) -> Insn {
-    Insn { code, jt: 0, jf: 0, k }
+    Insn {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    }
 }
 
 const fn jump(code: u16, k: u32, jt: u8, jf: u8) -> Insn {
@@ -172,13 +178,15 @@ pub fn compile(rules: &[SeccompRule]) -> Result<Vec<Insn>, SeccompError> {
         }
     }
     for name in order {
-        let number = syscall_number(name).ok_or_else(|| SeccompError::UnknownSyscall(name.to_owned()))?;
+        let number =
+            syscall_number(name).ok_or_else(|| SeccompError::UnknownSyscall(name.to_owned()))?;
         let mut block = Vec::new();
         for rule in rules.iter().filter(|r| r.syscall == name) {
             emit_rule(rule, &mut block)?;
         }
         block.push(stmt(BPF_RET_K, RET_ALLOW));
-        let skip = u8::try_from(block.len()).map_err(|_| SeccompError::BlockTooLong(name.to_owned()))?;
+        let skip =
+            u8::try_from(block.len()).map_err(|_| SeccompError::BlockTooLong(name.to_owned()))?;
         program.push(jump(BPF_JEQ_K, number, 0, skip));
         program.extend(block);
     }
@@ -195,7 +203,10 @@ pub fn install(program: &[Insn]) -> Result<(), SeccompError> {
     }
     let len = u16::try_from(program.len())
         .map_err(|_| SeccompError::Install(io::Error::from_raw_os_error(libc::E2BIG)))?;
-    let prog = Prog { len, filter: program.as_ptr() };
+    let prog = Prog {
+        len,
+        filter: program.as_ptr(),
+    };
     const SECCOMP_SET_MODE_FILTER: libc::c_ulong = 1;
     // SAFETY: `prog` points at `program`, which outlives the call; the kernel copies the filter.
     let ret = unsafe { libc::syscall(libc::SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) };

@@ -14,7 +14,11 @@ struct Call {
 fn call(nr: libc::c_long, args: &[u64]) -> Call {
     let mut all = [0u64; 6];
     all[..args.len()].copy_from_slice(args);
-    Call { arch: AUDIT_ARCH_X86_64, nr: nr as u32, args: all }
+    Call {
+        arch: AUDIT_ARCH_X86_64,
+        nr: nr as u32,
+        args: all,
+    }
 }
 
 fn run(program: &[Insn], call: &Call) -> u32 {
@@ -52,10 +56,25 @@ const ENOSYS: u32 = RET_ERRNO | libc::ENOSYS as u32;
 #[test]
 fn test_bpf_denies_listed_syscalls_and_allows_others() {
     let p = program();
-    for nr in [libc::SYS_ptrace, libc::SYS_bpf, libc::SYS_mount, libc::SYS_setns, libc::SYS_keyctl, libc::SYS_io_uring_setup, libc::SYS_open_tree, libc::SYS_reboot] {
+    for nr in [
+        libc::SYS_ptrace,
+        libc::SYS_bpf,
+        libc::SYS_mount,
+        libc::SYS_setns,
+        libc::SYS_keyctl,
+        libc::SYS_io_uring_setup,
+        libc::SYS_open_tree,
+        libc::SYS_reboot,
+    ] {
         assert_eq!(run(&p, &call(nr, &[])), EPERM, "syscall {nr}");
     }
-    for nr in [libc::SYS_read, libc::SYS_write, libc::SYS_execve, libc::SYS_getpid, libc::SYS_wait4] {
+    for nr in [
+        libc::SYS_read,
+        libc::SYS_write,
+        libc::SYS_execve,
+        libc::SYS_getpid,
+        libc::SYS_wait4,
+    ] {
         assert_eq!(run(&p, &call(nr, &[])), RET_ALLOW, "syscall {nr}");
     }
     assert_eq!(run(&p, &call(libc::SYS_clone3, &[])), ENOSYS);
@@ -65,9 +84,17 @@ fn test_bpf_denies_listed_syscalls_and_allows_others() {
 #[test]
 fn test_bpf_kills_foreign_abis() {
     let p = program();
-    let i386 = Call { arch: 0x4000_0003, nr: 1, args: [0; 6] };
+    let i386 = Call {
+        arch: 0x4000_0003,
+        nr: 1,
+        args: [0; 6],
+    };
     assert_eq!(run(&p, &i386), RET_KILL_PROCESS);
-    let x32 = Call { arch: AUDIT_ARCH_X86_64, nr: X32_SYSCALL_BIT | 1, args: [0; 6] };
+    let x32 = Call {
+        arch: AUDIT_ARCH_X86_64,
+        nr: X32_SYSCALL_BIT | 1,
+        args: [0; 6],
+    };
     assert_eq!(run(&p, &x32), RET_KILL_PROCESS);
 }
 
@@ -75,26 +102,66 @@ fn test_bpf_kills_foreign_abis() {
 fn test_bpf_user_namespaces_only_are_denied_to_clone_and_unshare() {
     let p = program();
     let newuser = libc::CLONE_NEWUSER as u64;
-    assert_eq!(run(&p, &call(libc::SYS_clone, &[newuser | libc::SIGCHLD as u64])), EPERM);
-    assert_eq!(run(&p, &call(libc::SYS_clone, &[libc::SIGCHLD as u64])), RET_ALLOW);
+    assert_eq!(
+        run(
+            &p,
+            &call(libc::SYS_clone, &[newuser | libc::SIGCHLD as u64])
+        ),
+        EPERM
+    );
+    assert_eq!(
+        run(&p, &call(libc::SYS_clone, &[libc::SIGCHLD as u64])),
+        RET_ALLOW
+    );
     assert_eq!(run(&p, &call(libc::SYS_unshare, &[newuser])), EPERM);
-    assert_eq!(run(&p, &call(libc::SYS_unshare, &[libc::CLONE_NEWNS as u64])), RET_ALLOW);
+    assert_eq!(
+        run(&p, &call(libc::SYS_unshare, &[libc::CLONE_NEWNS as u64])),
+        RET_ALLOW
+    );
 }
 
 #[test]
 fn test_bpf_socket_families() {
     let p = program();
-    let socket = |domain: i32, ty: i32, proto: i32| run(&p, &call(libc::SYS_socket, &[domain as u64, ty as u64, proto as u64]));
+    let socket = |domain: i32, ty: i32, proto: i32| {
+        run(
+            &p,
+            &call(libc::SYS_socket, &[domain as u64, ty as u64, proto as u64]),
+        )
+    };
     assert_eq!(socket(libc::AF_INET, libc::SOCK_STREAM, 0), RET_ALLOW);
-    assert_eq!(socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0), RET_ALLOW);
-    assert_eq!(socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE), EPERM, "SOCK_RAW");
-    assert_eq!(socket(libc::AF_NETLINK, libc::SOCK_DGRAM, libc::NETLINK_ROUTE), RET_ALLOW);
-    assert_eq!(socket(libc::AF_NETLINK, libc::SOCK_DGRAM, libc::NETLINK_AUDIT), EPERM);
-    assert_eq!(socket(libc::AF_NETLINK, libc::SOCK_DGRAM, libc::NETLINK_SOCK_DIAG), EPERM);
+    assert_eq!(
+        socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0),
+        RET_ALLOW
+    );
+    assert_eq!(
+        socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE),
+        EPERM,
+        "SOCK_RAW"
+    );
+    assert_eq!(
+        socket(libc::AF_NETLINK, libc::SOCK_DGRAM, libc::NETLINK_ROUTE),
+        RET_ALLOW
+    );
+    assert_eq!(
+        socket(libc::AF_NETLINK, libc::SOCK_DGRAM, libc::NETLINK_AUDIT),
+        EPERM
+    );
+    assert_eq!(
+        socket(libc::AF_NETLINK, libc::SOCK_DGRAM, libc::NETLINK_SOCK_DIAG),
+        EPERM
+    );
     assert_eq!(socket(libc::AF_PACKET, libc::SOCK_DGRAM, 0), EPERM);
     assert_eq!(socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0), EPERM);
-    assert_eq!(socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_NONBLOCK, 1), EPERM);
-    assert_eq!(socket(libc::AF_INET, libc::SOCK_DGRAM, libc::IPPROTO_ICMP), RET_ALLOW, "ping sockets are not raw");
+    assert_eq!(
+        socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_NONBLOCK, 1),
+        EPERM
+    );
+    assert_eq!(
+        socket(libc::AF_INET, libc::SOCK_DGRAM, libc::IPPROTO_ICMP),
+        RET_ALLOW,
+        "ping sockets are not raw"
+    );
 }
 
 #[test]
@@ -114,12 +181,27 @@ fn test_bpf_set_id_bits_and_terminal_injection() {
     assert_eq!(run(&p, &call(libc::SYS_chmod, &[0, 0o755])), RET_ALLOW);
     assert_eq!(run(&p, &call(libc::SYS_fchmodat, &[0, 0, 0o4755])), EPERM);
     let creat = libc::O_CREAT as u64 | libc::O_WRONLY as u64;
-    assert_eq!(run(&p, &call(libc::SYS_openat, &[0, 0, creat, 0o4755])), EPERM);
-    assert_eq!(run(&p, &call(libc::SYS_openat, &[0, 0, creat, 0o644])), RET_ALLOW);
-    assert_eq!(run(&p, &call(libc::SYS_openat, &[0, 0, libc::O_RDONLY as u64, 0o4755])), RET_ALLOW);
+    assert_eq!(
+        run(&p, &call(libc::SYS_openat, &[0, 0, creat, 0o4755])),
+        EPERM
+    );
+    assert_eq!(
+        run(&p, &call(libc::SYS_openat, &[0, 0, creat, 0o644])),
+        RET_ALLOW
+    );
+    assert_eq!(
+        run(
+            &p,
+            &call(libc::SYS_openat, &[0, 0, libc::O_RDONLY as u64, 0o4755])
+        ),
+        RET_ALLOW
+    );
     assert_eq!(run(&p, &call(libc::SYS_open, &[0, creat, 0o6755])), EPERM);
     assert_eq!(run(&p, &call(libc::SYS_ioctl, &[0, libc::TIOCSTI])), EPERM);
-    assert_eq!(run(&p, &call(libc::SYS_ioctl, &[0, libc::TIOCGWINSZ])), RET_ALLOW);
+    assert_eq!(
+        run(&p, &call(libc::SYS_ioctl, &[0, libc::TIOCGWINSZ])),
+        RET_ALLOW
+    );
 }
 
 #[test]
@@ -130,7 +212,9 @@ fn test_bpf_rejects_unknown_syscall_names() {
         action: SyscallAction::Eperm,
         why: "test".into(),
     }];
-    assert!(matches!(compile(&rules), Err(SeccompError::UnknownSyscall(name)) if name == "frobnicate"));
+    assert!(
+        matches!(compile(&rules), Err(SeccompError::UnknownSyscall(name)) if name == "frobnicate")
+    );
 }
 
 #[test]

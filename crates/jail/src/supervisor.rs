@@ -74,7 +74,9 @@ impl TerminationSignals {
     /// Call before spawning any sandbox, from a single-threaded program (the CLI).
     pub fn install() -> io::Result<TerminationSignals> {
         sys::block_signals(&Self::SIGNALS)?;
-        Ok(TerminationSignals { fd: sys::signalfd(&Self::SIGNALS)? })
+        Ok(TerminationSignals {
+            fd: sys::signalfd(&Self::SIGNALS)?,
+        })
     }
 }
 
@@ -146,7 +148,10 @@ impl Sandbox {
         let cgroup = match SandboxCgroup::create(&options.cgroups, &name, &plan.cgroup) {
             Ok(cgroup) => Some(cgroup),
             Err(err) if plan.compat == Compat::BestEffort => {
-                warnings.push(format!("not enforced: cgroup limits (memory, pids, cpu): {}", crate::error_chain(&err)));
+                warnings.push(format!(
+                    "not enforced: cgroup limits (memory, pids, cpu): {}",
+                    crate::error_chain(&err)
+                ));
                 None
             }
             Err(err) => return Err(JailError::Cgroup(err)),
@@ -164,7 +169,10 @@ impl Sandbox {
     }
 
     fn start_helper(&mut self, plan: &Plan, helper: &Path) -> Result<(), JailError> {
-        let pipe_err = |source| JailError::Spawn { path: helper.to_path_buf(), source };
+        let pipe_err = |source| JailError::Spawn {
+            path: helper.to_path_buf(),
+            source,
+        };
         let (spec_r, spec_w) = sys::pipe().map_err(pipe_err)?;
         let (report_r, report_w) = sys::pipe().map_err(pipe_err)?;
         let (spec_fd, report_fd) = (spec_r.as_raw_fd(), report_w.as_raw_fd());
@@ -186,8 +194,16 @@ impl Sandbox {
         self.report = Some(File::from(report_r));
         // The helper joins the cgroup before it creates any other process, so no process of the
         // sandbox ever runs outside it.
-        let cgroup_join = self.cgroup.as_ref().map(SandboxCgroup::join_files).unwrap_or_default();
-        let spec = HelperSpec { plan: plan.clone(), supervisor_pid: sys::getpid(), cgroup_join };
+        let cgroup_join = self
+            .cgroup
+            .as_ref()
+            .map(SandboxCgroup::join_files)
+            .unwrap_or_default();
+        let spec = HelperSpec {
+            plan: plan.clone(),
+            supervisor_pid: sys::getpid(),
+            cgroup_join,
+        };
         let bytes = serde_json::to_vec(&spec).map_err(|e| JailError::SendSpec(e.into()))?;
         let mut spec_w = File::from(spec_w);
         if let Err(err) = spec_w.write_all(&bytes) {
@@ -221,28 +237,41 @@ impl Sandbox {
         for warning in self.warnings.drain(..) {
             on_warning(&warning);
         }
-        let report = self.report.take().ok_or_else(|| JailError::Watch(io::ErrorKind::NotConnected.into()))?;
+        let report = self
+            .report
+            .take()
+            .ok_or_else(|| JailError::Watch(io::ErrorKind::NotConnected.into()))?;
         let mut fds = vec![report.as_raw_fd()];
         if let Some(signals) = signals {
             fds.push(signals.fd.as_raw_fd());
         }
-        let mut reader = ReportReader { file: report, pending: Vec::new() };
-        let (mut status, mut failure, mut forced): (Option<libc::c_int>, Option<(i32, String)>, Option<Ending>) =
-            (None, None, None);
+        let mut reader = ReportReader {
+            file: report,
+            pending: Vec::new(),
+        };
+        let (mut status, mut failure, mut forced): (
+            Option<libc::c_int>,
+            Option<(i32, String)>,
+            Option<Ending>,
+        ) = (None, None, None);
         let mut deadline = deadline;
         loop {
             let timeout_ms = match deadline {
-                Some(at) => libc::c_int::try_from(at.saturating_duration_since(Instant::now()).as_millis().saturating_add(1))
-                    .unwrap_or(libc::c_int::MAX),
+                Some(at) => libc::c_int::try_from(
+                    at.saturating_duration_since(Instant::now())
+                        .as_millis()
+                        .saturating_add(1),
+                )
+                .unwrap_or(libc::c_int::MAX),
                 None => -1,
             };
             let ready = sys::poll_readable(&fds, timeout_ms).map_err(JailError::Watch)?;
-            if ready.get(1).copied().unwrap_or(false) {
-                if let Some(signals) = signals {
-                    let signal = sys::read_signal(&signals.fd).map_err(JailError::Watch)?;
-                    forced.get_or_insert(Ending::Interrupted(signal));
-                    self.kill();
-                }
+            if ready.get(1).copied().unwrap_or(false)
+                && let Some(signals) = signals
+            {
+                let signal = sys::read_signal(&signals.fd).map_err(JailError::Watch)?;
+                forced.get_or_insert(Ending::Interrupted(signal));
+                self.kill();
             }
             if deadline.is_some_and(|at| Instant::now() >= at) {
                 forced.get_or_insert(Ending::TimedOut);
@@ -276,7 +305,9 @@ impl Sandbox {
         let ending = match (forced, failure, status) {
             (Some(forced), _, _) => forced,
             (None, Some((code, message)), _) => Ending::SetupFailed { code, message },
-            (None, None, Some(raw)) if libc::WIFSIGNALED(raw) => Ending::Signaled(libc::WTERMSIG(raw)),
+            (None, None, Some(raw)) if libc::WIFSIGNALED(raw) => {
+                Ending::Signaled(libc::WTERMSIG(raw))
+            }
             (None, None, Some(raw)) => Ending::Exited(libc::WEXITSTATUS(raw)),
             (None, None, None) => {
                 let detail = match helper_status {
@@ -285,11 +316,17 @@ impl Sandbox {
                     None => "unknown".into(),
                 };
                 let message = if oom_killed {
-                    "the sandbox was killed by its memory limit before the workload started".to_owned()
+                    "the sandbox was killed by its memory limit before the workload started"
+                        .to_owned()
                 } else {
-                    format!("the sandbox ended without reporting its workload's status (helper: {detail})")
+                    format!(
+                        "the sandbox ended without reporting its workload's status (helper: {detail})"
+                    )
                 };
-                Ending::SetupFailed { code: crate::helper::SETUP_FAILED, message }
+                Ending::SetupFailed {
+                    code: crate::helper::SETUP_FAILED,
+                    message,
+                }
             }
         };
         Ok(Outcome { ending, oom_killed })
@@ -341,4 +378,3 @@ impl ReportReader {
         Ok((messages, n > 0))
     }
 }
-

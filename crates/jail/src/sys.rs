@@ -8,11 +8,19 @@ use std::path::Path;
 
 /// Turns a `-1`-on-error return into an `io::Result`.
 fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
-    if ret == -1 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
 }
 
 fn check_int(ret: libc::c_int) -> io::Result<libc::c_int> {
-    if ret == -1 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
 }
 
 /// Converts a path into a C string, rejecting interior NUL bytes.
@@ -45,7 +53,11 @@ pub fn fork() -> io::Result<Forked> {
     // SAFETY: the helper and init are single-threaded (they never spawn threads), so the child
     // inherits a consistent copy of the address space, allocator locks included.
     let pid = check_int(unsafe { libc::fork() })?;
-    Ok(if pid == 0 { Forked::Child } else { Forked::Parent(pid) })
+    Ok(if pid == 0 {
+        Forked::Child
+    } else {
+        Forked::Parent(pid)
+    })
 }
 
 /// `waitpid(pid, 0)`, retried on `EINTR`; returns the raw wait status.
@@ -110,13 +122,30 @@ pub fn setns(fd: &OwnedFd, nstype: libc::c_int) -> io::Result<()> {
 /// `prctl` with integer arguments only.
 pub fn prctl(option: libc::c_int, arg2: libc::c_ulong) -> io::Result<libc::c_int> {
     // SAFETY: every option we pass takes integer arguments, never pointers.
-    check_int(unsafe { libc::prctl(option, arg2, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) })
+    check_int(unsafe {
+        libc::prctl(
+            option,
+            arg2,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    })
 }
 
 pub fn prctl_cap_ambient_clear_all() -> io::Result<()> {
     const PR_CAP_AMBIENT_CLEAR_ALL: libc::c_ulong = 4;
     // SAFETY: PR_CAP_AMBIENT takes integer arguments only.
-    check_int(unsafe { libc::prctl(libc::PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) }).map(drop)
+    check_int(unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            PR_CAP_AMBIENT_CLEAR_ALL,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    })
+    .map(drop)
 }
 
 pub fn setresuid(uid: u32) -> io::Result<()> {
@@ -133,7 +162,8 @@ pub fn setresgid(gid: u32) -> io::Result<()> {
 /// Drops every supplementary group.
 pub fn clear_groups() -> io::Result<()> {
     // SAFETY: a zero-length list with a null pointer is the documented way to clear the groups.
-    check(unsafe { libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) }).map(drop)
+    check(unsafe { libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) })
+        .map(drop)
 }
 
 /// Empties the effective, permitted and inheritable capability sets.
@@ -151,8 +181,15 @@ pub fn clear_capabilities() -> io::Result<()> {
         inheritable: u32,
     }
     const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-    let mut header = Header { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
-    let data = [Data { effective: 0, permitted: 0, inheritable: 0 }; 2];
+    let mut header = Header {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
     // SAFETY: version 3 takes a header and an array of two data structs, both valid for the call.
     check(unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) }).map(drop)
 }
@@ -163,13 +200,19 @@ pub fn sethostname(name: &str) -> io::Result<()> {
 }
 
 pub fn setrlimit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> io::Result<()> {
-    let limit = libc::rlimit { rlim_cur: soft, rlim_max: hard };
+    let limit = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
     // SAFETY: `limit` is a valid rlimit that outlives the call.
     check_int(unsafe { libc::setrlimit(resource, &limit) }).map(drop)
 }
 
 pub fn getrlimit(resource: libc::__rlimit_resource_t) -> io::Result<(u64, u64)> {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: `limit` is a valid out-pointer.
     check_int(unsafe { libc::getrlimit(resource, &mut limit) })?;
     Ok((limit.rlim_cur, limit.rlim_max))
@@ -198,7 +241,13 @@ pub fn mount(
     let ptr = |s: &Option<CString>| s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
     // SAFETY: every pointer is null or a NUL-terminated string that outlives the call.
     check_int(unsafe {
-        libc::mount(ptr(&source), target.as_ptr(), ptr(&fstype), flags, ptr(&data).cast())
+        libc::mount(
+            ptr(&source),
+            target.as_ptr(),
+            ptr(&fstype),
+            flags,
+            ptr(&data).cast(),
+        )
     })
     .map(drop)
 }
@@ -259,7 +308,13 @@ pub fn open_in_root(root: &OwnedFd, path: &Path) -> io::Result<OwnedFd> {
     };
     // SAFETY: `root` is live, `path` valid, `how` is an open_how of the size we pass.
     let fd = check(unsafe {
-        libc::syscall(libc::SYS_openat2, root.as_raw_fd(), path.as_ptr(), &how, std::mem::size_of::<OpenHow>())
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            path.as_ptr(),
+            &how,
+            std::mem::size_of::<OpenHow>(),
+        )
     })?;
     // SAFETY: the kernel returned a fresh descriptor.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
@@ -448,11 +503,17 @@ pub fn read_signal(fd: &OwnedFd) -> io::Result<libc::c_int> {
     let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
     let size = std::mem::size_of::<libc::signalfd_siginfo>();
     // SAFETY: the buffer is valid for `size` bytes.
-    let n = unsafe { libc::read(fd.as_raw_fd(), (&mut info as *mut libc::signalfd_siginfo).cast(), size) };
+    let n = unsafe {
+        libc::read(
+            fd.as_raw_fd(),
+            (&mut info as *mut libc::signalfd_siginfo).cast(),
+            size,
+        )
+    };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(info.ssi_signo as libc::c_int)
+    libc::c_int::try_from(info.ssi_signo).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 /// Waits until one of `fds` is readable or `timeout_ms` passes (-1: forever). Returns which
@@ -460,10 +521,20 @@ pub fn read_signal(fd: &OwnedFd) -> io::Result<libc::c_int> {
 pub fn poll_readable(fds: &[RawFd], timeout_ms: libc::c_int) -> io::Result<Vec<bool>> {
     let mut pollfds: Vec<libc::pollfd> = fds
         .iter()
-        .map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
         .collect();
     // SAFETY: the slice is valid for its length.
-    let ret = unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, timeout_ms) };
+    let ret = unsafe {
+        libc::poll(
+            pollfds.as_mut_ptr(),
+            pollfds.len() as libc::nfds_t,
+            timeout_ms,
+        )
+    };
     if ret == -1 {
         let err = io::Error::last_os_error();
         if err.kind() == io::ErrorKind::Interrupted {
@@ -489,13 +560,15 @@ pub fn execve(path: &CStr, argv: &[CString], env: &[CString]) -> io::Error {
 /// Brings the loopback interface of the current network namespace up.
 pub fn loopback_up() -> io::Result<()> {
     // SAFETY: socket takes integers; we own the result.
-    let fd = check_int(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    let fd = check_int(unsafe {
+        libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0)
+    })?;
     // SAFETY: fresh descriptor from the kernel.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: a zeroed ifreq is valid; we fill in the name and flags.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
+        *dst = libc::c_char::from_ne_bytes([*src]);
     }
     // SAFETY: `req` is a valid ifreq for SIOCGIFFLAGS and SIOCSIFFLAGS.
     unsafe {

@@ -34,7 +34,10 @@ pub struct ViewError {
 }
 
 fn step<T>(what: impl FnOnce() -> String, result: io::Result<T>) -> Result<T, ViewError> {
-    result.map_err(|source| ViewError { step: what(), source })
+    result.map_err(|source| ViewError {
+        step: what(),
+        source,
+    })
 }
 
 /// The workspace, prepared before the view is built (it may live under the staging path).
@@ -45,24 +48,61 @@ pub enum PreparedWorkspace {
 }
 
 /// Detaches a copy of a host workspace, unless the helper already made an idmapped one.
-pub fn prepare_workspace(plan: &WorkspacePlan, idmapped: Option<OwnedFd>) -> Result<PreparedWorkspace, ViewError> {
+pub fn prepare_workspace(
+    plan: &WorkspacePlan,
+    idmapped: Option<OwnedFd>,
+) -> Result<PreparedWorkspace, ViewError> {
     match (plan, idmapped) {
-        (WorkspacePlan::Fresh { size_bytes }, _) => Ok(PreparedWorkspace::Fresh { size_bytes: *size_bytes }),
+        (WorkspacePlan::Fresh { size_bytes }, _) => Ok(PreparedWorkspace::Fresh {
+            size_bytes: *size_bytes,
+        }),
         (WorkspacePlan::Host { .. }, Some(tree)) => Ok(PreparedWorkspace::Tree(tree)),
         (WorkspacePlan::Host { path, .. }, None) => {
-            let tree = step(|| format!("binding workspace {}", path.display()), sys::open_tree_clone(None, path, true))?;
+            let tree = step(
+                || format!("binding workspace {}", path.display()),
+                sys::open_tree_clone(None, path, true),
+            )?;
             Ok(PreparedWorkspace::Tree(tree))
         }
     }
 }
 
 /// Builds the view and pivots into it. `uid`/`gid` own a fresh workspace.
-pub fn build(plan: &ViewPlan, workspace: PreparedWorkspace, uid: u32, gid: u32) -> Result<(), ViewError> {
+pub fn build(
+    plan: &ViewPlan,
+    workspace: PreparedWorkspace,
+    uid: u32,
+    gid: u32,
+) -> Result<(), ViewError> {
     let stage = Path::new(STAGE);
-    step(|| "making mounts private".into(), sys::mount(None, Path::new("/"), None, libc::MS_REC | libc::MS_PRIVATE, None))?;
-    let rootfs = step(|| format!("opening rootfs {}", plan.rootfs.display()), sys::open_path(&plan.rootfs))?;
-    let rootfs_path = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&rootfs)));
-    step(|| "mounting the staging root".into(), sys::mount(Some("airlock"), stage, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some("mode=0755,size=1m,nr_inodes=4096")))?;
+    step(
+        || "making mounts private".into(),
+        sys::mount(
+            None,
+            Path::new("/"),
+            None,
+            libc::MS_REC | libc::MS_PRIVATE,
+            None,
+        ),
+    )?;
+    let rootfs = step(
+        || format!("opening rootfs {}", plan.rootfs.display()),
+        sys::open_path(&plan.rootfs),
+    )?;
+    let rootfs_path = PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&rootfs)
+    ));
+    step(
+        || "mounting the staging root".into(),
+        sys::mount(
+            Some("airlock"),
+            stage,
+            Some("tmpfs"),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            Some("mode=0755,size=1m,nr_inodes=4096"),
+        ),
+    )?;
     bind_top_level(&rootfs, &rootfs_path, stage)?;
     for dir in PROVIDED {
         mkdir(&stage.join(dir), 0o755)?;
@@ -71,16 +111,33 @@ pub fn build(plan: &ViewPlan, workspace: PreparedWorkspace, uid: u32, gid: u32) 
     let root = step(|| "opening the new root".into(), sys::open_path(stage))?;
     step(
         || "making the view read-only".into(),
-        sys::mount_setattr(&root, true, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, None),
+        sys::mount_setattr(
+            &root,
+            true,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            None,
+        ),
     )?;
     mount_proc_and_sys(stage)?;
     mount_dev(stage)?;
     let tmp_options = format!("mode=1777,size={}", plan.tmp_size_bytes);
-    step(|| "mounting /tmp".into(), sys::mount(Some("tmpfs"), &stage.join("tmp"), Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some(&tmp_options)))?;
+    step(
+        || "mounting /tmp".into(),
+        sys::mount(
+            Some("tmpfs"),
+            &stage.join("tmp"),
+            Some("tmpfs"),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            Some(&tmp_options),
+        ),
+    )?;
     mount_workspace(stage, workspace, uid, gid)?;
     step(|| "entering the new root".into(), sys::chdir(stage))?;
     step(|| "pivot_root".into(), sys::pivot_root_here())?;
-    step(|| "detaching the host root".into(), sys::umount_detach(Path::new(".")))?;
+    step(
+        || "detaching the host root".into(),
+        sys::umount_detach(Path::new(".")),
+    )?;
     step(|| "chdir /".into(), sys::chdir(Path::new("/")))?;
     Ok(())
 }
@@ -107,15 +164,24 @@ fn bind_top_level(rootfs: &OwnedFd, rootfs_path: &Path, stage: &Path) -> Result<
         let kind = step(|| format!("inspecting /{text}"), entry.file_type())?;
         if kind.is_symlink() {
             let link = step(|| format!("reading /{text}"), fs::read_link(entry.path()))?;
-            step(|| format!("linking /{text}"), std::os::unix::fs::symlink(link, &target))?;
+            step(
+                || format!("linking /{text}"),
+                std::os::unix::fs::symlink(link, &target),
+            )?;
         } else if kind.is_dir() || kind.is_file() {
             if kind.is_dir() {
                 mkdir(&target, 0o755)?;
             } else {
                 step(|| format!("creating /{text}"), fs::write(&target, b""))?;
             }
-            let tree = step(|| format!("binding /{text}"), sys::open_tree_clone(Some(rootfs), Path::new(&name), true))?;
-            step(|| format!("attaching /{text}"), sys::move_mount(&tree, &target))?;
+            let tree = step(
+                || format!("binding /{text}"),
+                sys::open_tree_clone(Some(rootfs), Path::new(&name), true),
+            )?;
+            step(
+                || format!("attaching /{text}"),
+                sys::move_mount(&tree, &target),
+            )?;
         }
     }
     Ok(())
@@ -128,7 +194,9 @@ fn expand(stage: &Path, pattern: &str) -> Vec<PathBuf> {
         let mut next = Vec::new();
         for base in &found {
             if component == "*" {
-                let Ok(entries) = fs::read_dir(stage.join(base)) else { continue };
+                let Ok(entries) = fs::read_dir(stage.join(base)) else {
+                    continue;
+                };
                 next.extend(entries.flatten().map(|e| base.join(e.file_name())));
             } else {
                 next.push(base.join(component));
@@ -136,32 +204,52 @@ fn expand(stage: &Path, pattern: &str) -> Vec<PathBuf> {
         }
         found = next;
     }
-    found.into_iter().filter(|p| fs::symlink_metadata(stage.join(p)).is_ok()).collect()
+    found
+        .into_iter()
+        .filter(|p| fs::symlink_metadata(stage.join(p)).is_ok())
+        .collect()
 }
 
 fn apply_masks(stage: &Path, masks: &[Mask]) -> Result<(), ViewError> {
     let sources = [(MASK_DIR, 0o000), (EMPTY_DIR, 0o755)];
     for (name, mode) in sources {
         mkdir(&stage.join(name), mode)?;
-        step(|| format!("chmod {name}"), fs::set_permissions(stage.join(name), fs::Permissions::from_mode(mode)))?;
+        step(
+            || format!("chmod {name}"),
+            fs::set_permissions(stage.join(name), fs::Permissions::from_mode(mode)),
+        )?;
     }
-    step(|| "creating the mask file".into(), fs::write(stage.join(MASK_FILE), b""))?;
-    step(|| "chmod mask file".into(), fs::set_permissions(stage.join(MASK_FILE), fs::Permissions::from_mode(0)))?;
+    step(
+        || "creating the mask file".into(),
+        fs::write(stage.join(MASK_FILE), b""),
+    )?;
+    step(
+        || "chmod mask file".into(),
+        fs::set_permissions(stage.join(MASK_FILE), fs::Permissions::from_mode(0o000)),
+    )?;
     let root = step(|| "opening the staging root".into(), sys::open_path(stage))?;
     for mask in masks {
         for path in expand(stage, &mask.path) {
             // Resolve inside the view: a symlinked secret is masked where it really lives.
-            let Ok(target) = sys::open_in_root(&root, &path) else { continue };
-            let is_dir = fs::metadata(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&target)))
-                .map(|m| m.is_dir())
-                .unwrap_or(false);
+            let Ok(target) = sys::open_in_root(&root, &path) else {
+                continue;
+            };
+            let is_dir = fs::metadata(format!(
+                "/proc/self/fd/{}",
+                std::os::fd::AsRawFd::as_raw_fd(&target)
+            ))
+            .map(|m| m.is_dir())
+            .unwrap_or(false);
             let source = match (is_dir, mask.kind) {
                 (true, MaskKind::Secret) => MASK_DIR,
                 (true, MaskKind::Empty) => EMPTY_DIR,
                 (false, _) => MASK_FILE,
             };
             let shown = || format!("masking /{}", path.display());
-            let tree = step(shown, sys::open_tree_clone(Some(&root), Path::new(source), false))?;
+            let tree = step(
+                shown,
+                sys::open_tree_clone(Some(&root), Path::new(source), false),
+            )?;
             step(shown, sys::move_mount_onto(&tree, &target))?;
         }
     }
@@ -174,50 +262,120 @@ fn apply_masks(stage: &Path, masks: &[Mask]) -> Result<(), ViewError> {
 
 fn mount_proc_and_sys(stage: &Path) -> Result<(), ViewError> {
     let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-    step(|| "mounting /proc".into(), sys::mount(Some("proc"), &stage.join("proc"), Some("proc"), flags, None))?;
+    step(
+        || "mounting /proc".into(),
+        sys::mount(Some("proc"), &stage.join("proc"), Some("proc"), flags, None),
+    )?;
     // A fresh sysfs shows this network namespace, not the host's. It is optional: without it
     // /sys is an empty directory, which hides more, not less.
-    let _ = sys::mount(Some("sysfs"), &stage.join("sys"), Some("sysfs"), flags | libc::MS_RDONLY, None);
+    let _ = sys::mount(
+        Some("sysfs"),
+        &stage.join("sys"),
+        Some("sysfs"),
+        flags | libc::MS_RDONLY,
+        None,
+    );
     Ok(())
 }
 
 fn mount_dev(stage: &Path) -> Result<(), ViewError> {
     let dev = stage.join("dev");
-    step(|| "mounting /dev".into(), sys::mount(Some("tmpfs"), &dev, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NOEXEC, Some("mode=0755,size=64k,nr_inodes=64")))?;
+    step(
+        || "mounting /dev".into(),
+        sys::mount(
+            Some("tmpfs"),
+            &dev,
+            Some("tmpfs"),
+            libc::MS_NOSUID | libc::MS_NOEXEC,
+            Some("mode=0755,size=64k,nr_inodes=64"),
+        ),
+    )?;
     for name in DEVICES {
         let target = dev.join(name);
         step(|| format!("creating /dev/{name}"), fs::write(&target, b""))?;
         let source = format!("/dev/{name}");
-        step(|| format!("binding /dev/{name}"), sys::mount(Some(&source), &target, None, libc::MS_BIND, None))?;
+        step(
+            || format!("binding /dev/{name}"),
+            sys::mount(Some(&source), &target, None, libc::MS_BIND, None),
+        )?;
     }
     for (name, mode) in [("pts", 0o755), ("shm", 0o1777)] {
         mkdir(&dev.join(name), mode)?;
     }
     step(
         || "mounting /dev/pts".into(),
-        sys::mount(Some("devpts"), &dev.join("pts"), Some("devpts"), libc::MS_NOSUID | libc::MS_NOEXEC, Some("newinstance,ptmxmode=0666,mode=0620")),
+        sys::mount(
+            Some("devpts"),
+            &dev.join("pts"),
+            Some("devpts"),
+            libc::MS_NOSUID | libc::MS_NOEXEC,
+            Some("newinstance,ptmxmode=0666,mode=0620"),
+        ),
     )?;
     step(
         || "mounting /dev/shm".into(),
-        sys::mount(Some("tmpfs"), &dev.join("shm"), Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some("mode=1777,size=64m")),
+        sys::mount(
+            Some("tmpfs"),
+            &dev.join("shm"),
+            Some("tmpfs"),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            Some("mode=1777,size=64m"),
+        ),
     )?;
-    for (name, target) in [("ptmx", "pts/ptmx"), ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")] {
-        step(|| format!("linking /dev/{name}"), std::os::unix::fs::symlink(target, dev.join(name)))?;
+    for (name, target) in [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        step(
+            || format!("linking /dev/{name}"),
+            std::os::unix::fs::symlink(target, dev.join(name)),
+        )?;
     }
     let dev_fd = step(|| "opening /dev".into(), sys::open_path(&dev))?;
-    step(|| "making /dev read-only".into(), sys::mount_setattr(&dev_fd, false, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, None))
+    step(
+        || "making /dev read-only".into(),
+        sys::mount_setattr(
+            &dev_fd,
+            false,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
+            None,
+        ),
+    )
 }
 
-fn mount_workspace(stage: &Path, workspace: PreparedWorkspace, uid: u32, gid: u32) -> Result<(), ViewError> {
+fn mount_workspace(
+    stage: &Path,
+    workspace: PreparedWorkspace,
+    uid: u32,
+    gid: u32,
+) -> Result<(), ViewError> {
     let target = stage.join("workspace");
     match workspace {
         PreparedWorkspace::Fresh { size_bytes } => {
             let options = format!("mode=0755,size={size_bytes},uid={uid},gid={gid}");
-            step(|| "mounting the fresh /workspace".into(), sys::mount(Some("tmpfs"), &target, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some(&options)))
+            step(
+                || "mounting the fresh /workspace".into(),
+                sys::mount(
+                    Some("tmpfs"),
+                    &target,
+                    Some("tmpfs"),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    Some(&options),
+                ),
+            )
         }
         PreparedWorkspace::Tree(tree) => {
-            step(|| "securing /workspace".into(), sys::mount_setattr(&tree, true, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, None))?;
-            step(|| "attaching /workspace".into(), sys::move_mount(&tree, &target))
+            step(
+                || "securing /workspace".into(),
+                sys::mount_setattr(&tree, true, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, None),
+            )?;
+            step(
+                || "attaching /workspace".into(),
+                sys::move_mount(&tree, &target),
+            )
         }
     }
 }

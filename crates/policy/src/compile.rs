@@ -45,10 +45,27 @@ pub enum CompileError {
 
 /// Dot-directories and files in a home directory that hold keys or credentials.
 const HOME_SECRETS: &[&str] = &[
-    ".ssh", ".aws", ".config/gh", ".docker", ".netrc", ".kube", ".gnupg", ".git-credentials",
-    ".config/gcloud", ".azure", ".npmrc", ".pypirc", ".cargo/credentials", ".cargo/credentials.toml",
+    ".ssh",
+    ".aws",
+    ".config/gh",
+    ".docker",
+    ".netrc",
+    ".kube",
+    ".gnupg",
+    ".git-credentials",
+    ".config/gcloud",
+    ".azure",
+    ".npmrc",
+    ".pypirc",
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
 ];
-const HOST_SECRETS: &[&str] = &["/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/sudoers.d"];
+const HOST_SECRETS: &[&str] = &[
+    "/etc/shadow",
+    "/etc/gshadow",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+];
 /// Runtime directories: sockets of docker, containerd, D-Bus and every other host daemon.
 const HOST_RUNTIME_DIRS: &[&str] = &["/run", "/var/run"];
 
@@ -64,7 +81,9 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
     };
     let privileged_caller = host.caller_uid == 0;
     let workspace = match &config.workspace {
-        WorkspaceSource::Fresh => WorkspacePlan::Fresh { size_bytes: config.resources.disk_bytes },
+        WorkspaceSource::Fresh => WorkspacePlan::Fresh {
+            size_bytes: config.resources.disk_bytes,
+        },
         WorkspaceSource::Host { path } => WorkspacePlan::Host {
             path: absolute("--workspace", path)?,
             idmap: privileged_caller,
@@ -81,14 +100,26 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
         },
         landlock: LandlockPlan {
             read: vec!["/".into()],
-            write_trees: ["/workspace", "/tmp", "/dev/shm", "/dev/pts"].map(PathBuf::from).to_vec(),
-            write_files: ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty"].map(PathBuf::from).to_vec(),
+            write_trees: ["/workspace", "/tmp", "/dev/shm", "/dev/pts"]
+                .map(PathBuf::from)
+                .to_vec(),
+            write_files: ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty"]
+                .map(PathBuf::from)
+                .to_vec(),
             scoped: true,
         },
         seccomp: default_rules(),
         rlimits: vec![
-            Rlimit { resource: RlimitResource::Core, soft: 0, hard: 0 },
-            Rlimit { resource: RlimitResource::Nofile, soft: NOFILE, hard: NOFILE },
+            Rlimit {
+                resource: RlimitResource::Core,
+                soft: 0,
+                hard: 0,
+            },
+            Rlimit {
+                resource: RlimitResource::Nofile,
+                soft: NOFILE,
+                hard: NOFILE,
+            },
             Rlimit {
                 resource: RlimitResource::Fsize,
                 soft: config.resources.disk_bytes,
@@ -134,7 +165,9 @@ fn validate_process(config: &SandboxConfig) -> Result<(), CompileError> {
 
 fn no_nul(what: &str, value: &str) -> Result<(), CompileError> {
     if value.contains('\0') {
-        return Err(CompileError::NulByte { what: what.to_owned() });
+        return Err(CompileError::NulByte {
+            what: what.to_owned(),
+        });
     }
     Ok(())
 }
@@ -142,10 +175,15 @@ fn no_nul(what: &str, value: &str) -> Result<(), CompileError> {
 fn absolute(what: &'static str, path: &Path) -> Result<PathBuf, CompileError> {
     let text = path.to_string_lossy();
     if text.contains('\0') {
-        return Err(CompileError::NulByte { what: what.to_owned() });
+        return Err(CompileError::NulByte {
+            what: what.to_owned(),
+        });
     }
     if !path.is_absolute() {
-        return Err(CompileError::RelativePath { what, path: text.into_owned() });
+        return Err(CompileError::RelativePath {
+            what,
+            path: text.into_owned(),
+        });
     }
     Ok(path.to_path_buf())
 }
@@ -153,7 +191,11 @@ fn absolute(what: &'static str, path: &Path) -> Result<PathBuf, CompileError> {
 fn identity(config: &SandboxConfig, host: &HostFacts) -> IdentityPlan {
     let user = config.user;
     if host.caller_uid == 0 {
-        let map = vec![IdMap { inside: 0, outside: SANDBOX_ID_BASE, count: SANDBOX_ID_COUNT }];
+        let map = vec![IdMap {
+            inside: 0,
+            outside: SANDBOX_ID_BASE,
+            count: SANDBOX_ID_COUNT,
+        }];
         return IdentityPlan {
             uid_map: map.clone(),
             gid_map: map,
@@ -164,8 +206,16 @@ fn identity(config: &SandboxConfig, host: &HostFacts) -> IdentityPlan {
     }
     // An unprivileged caller may map only its own ids; the workload's ids stand for them.
     IdentityPlan {
-        uid_map: vec![IdMap { inside: user.uid, outside: host.caller_uid, count: 1 }],
-        gid_map: vec![IdMap { inside: user.gid, outside: host.caller_gid, count: 1 }],
+        uid_map: vec![IdMap {
+            inside: user.uid,
+            outside: host.caller_uid,
+            count: 1,
+        }],
+        gid_map: vec![IdMap {
+            inside: user.gid,
+            outside: host.caller_gid,
+            count: 1,
+        }],
         uid: user.uid,
         gid: user.gid,
         privileged_caller: false,
@@ -173,18 +223,28 @@ fn identity(config: &SandboxConfig, host: &HostFacts) -> IdentityPlan {
 }
 
 fn masks(state_dirs: &[PathBuf]) -> Vec<Mask> {
-    let secret = |path: String| Mask { path, kind: MaskKind::Secret };
+    let secret = |path: String| Mask {
+        path,
+        kind: MaskKind::Secret,
+    };
     let mut masks = Vec::new();
     for home in ["/root", "/home/*"] {
-        masks.extend(HOME_SECRETS.iter().map(|name| secret(format!("{home}/{name}"))));
+        masks.extend(
+            HOME_SECRETS
+                .iter()
+                .map(|name| secret(format!("{home}/{name}"))),
+        );
     }
     masks.extend(HOST_SECRETS.iter().map(|path| secret((*path).to_owned())));
-    masks.extend(state_dirs.iter().map(|dir| secret(dir.to_string_lossy().into_owned())));
     masks.extend(
-        HOST_RUNTIME_DIRS
+        state_dirs
             .iter()
-            .map(|path| Mask { path: (*path).to_owned(), kind: MaskKind::Empty }),
+            .map(|dir| secret(dir.to_string_lossy().into_owned())),
     );
+    masks.extend(HOST_RUNTIME_DIRS.iter().map(|path| Mask {
+        path: (*path).to_owned(),
+        kind: MaskKind::Empty,
+    }));
     masks
 }
 

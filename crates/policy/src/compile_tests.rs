@@ -3,11 +3,19 @@ use airlock_api::{Compat, UserSpec};
 use super::*;
 
 fn root_host() -> HostFacts {
-    HostFacts { caller_uid: 0, caller_gid: 0, state_dirs: vec!["/var/lib/airlock".into()] }
+    HostFacts {
+        caller_uid: 0,
+        caller_gid: 0,
+        state_dirs: vec!["/var/lib/airlock".into()],
+    }
 }
 
 fn user_host() -> HostFacts {
-    HostFacts { caller_uid: 1000, caller_gid: 100, state_dirs: vec![] }
+    HostFacts {
+        caller_uid: 1000,
+        caller_gid: 100,
+        state_dirs: vec![],
+    }
 }
 
 fn config() -> SandboxConfig {
@@ -19,7 +27,11 @@ fn test_compile_root_caller_maps_uid0_to_unprivileged_range() {
     let plan = compile(&config(), &root_host()).unwrap();
     assert_eq!(
         plan.identity.uid_map,
-        vec![IdMap { inside: 0, outside: SANDBOX_ID_BASE, count: SANDBOX_ID_COUNT }]
+        vec![IdMap {
+            inside: 0,
+            outside: SANDBOX_ID_BASE,
+            count: SANDBOX_ID_COUNT
+        }]
     );
     assert_eq!(plan.identity.gid_map, plan.identity.uid_map);
     assert!(plan.identity.privileged_caller);
@@ -29,34 +41,81 @@ fn test_compile_root_caller_maps_uid0_to_unprivileged_range() {
 #[test]
 fn test_compile_unprivileged_caller_maps_only_its_own_ids() {
     let mut config = config();
-    config.user = UserSpec { uid: 1000, gid: 1000 };
+    config.user = UserSpec {
+        uid: 1000,
+        gid: 1000,
+    };
     let plan = compile(&config, &user_host()).unwrap();
-    assert_eq!(plan.identity.uid_map, vec![IdMap { inside: 1000, outside: 1000, count: 1 }]);
-    assert_eq!(plan.identity.gid_map, vec![IdMap { inside: 1000, outside: 100, count: 1 }]);
+    assert_eq!(
+        plan.identity.uid_map,
+        vec![IdMap {
+            inside: 1000,
+            outside: 1000,
+            count: 1
+        }]
+    );
+    assert_eq!(
+        plan.identity.gid_map,
+        vec![IdMap {
+            inside: 1000,
+            outside: 100,
+            count: 1
+        }]
+    );
     assert!(!plan.identity.privileged_caller);
 }
 
 #[test]
 fn test_compile_host_workspace_is_idmapped_only_for_root() {
     let mut config = config();
-    config.workspace = WorkspaceSource::Host { path: "/src/project".into() };
+    config.workspace = WorkspaceSource::Host {
+        path: "/src/project".into(),
+    };
     let root = compile(&config, &root_host()).unwrap();
     let user = compile(&config, &user_host()).unwrap();
-    assert_eq!(root.view.workspace, WorkspacePlan::Host { path: "/src/project".into(), idmap: true });
-    assert_eq!(user.view.workspace, WorkspacePlan::Host { path: "/src/project".into(), idmap: false });
+    assert_eq!(
+        root.view.workspace,
+        WorkspacePlan::Host {
+            path: "/src/project".into(),
+            idmap: true
+        }
+    );
+    assert_eq!(
+        user.view.workspace,
+        WorkspacePlan::Host {
+            path: "/src/project".into(),
+            idmap: false
+        }
+    );
 }
 
 #[test]
 fn test_compile_masks_credentials_runtime_dirs_and_state() {
     let plan = compile(&config(), &root_host()).unwrap();
-    let masked: Vec<(&str, MaskKind)> =
-        plan.view.masks.iter().map(|m| (m.path.as_str(), m.kind)).collect();
+    let masked: Vec<(&str, MaskKind)> = plan
+        .view
+        .masks
+        .iter()
+        .map(|m| (m.path.as_str(), m.kind))
+        .collect();
     for path in [
-        "/root/.ssh", "/home/*/.ssh", "/home/*/.aws", "/root/.config/gh", "/home/*/.docker",
-        "/home/*/.netrc", "/root/.kube", "/root/.gnupg", "/etc/shadow", "/etc/sudoers",
-        "/etc/sudoers.d", "/var/lib/airlock",
+        "/root/.ssh",
+        "/home/*/.ssh",
+        "/home/*/.aws",
+        "/root/.config/gh",
+        "/home/*/.docker",
+        "/home/*/.netrc",
+        "/root/.kube",
+        "/root/.gnupg",
+        "/etc/shadow",
+        "/etc/sudoers",
+        "/etc/sudoers.d",
+        "/var/lib/airlock",
     ] {
-        assert!(masked.contains(&(path, MaskKind::Secret)), "{path} is not masked");
+        assert!(
+            masked.contains(&(path, MaskKind::Secret)),
+            "{path} is not masked"
+        );
     }
     assert!(masked.contains(&("/run", MaskKind::Empty)));
     assert!(masked.contains(&("/var/run", MaskKind::Empty)));
@@ -68,10 +127,20 @@ fn test_compile_writes_only_in_workspace_tmp_and_devices() {
     assert_eq!(plan.landlock.read, vec![PathBuf::from("/")]);
     assert_eq!(
         plan.landlock.write_trees,
-        ["/workspace", "/tmp", "/dev/shm", "/dev/pts"].map(PathBuf::from).to_vec()
+        ["/workspace", "/tmp", "/dev/shm", "/dev/pts"]
+            .map(PathBuf::from)
+            .to_vec()
     );
-    assert!(plan.landlock.write_files.contains(&PathBuf::from("/dev/null")));
-    assert!(plan.landlock.write_files.contains(&PathBuf::from("/dev/tty")));
+    assert!(
+        plan.landlock
+            .write_files
+            .contains(&PathBuf::from("/dev/null"))
+    );
+    assert!(
+        plan.landlock
+            .write_files
+            .contains(&PathBuf::from("/dev/tty"))
+    );
 }
 
 #[test]
@@ -91,7 +160,11 @@ fn test_compile_limits_follow_resources() {
             cpu_period_us: 100_000,
         }
     );
-    assert!(plan.rlimits.contains(&Rlimit { resource: RlimitResource::Core, soft: 0, hard: 0 }));
+    assert!(plan.rlimits.contains(&Rlimit {
+        resource: RlimitResource::Core,
+        soft: 0,
+        hard: 0
+    }));
     assert!(plan.rlimits.contains(&Rlimit {
         resource: RlimitResource::Fsize,
         soft: 100 << 20,
@@ -103,7 +176,10 @@ fn test_compile_limits_follow_resources() {
 #[test]
 fn test_compile_environment_is_not_inherited_and_caller_wins() {
     let mut config = config();
-    config.env = vec![("HOME".into(), "/workspace".into()), ("A".into(), "b".into())];
+    config.env = vec![
+        ("HOME".into(), "/workspace".into()),
+        ("A".into(), "b".into()),
+    ];
     let plan = compile(&config, &root_host()).unwrap();
     let env = plan.process.env;
     assert!(env.contains(&("HOME".into(), "/workspace".into())));
@@ -116,26 +192,41 @@ fn test_compile_environment_is_not_inherited_and_caller_wins() {
 fn test_compile_rejects_bad_input_by_name() {
     let mut empty = config();
     empty.command.clear();
-    assert_eq!(compile(&empty, &root_host()), Err(CompileError::EmptyCommand));
+    assert_eq!(
+        compile(&empty, &root_host()),
+        Err(CompileError::EmptyCommand)
+    );
 
     let mut bad_env = config();
     bad_env.env = vec![("A=B".into(), "c".into())];
-    assert_eq!(compile(&bad_env, &root_host()), Err(CompileError::BadEnvName("A=B".into())));
+    assert_eq!(
+        compile(&bad_env, &root_host()),
+        Err(CompileError::BadEnvName("A=B".into()))
+    );
 
     let mut relative = config();
     relative.cwd = "work".into();
     assert_eq!(
         compile(&relative, &root_host()),
-        Err(CompileError::RelativePath { what: "--cwd", path: "work".into() })
+        Err(CompileError::RelativePath {
+            what: "--cwd",
+            path: "work".into()
+        })
     );
 
     let mut nul = config();
     nul.command = vec!["a\0b".into()];
-    assert!(matches!(compile(&nul, &root_host()), Err(CompileError::NulByte { .. })));
+    assert!(matches!(
+        compile(&nul, &root_host()),
+        Err(CompileError::NulByte { .. })
+    ));
 
     let mut tier = config();
     tier.tier = Tier::Microvm;
-    assert_eq!(compile(&tier, &root_host()), Err(CompileError::UnsupportedTier("microvm")));
+    assert_eq!(
+        compile(&tier, &root_host()),
+        Err(CompileError::UnsupportedTier("microvm"))
+    );
 }
 
 #[test]

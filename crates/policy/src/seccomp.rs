@@ -42,11 +42,21 @@ pub struct SeccompRule {
 }
 
 const fn eq(arg: u8, mask: u32, value: u32) -> ArgCheck {
-    ArgCheck { arg, mask, value, equal: true }
+    ArgCheck {
+        arg,
+        mask,
+        value,
+        equal: true,
+    }
 }
 
 const fn ne(arg: u8, mask: u32, value: u32) -> ArgCheck {
-    ArgCheck { arg, mask, value, equal: false }
+    ArgCheck {
+        arg,
+        mask,
+        value,
+        equal: false,
+    }
 }
 
 const ALL: u32 = u32::MAX;
@@ -82,8 +92,18 @@ const DENIED: &[(&[&str], &str)] = &[
     ),
     (
         &[
-            "mount", "umount2", "pivot_root", "fsopen", "fsconfig", "fsmount", "fspick",
-            "move_mount", "open_tree", "open_tree_attr", "mount_setattr", "chroot",
+            "mount",
+            "umount2",
+            "pivot_root",
+            "fsopen",
+            "fsconfig",
+            "fsmount",
+            "fspick",
+            "move_mount",
+            "open_tree",
+            "open_tree_attr",
+            "mount_setattr",
+            "chroot",
         ],
         "the mount view is the filesystem boundary; no part of it may be changed from inside",
     ),
@@ -93,10 +113,19 @@ const DENIED: &[(&[&str], &str)] = &[
         "kernel keyrings are not namespaced and hold other users' credentials",
     ),
     (
-        &["kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module"],
+        &[
+            "kexec_load",
+            "kexec_file_load",
+            "init_module",
+            "finit_module",
+            "delete_module",
+        ],
         "loading kernel code is a host takeover",
     ),
-    (&["reboot", "swapon", "swapoff", "acct"], "host-wide administrative switches"),
+    (
+        &["reboot", "swapon", "swapoff", "acct"],
+        "host-wide administrative switches",
+    ),
     (&["iopl", "ioperm"], "direct hardware port access"),
     (
         &["settimeofday", "clock_settime", "clock_adjtime", "adjtimex"],
@@ -117,8 +146,18 @@ pub fn default_rules() -> Vec<SeccompRule> {
         }
     }
     let nested_userns = "a nested user namespace hands back every capability inside it, reopening the kernel surface the sandbox closed";
-    rules.push(rule("unshare", &[ne(0, CLONE_NEWUSER, 0)], SyscallAction::Eperm, nested_userns));
-    rules.push(rule("clone", &[ne(0, CLONE_NEWUSER, 0)], SyscallAction::Eperm, nested_userns));
+    rules.push(rule(
+        "unshare",
+        &[ne(0, CLONE_NEWUSER, 0)],
+        SyscallAction::Eperm,
+        nested_userns,
+    ));
+    rules.push(rule(
+        "clone",
+        &[ne(0, CLONE_NEWUSER, 0)],
+        SyscallAction::Eperm,
+        nested_userns,
+    ));
     rules.push(rule(
         "clone3",
         &[],
@@ -138,15 +177,27 @@ pub fn default_rules() -> Vec<SeccompRule> {
         "non-default personalities such as READ_IMPLIES_EXEC weaken memory protections",
     ));
     let sockets: [(&[ArgCheck], &str); 6] = [
-        (&[eq(0, ALL, AF_PACKET)], "raw link-layer access sniffs and forges traffic"),
-        (&[eq(0, ALL, AF_VSOCK)], "reaches hypervisor and host services directly"),
+        (
+            &[eq(0, ALL, AF_PACKET)],
+            "raw link-layer access sniffs and forges traffic",
+        ),
+        (
+            &[eq(0, ALL, AF_VSOCK)],
+            "reaches hypervisor and host services directly",
+        ),
         (&[eq(0, ALL, AF_XDP)], "kernel-bypass packet I/O"),
-        (&[eq(0, ALL, AF_BLUETOOTH)], "hardware stack with a long bug history"),
+        (
+            &[eq(0, ALL, AF_BLUETOOTH)],
+            "hardware stack with a long bug history",
+        ),
         (
             &[eq(0, ALL, AF_NETLINK), ne(2, ALL, NETLINK_ROUTE)],
             "netlink families other than route (audit, netfilter, sock_diag) expose or change host state",
         ),
-        (&[eq(1, SOCK_TYPE_MASK, SOCK_RAW)], "raw sockets forge packets"),
+        (
+            &[eq(1, SOCK_TYPE_MASK, SOCK_RAW)],
+            "raw sockets forge packets",
+        ),
     ];
     for (checks, why) in sockets {
         rules.push(rule("socket", checks, SyscallAction::Eperm, why));
@@ -160,8 +211,21 @@ pub fn default_rules() -> Vec<SeccompRule> {
         ));
     }
     let set_id = "a set-id file in a host workspace would run with its owner's rights on the host";
-    for (syscall, mode_arg) in [("chmod", 1), ("fchmod", 1), ("fchmodat", 2), ("fchmodat2", 2), ("creat", 1), ("mknod", 1), ("mknodat", 2)] {
-        rules.push(rule(syscall, &[ne(mode_arg, SET_ID_BITS, 0)], SyscallAction::Eperm, set_id));
+    for (syscall, mode_arg) in [
+        ("chmod", 1),
+        ("fchmod", 1),
+        ("fchmodat", 2),
+        ("fchmodat2", 2),
+        ("creat", 1),
+        ("mknod", 1),
+        ("mknodat", 2),
+    ] {
+        rules.push(rule(
+            syscall,
+            &[ne(mode_arg, SET_ID_BITS, 0)],
+            SyscallAction::Eperm,
+            set_id,
+        ));
     }
     for (syscall, flags_arg) in [("open", 1), ("openat", 2)] {
         for create in [O_CREAT, O_TMPFILE_BIT] {
@@ -194,15 +258,53 @@ mod tests {
         let rules = default_rules();
         let names: Vec<&str> = rules.iter().map(|r| r.syscall.as_str()).collect();
         for required in [
-            "ptrace", "process_vm_readv", "process_vm_writev", "bpf", "perf_event_open",
-            "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register", "mount",
-            "umount2", "pivot_root", "fsopen", "fsconfig", "fsmount", "fspick", "move_mount",
-            "open_tree", "mount_setattr", "setns", "unshare", "clone", "clone3", "keyctl",
-            "add_key", "request_key", "kexec_load", "kexec_file_load", "init_module",
-            "finit_module", "delete_module", "reboot", "swapon", "swapoff", "acct", "iopl",
-            "ioperm", "settimeofday", "clock_settime", "adjtimex", "personality", "socket",
+            "ptrace",
+            "process_vm_readv",
+            "process_vm_writev",
+            "bpf",
+            "perf_event_open",
+            "userfaultfd",
+            "io_uring_setup",
+            "io_uring_enter",
+            "io_uring_register",
+            "mount",
+            "umount2",
+            "pivot_root",
+            "fsopen",
+            "fsconfig",
+            "fsmount",
+            "fspick",
+            "move_mount",
+            "open_tree",
+            "mount_setattr",
+            "setns",
+            "unshare",
+            "clone",
+            "clone3",
+            "keyctl",
+            "add_key",
+            "request_key",
+            "kexec_load",
+            "kexec_file_load",
+            "init_module",
+            "finit_module",
+            "delete_module",
+            "reboot",
+            "swapon",
+            "swapoff",
+            "acct",
+            "iopl",
+            "ioperm",
+            "settimeofday",
+            "clock_settime",
+            "adjtimex",
+            "personality",
+            "socket",
         ] {
-            assert!(names.contains(&required), "{required} is missing from the deny-list");
+            assert!(
+                names.contains(&required),
+                "{required} is missing from the deny-list"
+            );
         }
     }
 
@@ -210,14 +312,21 @@ mod tests {
     fn test_every_rule_says_why() {
         for rule in default_rules() {
             assert!(rule.why.len() > 10, "{} has no reason", rule.syscall);
-            assert!(rule.checks.iter().all(|c| c.arg < 6), "{} checks a bad arg", rule.syscall);
+            assert!(
+                rule.checks.iter().all(|c| c.arg < 6),
+                "{} checks a bad arg",
+                rule.syscall
+            );
         }
     }
 
     #[test]
     fn test_clone3_answers_enosys() {
         let rules = default_rules();
-        let clone3 = rules.iter().find(|r| r.syscall == "clone3").map(|r| r.action);
+        let clone3 = rules
+            .iter()
+            .find(|r| r.syscall == "clone3")
+            .map(|r| r.action);
         assert_eq!(clone3, Some(SyscallAction::Enosys));
     }
 }

@@ -21,8 +21,7 @@ fn main() {
         "write" => write_file(&arg(1)),
         "ptrace" => ptrace_child(),
         "mount" => mount_tmpfs(),
-        // SAFETY: unshare takes flags only.
-        "userns" => sys(|| unsafe_call(|| libc::c_long::from(unsafe { libc::unshare(libc::CLONE_NEWUSER) }))),
+        "userns" => nested_user_namespace(),
         "connect" => connect(&arg(1)),
         "loopback" => loopback_round_trip(),
         "pid-visible" => pid_visible(number(1)),
@@ -76,7 +75,11 @@ fn errno_name(errno: i32) -> &'static str {
 /// Runs a libc call that returns -1 on error.
 fn unsafe_call(call: impl FnOnce() -> libc::c_long) -> io::Result<libc::c_long> {
     let ret = call();
-    if ret == -1 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
 }
 
 fn sys(call: impl FnOnce() -> io::Result<libc::c_long>) -> Outcome {
@@ -90,14 +93,23 @@ fn read_file(path: &str) -> Outcome {
 }
 
 fn write_file(path: &str) -> Outcome {
-    std::fs::OpenOptions::new().create(true).truncate(true).write(true).open(path)?.write_all(b"probe")?;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(path)?
+        .write_all(b"probe")?;
     Ok(String::new())
 }
 
 fn fork() -> io::Result<libc::pid_t> {
     // SAFETY: the probe is single-threaded, so the child may keep running Rust code.
     let pid = unsafe { libc::fork() };
-    if pid == -1 { Err(io::Error::last_os_error()) } else { Ok(pid) }
+    if pid == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(pid)
+    }
 }
 
 fn child_that_sleeps() -> io::Result<libc::pid_t> {
@@ -123,7 +135,12 @@ fn ptrace_child() -> Outcome {
     let child = child_that_sleeps()?;
     // SAFETY: PTRACE_ATTACH takes a pid and null pointers.
     let result = unsafe_call(|| unsafe {
-        libc::ptrace(libc::PTRACE_ATTACH, child, std::ptr::null_mut::<libc::c_void>(), std::ptr::null_mut::<libc::c_void>())
+        libc::ptrace(
+            libc::PTRACE_ATTACH,
+            child,
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_void>(),
+        )
     });
     reap(child);
     sys(|| result)
@@ -135,13 +152,39 @@ fn mount_tmpfs() -> Outcome {
     // SAFETY: unshare takes flags only.
     let _ = unsafe { libc::unshare(libc::CLONE_NEWNS) };
     // SAFETY: all strings are NUL-terminated literals.
-    let _ = unsafe { libc::mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) };
-    // SAFETY: all strings are NUL-terminated literals.
-    sys(|| unsafe_call(|| unsafe { libc::mount(c"none".as_ptr(), c"/tmp".as_ptr(), c"tmpfs".as_ptr(), 0, std::ptr::null()) as libc::c_long }))
+    let _ = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        )
+    };
+    sys(|| {
+        // SAFETY: all strings are NUL-terminated literals.
+        unsafe_call(|| unsafe {
+            libc::mount(
+                c"none".as_ptr(),
+                c"/tmp".as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                std::ptr::null(),
+            ) as libc::c_long
+        })
+    })
+}
+
+fn nested_user_namespace() -> Outcome {
+    // SAFETY: unshare takes flags only.
+    let ret = unsafe { libc::unshare(libc::CLONE_NEWUSER) };
+    sys(|| unsafe_call(|| libc::c_long::from(ret)))
 }
 
 fn connect(address: &str) -> Outcome {
-    let address = address.parse().map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let address = address
+        .parse()
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     TcpStream::connect_timeout(&address, Duration::from_secs(2))?;
     Ok(String::new())
 }
@@ -161,7 +204,10 @@ fn pid_visible(pid: i64) -> Outcome {
     let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: signal 0 only checks for existence.
     sys(|| unsafe_call(|| unsafe { libc::kill(pid, 0) as libc::c_long }))?;
-    Ok(format!("proc={}", std::path::Path::new(&format!("/proc/{pid}")).exists()))
+    Ok(format!(
+        "proc={}",
+        std::path::Path::new(&format!("/proc/{pid}")).exists()
+    ))
 }
 
 fn alloc_mib(mib: i64) -> Outcome {
@@ -178,7 +224,10 @@ fn fork_bomb(limit: i64) -> Outcome {
         match child_that_sleeps() {
             Ok(_) => children += 1,
             Err(err) => {
-                return Ok(format!("forked {children} errno {}", err.raw_os_error().unwrap_or(0)));
+                return Ok(format!(
+                    "forked {children} errno {}",
+                    err.raw_os_error().unwrap_or(0)
+                ));
             }
         }
     }
@@ -194,7 +243,11 @@ fn daemonize(marker: &str) -> Outcome {
         unsafe { libc::setsid() };
         if fork().unwrap_or(-1) == 0 {
             let err = std::os::unix::process::CommandExt::exec(
-                std::process::Command::new(exe).args(["sleep-marker", marker]).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()),
+                std::process::Command::new(exe)
+                    .args(["sleep-marker", marker])
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null()),
             );
             eprintln!("exec failed: {err}");
         }
@@ -252,7 +305,9 @@ fn whoami() -> Outcome {
 fn open_socket(domain: i64, kind: i64, protocol: i64) -> Outcome {
     let int = |v: i64| libc::c_int::try_from(v).unwrap_or(-1);
     // SAFETY: socket takes integers; the descriptor is closed right after.
-    let fd = unsafe_call(|| unsafe { libc::socket(int(domain), int(kind), int(protocol)) as libc::c_long })?;
+    let fd = unsafe_call(|| unsafe {
+        libc::socket(int(domain), int(kind), int(protocol)) as libc::c_long
+    })?;
     // SAFETY: closing the descriptor we just opened.
     unsafe { libc::close(fd as libc::c_int) };
     Ok(String::new())
@@ -260,7 +315,8 @@ fn open_socket(domain: i64, kind: i64, protocol: i64) -> Outcome {
 
 fn chmod_setuid(path: &str) -> Outcome {
     std::fs::write(path, b"#!/bin/sh\n")?;
-    let c_path = std::ffi::CString::new(path).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let c_path =
+        std::ffi::CString::new(path).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: a valid NUL-terminated path and a mode.
     sys(|| unsafe_call(|| unsafe { libc::chmod(c_path.as_ptr(), 0o4755) as libc::c_long }))
 }

@@ -51,8 +51,13 @@ impl Backend {
         match self {
             Backend::Process => {
                 let unavailable = (!host.user_namespaces)
-                    .then(|| "user namespaces are disabled (user.max_user_namespaces is 0)".to_owned())
-                    .or_else(|| (!host.seccomp_filter).then(|| "the kernel lacks seccomp filtering".to_owned()));
+                    .then(|| {
+                        "user namespaces are disabled (user.max_user_namespaces is 0)".to_owned()
+                    })
+                    .or_else(|| {
+                        (!host.seccomp_filter)
+                            .then(|| "the kernel lacks seccomp filtering".to_owned())
+                    });
                 let mut degraded = Vec::new();
                 if host.landlock_abi.is_none() {
                     degraded.push("Landlock is not available in this kernel".to_owned());
@@ -60,7 +65,11 @@ impl Backend {
                 if host.cgroups.memory.is_none() || host.cgroups.pids.is_none() {
                     degraded.push("the memory or pids cgroup controller is not mounted".to_owned());
                 }
-                BackendSupport { tier, unavailable, degraded }
+                BackendSupport {
+                    tier,
+                    unavailable,
+                    degraded,
+                }
             }
             Backend::Container | Backend::Microvm => BackendSupport {
                 tier,

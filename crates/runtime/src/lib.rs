@@ -52,7 +52,10 @@ impl Runtime {
     }
 
     pub fn with_helper(helper: PathBuf) -> Runtime {
-        Runtime { helper, support: HostSupport::probe() }
+        Runtime {
+            helper,
+            support: HostSupport::probe(),
+        }
     }
 
     pub fn support(&self) -> &HostSupport {
@@ -61,21 +64,35 @@ impl Runtime {
 
     /// The backends of this build and whether this host can run each.
     pub fn backends(&self) -> Vec<BackendSupport> {
-        Backend::all().iter().map(|b| b.probe(&self.support)).collect()
+        Backend::all()
+            .iter()
+            .map(|b| b.probe(&self.support))
+            .collect()
     }
 
     /// Starts a sandbox; returns it with its deadline.
-    pub fn start(&self, config: &SandboxConfig) -> Result<(Sandbox, Option<Instant>), RuntimeError> {
+    pub fn start(
+        &self,
+        config: &SandboxConfig,
+    ) -> Result<(Sandbox, Option<Instant>), RuntimeError> {
         let backend = Backend::for_tier(config.tier);
         let support = backend.probe(&self.support);
         if let Some(reason) = support.unavailable {
-            return Err(RuntimeError::TierUnavailable { tier: config.tier.as_str(), reason });
+            return Err(RuntimeError::TierUnavailable {
+                tier: config.tier.as_str(),
+                reason,
+            });
         }
         check_paths(config)?;
         let plan = airlock_policy::compile(config, &self.facts())?;
-        let options = SpawnOptions { helper: self.helper.clone(), cgroups: self.support.cgroups.clone() };
+        let options = SpawnOptions {
+            helper: self.helper.clone(),
+            cgroups: self.support.cgroups.clone(),
+        };
         let sandbox = backend.start(&plan, &options)?;
-        let deadline = config.timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+        let deadline = config
+            .timeout_ms
+            .map(|ms| Instant::now() + Duration::from_millis(ms));
         Ok((sandbox, deadline))
     }
 
@@ -95,20 +112,24 @@ impl Runtime {
         if let Some(home) = std::env::var_os("HOME") {
             state_dirs.push(PathBuf::from(home).join(".local/share/airlock"));
         }
-        HostFacts { caller_uid: self.support.caller_uid, caller_gid: self.support.caller_gid, state_dirs }
+        HostFacts {
+            caller_uid: self.support.caller_uid,
+            caller_gid: self.support.caller_gid,
+            state_dirs,
+        }
     }
 }
 
 fn check_paths(config: &SandboxConfig) -> Result<(), RuntimeError> {
-    if let WorkspaceSource::Host { path } = &config.workspace {
-        if !path.is_dir() {
-            return Err(RuntimeError::WorkspaceMissing(path.clone()));
-        }
+    if let WorkspaceSource::Host { path } = &config.workspace
+        && !path.is_dir()
+    {
+        return Err(RuntimeError::WorkspaceMissing(path.clone()));
     }
-    if let Some(rootfs) = &config.rootfs {
-        if !rootfs.is_dir() {
-            return Err(RuntimeError::RootfsMissing(rootfs.clone()));
-        }
+    if let Some(rootfs) = &config.rootfs
+        && !rootfs.is_dir()
+    {
+        return Err(RuntimeError::RootfsMissing(rootfs.clone()));
     }
     Ok(())
 }

@@ -1,6 +1,11 @@
 //! Shared test equipment: run `airlock` and `airlock-probe`, and prove that nothing outlived a
 //! sandbox.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test equipment: failing loudly is the point"
+)]
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
 use std::fs;
@@ -12,7 +17,10 @@ use std::time::{Duration, Instant};
 
 /// Where cargo put the binaries.
 pub fn bin_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_airlock")).parent().expect("bin dir").to_path_buf()
+    Path::new(env!("CARGO_BIN_EXE_airlock"))
+        .parent()
+        .expect("bin dir")
+        .to_path_buf()
 }
 
 pub fn airlock_bin() -> PathBuf {
@@ -38,7 +46,11 @@ impl Scratch {
         set_mode(&dir, 0o755);
         for name in ["airlock", "airlock-jail", "airlock-probe"] {
             let source = bin_dir().join(name);
-            assert!(source.is_file(), "{} is missing: run `cargo build --workspace` first", source.display());
+            assert!(
+                source.is_file(),
+                "{} is missing: run `cargo build --workspace` first",
+                source.display()
+            );
             let target = dir.join(name);
             if fs::hard_link(&source, &target).is_err() {
                 fs::copy(&source, &target).expect("copy binary");
@@ -99,7 +111,11 @@ pub fn airlock(args: &[&str]) -> Run {
 pub fn airlock_with_input(args: &[&str], input: Option<&[u8]>) -> Run {
     let mut child = Command::new(airlock_bin())
         .args(args)
-        .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -139,7 +155,10 @@ pub fn inside(scratch: &Scratch, sandbox_args: &[&str], probe_args: &[&str]) -> 
 
 /// Runs the probe directly on the host: the control.
 pub fn outside(scratch: &Scratch, probe_args: &[&str]) -> String {
-    let output = Command::new(scratch.probe()).args(probe_args).output().expect("run probe");
+    let output = Command::new(scratch.probe())
+        .args(probe_args)
+        .output()
+        .expect("run probe");
     String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
 
@@ -147,7 +166,13 @@ pub fn outside(scratch: &Scratch, probe_args: &[&str]) -> String {
 pub fn processes_with(marker: &str) -> Vec<u32> {
     let mut found = Vec::new();
     for entry in fs::read_dir("/proc").expect("/proc").flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
         if pid == std::process::id() {
             continue;
         }
@@ -178,9 +203,13 @@ pub fn cgroups_of(pid: u32) -> Vec<PathBuf> {
     let mut found = Vec::new();
     let mut stack = vec![(PathBuf::from("/sys/fs/cgroup"), 0)];
     while let Some((dir, depth)) = stack.pop() {
-        let Ok(entries) = fs::read_dir(&dir) else { continue };
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
         for entry in entries.flatten() {
-            let Ok(kind) = entry.file_type() else { continue };
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
             if !kind.is_dir() {
                 continue;
             }
@@ -198,10 +227,15 @@ pub fn cgroups_of(pid: u32) -> Vec<PathBuf> {
 /// Airlock's anywhere the host can see.
 pub fn assert_no_leftovers(pid: u32) {
     let cgroups = cgroups_of(pid);
-    assert!(cgroups.is_empty(), "cgroups left behind by airlock {pid}: {cgroups:?}");
+    assert!(
+        cgroups.is_empty(),
+        "cgroups left behind by airlock {pid}: {cgroups:?}"
+    );
     let mounts = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
     assert!(
-        !mounts.lines().any(|l| l.contains(" - tmpfs airlock ") || l.contains("/workspace ")),
+        !mounts
+            .lines()
+            .any(|l| l.contains(" - tmpfs airlock ") || l.contains("/workspace ")),
         "an Airlock mount leaked into the host mount namespace"
     );
 }
@@ -218,5 +252,9 @@ pub fn spawn_airlock(args: &[&str]) -> Child {
 }
 
 pub fn unique_marker(tag: &str) -> String {
-    format!("airlock-marker-{tag}-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "airlock-marker-{tag}-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
 }
