@@ -109,21 +109,19 @@ fn warn_or_fail(compat: Compat, message: String) -> Result<(), Failure> {
 }
 
 fn run(plan: &Plan) -> Result<(), Failure> {
-    let idmapped = enter_user_namespace(plan)?;
-    let flags = libc::CLONE_NEWNS
+    // Init waits on this socket for its id maps (and the idmapped workspace). EOF instead means
+    // the helper died, and init gives up: it cannot see its parent from its own pid namespace.
+    let (helper_end, init_end) = sys::socketpair().map_err(|e| with_source("socketpair", &e))?;
+    let flags = libc::CLONE_NEWUSER
+        | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
-        | libc::CLONE_NEWNET
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS
         | libc::CLONE_NEWCGROUP;
-    sys::unshare(flags).map_err(|e| with_source("creating namespaces", &e))?;
-    // Init cannot see its parent's pid from inside the new pid namespace, so it learns whether
-    // the helper is still alive from this pipe: EOF means the helper is gone.
-    let (lifeline_r, lifeline_w) = sys::pipe().map_err(|e| with_source("pipe", &e))?;
-    match sys::fork().map_err(|e| with_source("forking the sandbox init", &e))? {
+    match sys::fork_into(flags).map_err(|e| with_source("creating namespaces", &e))? {
         Forked::Child => {
-            drop(lifeline_w);
-            let code = match init(plan, idmapped, lifeline_r) {
+            drop(helper_end);
+            let code = match init(plan, init_end) {
                 Ok(code) => code,
                 Err(failure) => {
                     report::send(&Report::Failed {
@@ -136,11 +134,14 @@ fn run(plan: &Plan) -> Result<(), Failure> {
             sys::exit_now(code)
         }
         Forked::Parent(init_pid) => {
-            drop(idmapped);
-            drop(lifeline_r);
+            drop(init_end);
+            if let Err(failure) = release_init(plan, init_pid, &helper_end) {
+                let _ = sys::kill(init_pid, libc::SIGKILL);
+                let _ = sys::waitpid(init_pid, 0);
+                return Err(failure);
+            }
             report::send(&Report::InitPid(init_pid));
             let _ = sys::waitpid(init_pid, 0);
-            drop(lifeline_w);
             Ok(())
         }
     }
@@ -152,78 +153,30 @@ fn map_text(maps: &[IdMap]) -> String {
         .collect()
 }
 
-/// Enters the sandbox's user namespace. A root caller builds it through a short-lived child, so
-/// that it can still create the idmapped workspace with its host privileges before joining.
-fn enter_user_namespace(plan: &Plan) -> Result<Option<OwnedFd>, Failure> {
-    let identity = &plan.identity;
-    if !identity.privileged_caller {
-        sys::unshare(libc::CLONE_NEWUSER)
-            .map_err(|e| with_source("creating the user namespace", &e))?;
-        let write = |file: &str, text: String| {
-            std::fs::write(file, text).map_err(|e| with_source(&format!("writing {file}"), &e))
-        };
-        write("/proc/self/setgroups", "deny".into())?;
-        write("/proc/self/uid_map", map_text(&identity.uid_map))?;
-        write("/proc/self/gid_map", map_text(&identity.gid_map))?;
-        return Ok(None);
+/// Writes init's id maps from outside its user namespace, builds the idmapped workspace while
+/// still privileged on the host, and lets init go.
+fn release_init(plan: &Plan, init_pid: libc::pid_t, socket: &OwnedFd) -> Result<(), Failure> {
+    let proc_dir = format!("/proc/{init_pid}");
+    let write = |file: &str, text: &str| {
+        std::fs::write(format!("{proc_dir}/{file}"), text)
+            .map_err(|e| with_source(&format!("writing {file}"), &e))
+    };
+    if !plan.identity.privileged_caller {
+        // Required before an unprivileged gid_map.
+        write("setgroups", "deny")?;
     }
-    let userns = privileged_user_namespace(plan)?;
+    write("uid_map", &map_text(&plan.identity.uid_map))?;
+    write("gid_map", &map_text(&plan.identity.gid_map))?;
     let idmapped = match &plan.view.workspace {
-        WorkspacePlan::Host { path, idmap: true } => idmap_workspace(path, &userns, plan.compat)?,
+        WorkspacePlan::Host { path, idmap: true } => {
+            let userns = File::open(format!("{proc_dir}/ns/user"))
+                .map_err(|e| with_source("opening the user namespace", &e))?;
+            idmap_workspace(path, &OwnedFd::from(userns), plan.compat)?
+        }
         _ => None,
     };
-    sys::setns(&userns, libc::CLONE_NEWUSER)
-        .map_err(|e| with_source("joining the user namespace", &e))?;
-    sys::clear_groups().map_err(|e| with_source("dropping supplementary groups", &e))?;
-    sys::setresgid(0).map_err(|e| with_source("setresgid", &e))?;
-    sys::setresuid(0).map_err(|e| with_source("setresuid", &e))?;
-    Ok(idmapped)
-}
-
-fn privileged_user_namespace(plan: &Plan) -> Result<OwnedFd, Failure> {
-    let (ready_r, ready_w) = sys::pipe().map_err(|e| with_source("pipe", &e))?;
-    let (hold_r, hold_w) = sys::pipe().map_err(|e| with_source("pipe", &e))?;
-    let child = match sys::fork().map_err(|e| with_source("forking the namespace holder", &e))? {
-        Forked::Child => {
-            drop(ready_r);
-            drop(hold_w);
-            let code = if sys::unshare(libc::CLONE_NEWUSER).is_ok() {
-                let _ = sys::write_all_raw(ready_w.as_raw_fd(), b"1");
-                let mut byte = [0u8; 1];
-                let _ = File::from(hold_r).read(&mut byte);
-                0
-            } else {
-                1
-            };
-            sys::exit_now(code)
-        }
-        Forked::Parent(pid) => pid,
-    };
-    drop(ready_w);
-    drop(hold_r);
-    let result = (|| {
-        let mut byte = [0u8; 1];
-        let n = File::from(ready_r).read(&mut byte).unwrap_or(0);
-        if n != 1 {
-            return Err(Failure::setup(
-                "creating the user namespace failed (are user namespaces enabled?)",
-            ));
-        }
-        let proc_dir = format!("/proc/{child}");
-        for (file, maps) in [
-            ("uid_map", &plan.identity.uid_map),
-            ("gid_map", &plan.identity.gid_map),
-        ] {
-            std::fs::write(format!("{proc_dir}/{file}"), map_text(maps))
-                .map_err(|e| with_source(&format!("writing {file}"), &e))?;
-        }
-        let ns = File::open(format!("{proc_dir}/ns/user"))
-            .map_err(|e| with_source("opening the user namespace", &e))?;
-        Ok(OwnedFd::from(ns))
-    })();
-    drop(hold_w);
-    let _ = sys::waitpid(child, 0);
-    result
+    sys::send_with_fd(socket, b"go", idmapped.as_ref())
+        .map_err(|e| with_source("releasing the sandbox init", &e))
 }
 
 fn idmap_workspace(
@@ -249,19 +202,39 @@ fn idmap_workspace(
 }
 
 /// The sandbox's init: pid 1 in the new pid namespace.
-fn init(plan: &Plan, idmapped: Option<OwnedFd>, lifeline: OwnedFd) -> Result<i32, Failure> {
+fn init(plan: &Plan, socket: OwnedFd) -> Result<i32, Failure> {
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-    if sys::poll_readable(&[lifeline.as_raw_fd()], 0).map_or(true, |ready| ready[0]) {
+    let (message, idmapped) = sys::recv_with_fd(&socket).unwrap_or_default();
+    if message != b"go" {
+        // The helper is gone, and with it whoever would read a report.
         return Ok(SETUP_FAILED);
     }
-    drop(lifeline);
+    drop(socket);
+    if plan.identity.privileged_caller {
+        // Host root is unmapped here: become the namespace's root before creating any file.
+        sys::clear_groups().map_err(|e| with_source("dropping supplementary groups", &e))?;
+        sys::setresgid(0).map_err(|e| with_source("setresgid", &e))?;
+        sys::setresuid(0).map_err(|e| with_source("setresuid", &e))?;
+    }
     sys::reset_signals();
+    // The network namespace costs more to create than anything else: a thread builds it while
+    // this one builds the filesystem view.
+    let network = std::thread::spawn(|| -> io::Result<OwnedFd> {
+        sys::unshare(libc::CLONE_NEWNET)?;
+        sys::loopback_up()?;
+        Ok(OwnedFd::from(File::open("/proc/thread-self/ns/net")?))
+    });
+    let join_network = move || -> io::Result<()> {
+        let netns = network
+            .join()
+            .map_err(|_| io::Error::other("the network namespace thread panicked"))??;
+        sys::setns(&netns, libc::CLONE_NEWNET)
+    };
     let workspace = view::prepare_workspace(&plan.view.workspace, idmapped)
         .map_err(|e| with_source("filesystem view", &e))?;
-    view::build(&plan.view, workspace, plan.identity.uid, plan.identity.gid)
+    view::build(&plan.view, workspace, plan.identity.uid, plan.identity.gid, join_network)
         .map_err(|e| with_source("filesystem view", &e))?;
     sys::sethostname(&plan.view.hostname).map_err(|e| with_source("sethostname", &e))?;
-    sys::loopback_up().map_err(|e| with_source("bringing up loopback", &e))?;
     apply_rlimits(plan)?;
     drop_privileges(plan)?;
     sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).map_err(|e| with_source("no_new_privs", &e))?;

@@ -9,9 +9,7 @@
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -125,7 +123,8 @@ pub struct SpawnOptions {
 /// A running sandbox.
 #[derive(Debug)]
 pub struct Sandbox {
-    helper: Option<Child>,
+    /// The helper's pid until it has been reaped.
+    helper: Option<libc::pid_t>,
     report: Option<File>,
     init_pid: Option<libc::pid_t>,
     cgroup: Option<SandboxCgroup>,
@@ -175,22 +174,14 @@ impl Sandbox {
         };
         let (spec_r, spec_w) = sys::pipe().map_err(pipe_err)?;
         let (report_r, report_w) = sys::pipe().map_err(pipe_err)?;
-        let (spec_fd, report_fd) = (spec_r.as_raw_fd(), report_w.as_raw_fd());
-        let mut command = Command::new(helper);
-        command.env_clear();
-        // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
-        // syscalls (fcntl, dup2, sigprocmask, signal) on descriptors this process owns.
-        unsafe {
-            command.pre_exec(move || {
-                sys::install_fds(&[(spec_fd, SPEC_FD), (report_fd, REPORT_FD)])?;
-                sys::reset_signals();
-                Ok(())
-            });
-        }
-        let child = command.spawn().map_err(pipe_err)?;
+        // Above the target numbers, so that installing one cannot clobber the other.
+        let spec_r = sys::dup_above(&spec_r, SPEC_FD + 8).map_err(pipe_err)?;
+        let report_w = sys::dup_above(&report_w, SPEC_FD + 8).map_err(pipe_err)?;
+        let fds = [(spec_r.as_raw_fd(), SPEC_FD), (report_w.as_raw_fd(), REPORT_FD)];
+        let pid = sys::spawn(helper, &fds).map_err(pipe_err)?;
         drop(spec_r);
         drop(report_w);
-        self.helper = Some(child);
+        self.helper = Some(pid);
         self.report = Some(File::from(report_r));
         // The helper joins the cgroup before it creates any other process, so no process of the
         // sandbox ever runs outside it.
@@ -218,8 +209,8 @@ impl Sandbox {
         if let Some(pid) = self.init_pid {
             let _ = sys::kill(pid, libc::SIGKILL);
         }
-        if let Some(helper) = &mut self.helper {
-            let _ = helper.kill();
+        if let Some(pid) = self.helper {
+            let _ = sys::kill(pid, libc::SIGKILL);
         }
         if let Some(cgroup) = &self.cgroup {
             cgroup.kill_all();
@@ -299,7 +290,7 @@ impl Sandbox {
                 break;
             }
         }
-        let helper_status = self.helper.take().map(|mut child| child.wait());
+        let helper_status = self.helper.take().map(|pid| sys::waitpid(pid, 0));
         let oom_killed = self.cgroup.as_ref().is_some_and(SandboxCgroup::oom_killed);
         self.cleanup();
         let ending = match (forced, failure, status) {
@@ -311,7 +302,10 @@ impl Sandbox {
             (None, None, Some(raw)) => Ending::Exited(libc::WEXITSTATUS(raw)),
             (None, None, None) => {
                 let detail = match helper_status {
-                    Some(Ok(status)) => format!("{status}"),
+                    Some(Ok((_, raw))) if libc::WIFSIGNALED(raw) => {
+                        format!("killed by signal {}", libc::WTERMSIG(raw))
+                    }
+                    Some(Ok((_, raw))) => format!("exit status {}", libc::WEXITSTATUS(raw)),
                     Some(Err(err)) => err.to_string(),
                     None => "unknown".into(),
                 };
@@ -333,9 +327,9 @@ impl Sandbox {
     }
 
     fn cleanup(&mut self) {
-        if let Some(mut child) = self.helper.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(pid) = self.helper.take() {
+            let _ = sys::kill(pid, libc::SIGKILL);
+            let _ = sys::waitpid(pid, 0);
         }
         if let Some(cgroup) = self.cgroup.take() {
             cgroup.kill_all();

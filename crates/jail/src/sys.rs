@@ -60,6 +60,124 @@ pub fn fork() -> io::Result<Forked> {
     })
 }
 
+/// `clone(flags)` without a new stack: a fork that also creates the namespaces in `flags`.
+/// Single-threaded callers only, as for [`fork`].
+pub fn fork_into(flags: libc::c_int) -> io::Result<Forked> {
+    let flags = libc::c_ulong::try_from(flags | libc::SIGCHLD).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: a null stack makes clone behave like fork (the child continues on a copy of this
+    // stack); the caller is single-threaded, so the copy is consistent.
+    let pid = check(unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) })?;
+    Ok(if pid == 0 { Forked::Child } else { Forked::Parent(pid as libc::pid_t) })
+}
+
+/// A connected `SOCK_SEQPACKET` pair, for messages that may carry a descriptor.
+pub fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` is a valid array of two ints for the kernel to fill.
+    check_int(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) })?;
+    // SAFETY: the kernel just returned these descriptors to us.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Sends `data` and, optionally, one descriptor.
+pub fn send_with_fd(socket: &OwnedFd, data: &[u8], fd: Option<&OwnedFd>) -> io::Result<()> {
+    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as libc::c_uint) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: a zeroed msghdr is valid; the pointers set below outlive the sendmsg call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: `control` is CMSG_SPACE bytes for one descriptor, so the first header and its
+        // data fit; CMSG_FIRSTHDR is non-null because msg_controllen is large enough.
+        unsafe {
+            let header = libc::CMSG_FIRSTHDR(&msg);
+            (*header).cmsg_level = libc::SOL_SOCKET;
+            (*header).cmsg_type = libc::SCM_RIGHTS;
+            (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as libc::c_uint) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd.as_raw_fd());
+        }
+    }
+    // SAFETY: `msg` describes valid buffers for the duration of the call.
+    check(unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) } as libc::c_long).map(drop)
+}
+
+/// Receives one message of at most 64 bytes and the descriptor it carries, if any. An empty
+/// message means the peer is gone.
+pub fn recv_with_fd(socket: &OwnedFd) -> io::Result<(Vec<u8>, Option<OwnedFd>)> {
+    let mut data = [0u8; 64];
+    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as libc::c_uint) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: a zeroed msghdr is valid; the pointers set below outlive the recvmsg call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space;
+    // SAFETY: `msg` describes valid buffers; MSG_CMSG_CLOEXEC marks a received descriptor.
+    let n = check(unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) } as libc::c_long)?;
+    let mut received = None;
+    // SAFETY: the kernel filled `control` and set msg_controllen; CMSG_FIRSTHDR and CMSG_DATA
+    // stay within it, and an SCM_RIGHTS header with our length carries exactly one descriptor.
+    unsafe {
+        let header = libc::CMSG_FIRSTHDR(&msg);
+        if !header.is_null() && (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
+            let fd = std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<RawFd>());
+            received = Some(OwnedFd::from_raw_fd(fd));
+        }
+    }
+    Ok((data[..n as usize].to_vec(), received))
+}
+
+/// Starts `path` with an empty environment, the `(fd, target)` pairs installed, every signal
+/// unblocked and SIGPIPE at its default. Uses `posix_spawn`, which shares this process's memory
+/// until the exec instead of copying its page tables.
+pub fn spawn(path: &Path, fds: &[(RawFd, RawFd)]) -> io::Result<libc::pid_t> {
+    let program = cpath(path)?;
+    let argv = [program.as_ptr() as *mut libc::c_char, std::ptr::null_mut()];
+    let envp = [std::ptr::null_mut::<libc::c_char>()];
+    // SAFETY: zeroed actions/attributes are initialised by the init calls before use and
+    // destroyed below; every pointer handed to posix_spawn lives until it returns.
+    unsafe {
+        let mut actions: libc::posix_spawn_file_actions_t = std::mem::zeroed();
+        let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
+        libc::posix_spawn_file_actions_init(&mut actions);
+        libc::posix_spawnattr_init(&mut attr);
+        for &(fd, target) in fds {
+            libc::posix_spawn_file_actions_adddup2(&mut actions, fd, target);
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        let mut defaults = empty;
+        libc::sigaddset(&mut defaults, libc::SIGPIPE);
+        libc::posix_spawnattr_setsigmask(&mut attr, &empty);
+        libc::posix_spawnattr_setsigdefault(&mut attr, &defaults);
+        libc::posix_spawnattr_setflags(&mut attr, (libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short);
+        let mut pid: libc::pid_t = 0;
+        let ret = libc::posix_spawn(&mut pid, program.as_ptr(), &actions, &attr, argv.as_ptr(), envp.as_ptr());
+        libc::posix_spawn_file_actions_destroy(&mut actions);
+        libc::posix_spawnattr_destroy(&mut attr);
+        if ret != 0 {
+            return Err(io::Error::from_raw_os_error(ret));
+        }
+        Ok(pid)
+    }
+}
+
+/// Duplicates `fd` to a number of at least `min`, close-on-exec.
+pub fn dup_above(fd: &OwnedFd, min: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC takes integers and returns a new descriptor that we own.
+    let new = check_int(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) })?;
+    // SAFETY: fresh descriptor from the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
 /// `waitpid(pid, 0)`, retried on `EINTR`; returns the raw wait status.
 pub fn waitpid(pid: libc::pid_t, flags: libc::c_int) -> io::Result<(libc::pid_t, libc::c_int)> {
     loop {
@@ -402,21 +520,6 @@ pub fn move_mount_onto(tree: &OwnedFd, target: &OwnedFd) -> io::Result<()> {
     .map(drop)
 }
 
-/// Places each `(fd, target)` at descriptor number `target`, inheritable across exec. Safe to
-/// call between fork and exec: only async-signal-safe syscalls.
-pub fn install_fds(pairs: &[(RawFd, RawFd)]) -> io::Result<()> {
-    const HIGH: RawFd = 100;
-    let mut moved = [0 as RawFd; 8];
-    for (slot, &(fd, _)) in moved.iter_mut().zip(pairs) {
-        // SAFETY: F_DUPFD_CLOEXEC takes integers and returns a new descriptor we own.
-        *slot = check_int(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, HIGH) })?;
-    }
-    for (slot, &(_, target)) in moved.iter().zip(pairs) {
-        dup2(*slot, target)?;
-    }
-    Ok(())
-}
-
 /// Closes every descriptor from `first` up, except those listed (which must be sorted).
 pub fn close_from(first: RawFd, keep: &[RawFd]) -> io::Result<()> {
     let mut start = first as libc::c_uint;
@@ -433,12 +536,6 @@ pub fn close_from(first: RawFd, keep: &[RawFd]) -> io::Result<()> {
 fn close_range(first: libc::c_uint, last: libc::c_uint) -> io::Result<()> {
     // SAFETY: close_range only closes descriptors of this process; the callers own them all.
     check(unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) }).map(drop)
-}
-
-/// Moves `fd` to number `target` (clearing close-on-exec there).
-pub fn dup2(fd: RawFd, target: RawFd) -> io::Result<()> {
-    // SAFETY: dup2 takes integers; the caller owns `fd`, and `target` is replaced on purpose.
-    check_int(unsafe { libc::dup2(fd, target) }).map(drop)
 }
 
 /// Blocks `signals` in this thread and returns the previous mask.

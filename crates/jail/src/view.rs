@@ -68,11 +68,14 @@ pub fn prepare_workspace(
 }
 
 /// Builds the view and pivots into it. `uid`/`gid` own a fresh workspace.
+/// `join_network` moves the caller into the sandbox's network namespace; it runs just before
+/// sysfs is mounted, since sysfs shows the mounter's network namespace.
 pub fn build(
     plan: &ViewPlan,
     workspace: PreparedWorkspace,
     uid: u32,
     gid: u32,
+    join_network: impl FnOnce() -> io::Result<()>,
 ) -> Result<(), ViewError> {
     let stage = Path::new(STAGE);
     step(
@@ -118,7 +121,12 @@ pub fn build(
             None,
         ),
     )?;
-    mount_proc_and_sys(stage)?;
+    mount_proc(stage)?;
+    step(|| "creating the network namespace".into(), join_network())?;
+    // A fresh sysfs shows this network namespace, not the host's. It is optional: without it
+    // /sys is an empty directory, which hides more, not less.
+    let sysfs_flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
+    let _ = sys::mount(Some("sysfs"), &stage.join("sys"), Some("sysfs"), sysfs_flags, None);
     mount_dev(stage)?;
     let tmp_options = format!("mode=1777,size={}", plan.tmp_size_bytes);
     step(
@@ -260,22 +268,12 @@ fn apply_masks(stage: &Path, masks: &[Mask]) -> Result<(), ViewError> {
     Ok(())
 }
 
-fn mount_proc_and_sys(stage: &Path) -> Result<(), ViewError> {
+fn mount_proc(stage: &Path) -> Result<(), ViewError> {
     let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
     step(
         || "mounting /proc".into(),
         sys::mount(Some("proc"), &stage.join("proc"), Some("proc"), flags, None),
-    )?;
-    // A fresh sysfs shows this network namespace, not the host's. It is optional: without it
-    // /sys is an empty directory, which hides more, not less.
-    let _ = sys::mount(
-        Some("sysfs"),
-        &stage.join("sys"),
-        Some("sysfs"),
-        flags | libc::MS_RDONLY,
-        None,
-    );
-    Ok(())
+    )
 }
 
 fn mount_dev(stage: &Path) -> Result<(), ViewError> {
