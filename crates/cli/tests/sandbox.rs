@@ -188,6 +188,27 @@ fn test_run_privileges_are_gone() {
 }
 
 #[test]
+fn test_run_only_stdio_crosses_into_the_sandbox_and_init_is_out_of_reach() {
+    let scratch = Scratch::new();
+    // The caller leaks two descriptors without close-on-exec; neither may reach the workload.
+    let script = format!(
+        "exec 7</etc/hostname 8>/dev/null; exec {} run -- {} fds",
+        airlock_bin().display(),
+        scratch.probe()
+    );
+    let run = run_from(
+        std::process::Command::new("sh")
+            .args(["-c", &script])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(run.verdict(), "ok 0,1,2", "{run:?}");
+    // Init holds the channel to the helper; the workload shares its uid but not its /proc.
+    let forge = inside(&scratch, &[], &["write", "/proc/1/fd/3"]);
+    assert_eq!(forge.verdict(), "errno 13 EACCES", "{forge:?}");
+}
+
+#[test]
 fn test_run_host_loopback_is_unreachable_but_sandbox_loopback_works() {
     let scratch = Scratch::new();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -488,6 +509,25 @@ fn test_run_unprivileged_caller_works_and_strict_names_the_missing_layer() {
         "errno 1 EPERM",
         "the other layers still hold"
     );
+    // Init shares the workload's host uid here; its descriptors must still be out of reach.
+    for fd in ["3", "4"] {
+        let path = format!("/proc/1/fd/{fd}");
+        let args = [
+            "run",
+            "--compat",
+            "best-effort",
+            "--",
+            &probe,
+            "write",
+            &path,
+        ];
+        let forge = run_from(as_nobody(&args));
+        assert_eq!(
+            forge.verdict(),
+            "errno 13 EACCES",
+            "init's descriptor {fd}: {forge:?}"
+        );
+    }
 
     let strict = run_from(as_nobody(&["run", "--", &probe, "whoami"]));
     assert_eq!(strict.code, 125);

@@ -15,7 +15,7 @@ use std::path::Path;
 use airlock_api::Compat;
 use airlock_policy::{IdMap, Plan, RlimitResource, WorkspacePlan};
 
-use crate::report::{self, Report, SPEC_FD};
+use crate::report::{self, REPORT_FD, Report, SPEC_FD};
 use crate::spec::HelperSpec;
 use crate::sys::{self, Forked};
 use crate::{landlock, seccomp, view};
@@ -49,6 +49,9 @@ pub fn main() -> i32 {
     for signal in [libc::SIGINT, libc::SIGQUIT, libc::SIGTSTP] {
         sys::ignore_signal(signal);
     }
+    // Only the spec and report channels may cross into the helper; anything else the caller
+    // leaked without close-on-exec stops here.
+    let _ = sys::close_from(REPORT_FD + 1, &[]);
     let spec = match read_spec() {
         Ok(spec) => spec,
         Err(message) => {
@@ -140,9 +143,24 @@ fn run(plan: &Plan) -> Result<(), Failure> {
                 let _ = sys::waitpid(init_pid, 0);
                 return Err(failure);
             }
-            report::send(&Report::InitPid(init_pid));
+            relay_reports(&helper_end);
             let _ = sys::waitpid(init_pid, 0);
             Ok(())
+        }
+    }
+}
+
+/// Forwards init's reports to the supervisor until init is gone. Init runs inside the sandbox,
+/// so the helper passes on only well-formed messages, one per datagram.
+fn relay_reports(socket: &OwnedFd) {
+    let mut buf = vec![0u8; report::MAX_MESSAGE];
+    while let Ok(n) = sys::recv(socket, &mut buf) {
+        if n == 0 {
+            break;
+        }
+        let text = String::from_utf8_lossy(&buf[..n]);
+        if let Some(message) = Report::decode(text.trim_end_matches('\n')) {
+            report::send(&message);
         }
     }
 }
@@ -209,6 +227,12 @@ fn init(plan: &Plan, socket: OwnedFd) -> Result<i32, Failure> {
         // The helper is gone, and with it whoever would read a report.
         return Ok(SETUP_FAILED);
     }
+    // Not dumpable: the workload shares init's uid, and must not reach init's descriptors or
+    // memory through /proc/1. (Only now: the helper needed init's /proc files to write its maps.)
+    sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(|e| with_source("PR_SET_DUMPABLE", &e))?;
+    // From here on init reports through the helper, which validates what it relays: the
+    // supervisor's own report pipe never enters the sandbox.
+    sys::dup_onto(&socket, REPORT_FD).map_err(|e| with_source("report channel", &e))?;
     drop(socket);
     if plan.identity.privileged_caller {
         // Host root is unmapped here: become the namespace's root before creating any file.
@@ -232,8 +256,14 @@ fn init(plan: &Plan, socket: OwnedFd) -> Result<i32, Failure> {
     };
     let workspace = view::prepare_workspace(&plan.view.workspace, idmapped)
         .map_err(|e| with_source("filesystem view", &e))?;
-    view::build(&plan.view, workspace, plan.identity.uid, plan.identity.gid, join_network)
-        .map_err(|e| with_source("filesystem view", &e))?;
+    view::build(
+        &plan.view,
+        workspace,
+        plan.identity.uid,
+        plan.identity.gid,
+        join_network,
+    )
+    .map_err(|e| with_source("filesystem view", &e))?;
     sys::sethostname(&plan.view.hostname).map_err(|e| with_source("sethostname", &e))?;
     apply_rlimits(plan)?;
     drop_privileges(plan)?;

@@ -13,8 +13,6 @@ pub const REPORT_FD: RawFd = 4;
 /// A message from the sandbox side.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Report {
-    /// The host pid of the sandbox's init (pid 1 inside).
-    InitPid(libc::pid_t),
     /// A layer that `best-effort` skipped.
     Warning(String),
     /// Setup failed; the supervisor exits with `code`.
@@ -27,7 +25,6 @@ impl Report {
     pub fn encode(&self) -> String {
         let flat = |s: &str| s.replace(['\n', '\r'], " ");
         match self {
-            Report::InitPid(pid) => format!("P {pid}\n"),
             Report::Warning(message) => format!("W {}\n", flat(message)),
             Report::Failed { code, message } => format!("E {code} {}\n", flat(message)),
             Report::Ended(status) => format!("X {status}\n"),
@@ -37,7 +34,6 @@ impl Report {
     pub fn decode(line: &str) -> Option<Report> {
         let (tag, rest) = line.split_once(' ')?;
         match tag {
-            "P" => rest.parse().ok().map(Report::InitPid),
             "W" => Some(Report::Warning(rest.to_owned())),
             "E" => {
                 let (code, message) = rest.split_once(' ')?;
@@ -52,6 +48,9 @@ impl Report {
     }
 }
 
+/// The longest message init may relay through the helper.
+pub const MAX_MESSAGE: usize = 4096;
+
 /// Sends a report. A failure to report cannot be reported, so it is ignored: the supervisor
 /// then sees the channel close without the message and treats the sandbox as failed.
 pub fn send(report: &Report) {
@@ -65,7 +64,6 @@ mod tests {
     #[test]
     fn test_report_round_trips() {
         for report in [
-            Report::InitPid(42),
             Report::Warning("cgroups are not enforced".into()),
             Report::Failed {
                 code: 127,

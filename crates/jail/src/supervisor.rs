@@ -1,15 +1,15 @@
 //! The caller's side of a sandbox: spawn the helper, watch it, enforce the deadline, clean up.
 //!
-//! Cleanup is layered so that nothing outlives the sandbox however it ends: killing init (pid 1
-//! of the sandbox's pid namespace) makes the kernel kill every process inside; the helper and
-//! init carry a parent-death signal, so a dead supervisor takes them along; the cgroup is
+//! Cleanup is layered so that nothing outlives the sandbox however it ends: killing the helper
+//! kills init (parent-death signal), and init's end makes the kernel kill every process in the
+//! sandbox's pid namespace; a dead supervisor takes the helper along the same way; the cgroup is
 //! emptied and removed; and the sandbox's namespaces, mounts and tmpfs disappear with its last
 //! process. No file is created on the host.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -126,7 +126,6 @@ pub struct Sandbox {
     /// The helper's pid until it has been reaped.
     helper: Option<libc::pid_t>,
     report: Option<File>,
-    init_pid: Option<libc::pid_t>,
     cgroup: Option<SandboxCgroup>,
     cgroups: Layout,
     warnings: Vec<String>,
@@ -135,57 +134,48 @@ pub struct Sandbox {
 static SANDBOX_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 impl Sandbox {
-    /// Creates the cgroup and starts the helper with `plan`.
+    /// Starts the helper, creates the cgroup while the helper execs, then hands the helper its
+    /// spec. The helper blocks on the spec, and joins the cgroup before it creates any other
+    /// process, so no process of the sandbox ever runs outside it.
     pub fn spawn(plan: &Plan, options: &SpawnOptions) -> Result<Sandbox, JailError> {
+        let spawn_err = |source| JailError::Spawn {
+            path: options.helper.clone(),
+            source,
+        };
+        let (spec_r, spec_w) = sys::pipe().map_err(spawn_err)?;
+        let (report_r, report_w) = sys::pipe().map_err(spawn_err)?;
+        // Above the target numbers, so that installing one cannot clobber the other.
+        let spec_r = sys::dup_above(&spec_r, SPEC_FD + 8).map_err(spawn_err)?;
+        let report_w = sys::dup_above(&report_w, SPEC_FD + 8).map_err(spawn_err)?;
+        let fds = [
+            (spec_r.as_raw_fd(), SPEC_FD),
+            (report_w.as_raw_fd(), REPORT_FD),
+        ];
+        let pid = sys::spawn(&options.helper, &fds).map_err(spawn_err)?;
+        drop((spec_r, report_w));
+        let mut sandbox = Sandbox {
+            helper: Some(pid),
+            report: Some(File::from(report_r)),
+            cgroup: None,
+            cgroups: options.cgroups.clone(),
+            warnings: Vec::new(),
+        };
         let name = format!(
             "{}{}-{}",
             cgroup::NAME_PREFIX,
             std::process::id(),
             SANDBOX_COUNTER.fetch_add(1, Ordering::Relaxed)
         );
-        let mut warnings = Vec::new();
-        let cgroup = match SandboxCgroup::create(&options.cgroups, &name, &plan.cgroup) {
-            Ok(cgroup) => Some(cgroup),
-            Err(err) if plan.compat == Compat::BestEffort => {
-                warnings.push(format!(
-                    "not enforced: cgroup limits (memory, pids, cpu): {}",
-                    crate::error_chain(&err)
-                ));
-                None
-            }
+        match SandboxCgroup::create(&options.cgroups, &name, &plan.cgroup) {
+            Ok(cgroup) => sandbox.cgroup = Some(cgroup),
+            Err(err) if plan.compat == Compat::BestEffort => sandbox.warnings.push(format!(
+                "not enforced: cgroup limits (memory, pids, cpu): {}",
+                crate::error_chain(&err)
+            )),
+            // Dropping the sandbox kills and reaps the helper.
             Err(err) => return Err(JailError::Cgroup(err)),
-        };
-        let mut sandbox = Sandbox {
-            helper: None,
-            report: None,
-            init_pid: None,
-            cgroup,
-            cgroups: options.cgroups.clone(),
-            warnings,
-        };
-        sandbox.start_helper(plan, &options.helper)?;
-        Ok(sandbox)
-    }
-
-    fn start_helper(&mut self, plan: &Plan, helper: &Path) -> Result<(), JailError> {
-        let pipe_err = |source| JailError::Spawn {
-            path: helper.to_path_buf(),
-            source,
-        };
-        let (spec_r, spec_w) = sys::pipe().map_err(pipe_err)?;
-        let (report_r, report_w) = sys::pipe().map_err(pipe_err)?;
-        // Above the target numbers, so that installing one cannot clobber the other.
-        let spec_r = sys::dup_above(&spec_r, SPEC_FD + 8).map_err(pipe_err)?;
-        let report_w = sys::dup_above(&report_w, SPEC_FD + 8).map_err(pipe_err)?;
-        let fds = [(spec_r.as_raw_fd(), SPEC_FD), (report_w.as_raw_fd(), REPORT_FD)];
-        let pid = sys::spawn(helper, &fds).map_err(pipe_err)?;
-        drop(spec_r);
-        drop(report_w);
-        self.helper = Some(pid);
-        self.report = Some(File::from(report_r));
-        // The helper joins the cgroup before it creates any other process, so no process of the
-        // sandbox ever runs outside it.
-        let cgroup_join = self
+        }
+        let cgroup_join = sandbox
             .cgroup
             .as_ref()
             .map(SandboxCgroup::join_files)
@@ -196,19 +186,17 @@ impl Sandbox {
             cgroup_join,
         };
         let bytes = serde_json::to_vec(&spec).map_err(|e| JailError::SendSpec(e.into()))?;
-        let mut spec_w = File::from(spec_w);
-        if let Err(err) = spec_w.write_all(&bytes) {
-            self.kill();
-            return Err(JailError::SendSpec(err));
-        }
-        Ok(())
+        File::from(spec_w)
+            .write_all(&bytes)
+            .map_err(JailError::SendSpec)?;
+        Ok(sandbox)
     }
 
-    /// Kills everything in the sandbox. Safe to call more than once.
+    /// Kills everything in the sandbox: the helper, whose death takes init with it (parent-death
+    /// signal) and init's the whole pid namespace; then whatever is left in the cgroup. Only the
+    /// helper is signalled by pid: it is our unreaped child, so its pid cannot have been reused.
+    /// Safe to call more than once.
     pub fn kill(&mut self) {
-        if let Some(pid) = self.init_pid {
-            let _ = sys::kill(pid, libc::SIGKILL);
-        }
         if let Some(pid) = self.helper {
             let _ = sys::kill(pid, libc::SIGKILL);
         }
@@ -275,12 +263,6 @@ impl Sandbox {
             let (messages, open) = reader.read().map_err(JailError::Watch)?;
             for message in messages {
                 match message {
-                    Report::InitPid(pid) => {
-                        self.init_pid = Some(pid);
-                        if forced.is_some() {
-                            self.kill();
-                        }
-                    }
                     Report::Warning(text) => on_warning(&text),
                     Report::Failed { code, message } => failure = Some((code, message)),
                     Report::Ended(raw) => status = Some(raw),
@@ -334,7 +316,9 @@ impl Sandbox {
         if let Some(cgroup) = self.cgroup.take() {
             cgroup.kill_all();
             cgroup.remove();
-            cgroup::sweep_stale(&self.cgroups);
+            // Cgroups of Airlock processes killed with -9 are collected once per process.
+            static SWEPT: std::sync::Once = std::sync::Once::new();
+            SWEPT.call_once(|| cgroup::sweep_stale(&self.cgroups));
         }
     }
 }

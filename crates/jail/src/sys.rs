@@ -63,25 +63,41 @@ pub fn fork() -> io::Result<Forked> {
 /// `clone(flags)` without a new stack: a fork that also creates the namespaces in `flags`.
 /// Single-threaded callers only, as for [`fork`].
 pub fn fork_into(flags: libc::c_int) -> io::Result<Forked> {
-    let flags = libc::c_ulong::try_from(flags | libc::SIGCHLD).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let flags = libc::c_ulong::try_from(flags | libc::SIGCHLD)
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: a null stack makes clone behave like fork (the child continues on a copy of this
     // stack); the caller is single-threaded, so the copy is consistent.
-    let pid = check(unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) })?;
-    Ok(if pid == 0 { Forked::Child } else { Forked::Parent(pid as libc::pid_t) })
+    let pid =
+        check(unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) })?;
+    Ok(if pid == 0 {
+        Forked::Child
+    } else {
+        Forked::Parent(pid as libc::pid_t)
+    })
 }
 
 /// A connected `SOCK_SEQPACKET` pair, for messages that may carry a descriptor.
 pub fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: `fds` is a valid array of two ints for the kernel to fill.
-    check_int(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) })?;
+    check_int(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
     // SAFETY: the kernel just returned these descriptors to us.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// Sends `data` and, optionally, one descriptor.
 pub fn send_with_fd(socket: &OwnedFd, data: &[u8], fd: Option<&OwnedFd>) -> io::Result<()> {
-    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
     // SAFETY: CMSG_SPACE only computes a size.
     let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as libc::c_uint) } as usize;
     let mut control = vec![0u8; space];
@@ -98,19 +114,24 @@ pub fn send_with_fd(socket: &OwnedFd, data: &[u8], fd: Option<&OwnedFd>) -> io::
             let header = libc::CMSG_FIRSTHDR(&msg);
             (*header).cmsg_level = libc::SOL_SOCKET;
             (*header).cmsg_type = libc::SCM_RIGHTS;
-            (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as libc::c_uint) as usize;
+            (*header).cmsg_len =
+                libc::CMSG_LEN(std::mem::size_of::<RawFd>() as libc::c_uint) as usize;
             std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd.as_raw_fd());
         }
     }
     // SAFETY: `msg` describes valid buffers for the duration of the call.
-    check(unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) } as libc::c_long).map(drop)
+    check(unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) } as libc::c_long)
+        .map(drop)
 }
 
 /// Receives one message of at most 64 bytes and the descriptor it carries, if any. An empty
 /// message means the peer is gone.
 pub fn recv_with_fd(socket: &OwnedFd) -> io::Result<(Vec<u8>, Option<OwnedFd>)> {
     let mut data = [0u8; 64];
-    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    };
     // SAFETY: CMSG_SPACE only computes a size.
     let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as libc::c_uint) } as usize;
     let mut control = vec![0u8; space];
@@ -121,13 +142,19 @@ pub fn recv_with_fd(socket: &OwnedFd) -> io::Result<(Vec<u8>, Option<OwnedFd>)> 
     msg.msg_control = control.as_mut_ptr().cast();
     msg.msg_controllen = space;
     // SAFETY: `msg` describes valid buffers; MSG_CMSG_CLOEXEC marks a received descriptor.
-    let n = check(unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) } as libc::c_long)?;
+    let n = check(
+        unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) }
+            as libc::c_long,
+    )?;
     let mut received = None;
     // SAFETY: the kernel filled `control` and set msg_controllen; CMSG_FIRSTHDR and CMSG_DATA
     // stay within it, and an SCM_RIGHTS header with our length carries exactly one descriptor.
     unsafe {
         let header = libc::CMSG_FIRSTHDR(&msg);
-        if !header.is_null() && (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
+        if !header.is_null()
+            && (*header).cmsg_level == libc::SOL_SOCKET
+            && (*header).cmsg_type == libc::SCM_RIGHTS
+        {
             let fd = std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<RawFd>());
             received = Some(OwnedFd::from_raw_fd(fd));
         }
@@ -158,9 +185,19 @@ pub fn spawn(path: &Path, fds: &[(RawFd, RawFd)]) -> io::Result<libc::pid_t> {
         libc::sigaddset(&mut defaults, libc::SIGPIPE);
         libc::posix_spawnattr_setsigmask(&mut attr, &empty);
         libc::posix_spawnattr_setsigdefault(&mut attr, &defaults);
-        libc::posix_spawnattr_setflags(&mut attr, (libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short);
+        libc::posix_spawnattr_setflags(
+            &mut attr,
+            (libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short,
+        );
         let mut pid: libc::pid_t = 0;
-        let ret = libc::posix_spawn(&mut pid, program.as_ptr(), &actions, &attr, argv.as_ptr(), envp.as_ptr());
+        let ret = libc::posix_spawn(
+            &mut pid,
+            program.as_ptr(),
+            &actions,
+            &attr,
+            argv.as_ptr(),
+            envp.as_ptr(),
+        );
         libc::posix_spawn_file_actions_destroy(&mut actions);
         libc::posix_spawnattr_destroy(&mut attr);
         if ret != 0 {
@@ -168,6 +205,39 @@ pub fn spawn(path: &Path, fds: &[(RawFd, RawFd)]) -> io::Result<libc::pid_t> {
         }
         Ok(pid)
     }
+}
+
+/// Whether `fd` is a directory, and its (device, inode) identity.
+pub fn fstat_kind(fd: &OwnedFd) -> io::Result<(bool, (u64, u64))> {
+    // SAFETY: a zeroed stat is a valid out-buffer for fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is live and `st` valid; fstat works on O_PATH descriptors.
+    check_int(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    Ok((
+        (st.st_mode & libc::S_IFMT) == libc::S_IFDIR,
+        (st.st_dev, st.st_ino),
+    ))
+}
+
+/// Receives one datagram into `buf`; 0 means the peer closed.
+pub fn recv(socket: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: the buffer is valid for its length.
+        let n = unsafe { libc::recv(socket.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// Makes descriptor number `target` refer to `fd`'s file, close-on-exec.
+pub fn dup_onto(fd: &OwnedFd, target: RawFd) -> io::Result<()> {
+    // SAFETY: dup3 takes integers; replacing `target` is the point, and its old file is ours.
+    check_int(unsafe { libc::dup3(fd.as_raw_fd(), target, libc::O_CLOEXEC) }).map(drop)
 }
 
 /// Duplicates `fd` to a number of at least `min`, close-on-exec.

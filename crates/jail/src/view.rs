@@ -5,6 +5,8 @@
 //! writing to it. Secrets are masked, the whole tree is made read-only, nosuid and nodev in one
 //! call, and only then are the writable and virtual filesystems mounted on top.
 
+use std::collections::HashMap;
+use std::ffi::OsString;
 use std::fs;
 use std::io;
 use std::os::fd::OwnedFd;
@@ -126,7 +128,13 @@ pub fn build(
     // A fresh sysfs shows this network namespace, not the host's. It is optional: without it
     // /sys is an empty directory, which hides more, not less.
     let sysfs_flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
-    let _ = sys::mount(Some("sysfs"), &stage.join("sys"), Some("sysfs"), sysfs_flags, None);
+    let _ = sys::mount(
+        Some("sysfs"),
+        &stage.join("sys"),
+        Some("sysfs"),
+        sysfs_flags,
+        None,
+    );
     mount_dev(stage)?;
     let tmp_options = format!("mode=1777,size={}", plan.tmp_size_bytes);
     step(
@@ -195,17 +203,23 @@ fn bind_top_level(rootfs: &OwnedFd, rootfs_path: &Path, stage: &Path) -> Result<
     Ok(())
 }
 
-/// Expands `*` components against the staged tree.
-fn expand(stage: &Path, pattern: &str) -> Vec<PathBuf> {
+/// Expands `*` components against the staged tree, listing each directory once.
+fn expand(
+    stage: &Path,
+    pattern: &str,
+    listings: &mut HashMap<PathBuf, Vec<OsString>>,
+) -> Vec<PathBuf> {
     let mut found = vec![PathBuf::new()];
     for component in pattern.split('/').filter(|c| !c.is_empty()) {
         let mut next = Vec::new();
         for base in &found {
             if component == "*" {
-                let Ok(entries) = fs::read_dir(stage.join(base)) else {
-                    continue;
-                };
-                next.extend(entries.flatten().map(|e| base.join(e.file_name())));
+                let names = listings.entry(base.clone()).or_insert_with(|| {
+                    fs::read_dir(stage.join(base))
+                        .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
+                        .unwrap_or_default()
+                });
+                next.extend(names.iter().map(|name| base.join(name)));
             } else {
                 next.push(base.join(component));
             }
@@ -213,9 +227,6 @@ fn expand(stage: &Path, pattern: &str) -> Vec<PathBuf> {
         found = next;
     }
     found
-        .into_iter()
-        .filter(|p| fs::symlink_metadata(stage.join(p)).is_ok())
-        .collect()
 }
 
 fn apply_masks(stage: &Path, masks: &[Mask]) -> Result<(), ViewError> {
@@ -236,24 +247,36 @@ fn apply_masks(stage: &Path, masks: &[Mask]) -> Result<(), ViewError> {
         fs::set_permissions(stage.join(MASK_FILE), fs::Permissions::from_mode(0o000)),
     )?;
     let root = step(|| "opening the staging root".into(), sys::open_path(stage))?;
+    let mut listings = HashMap::new();
+    let mut masked: Vec<(u64, u64)> = Vec::new();
     for mask in masks {
-        for path in expand(stage, &mask.path) {
-            // Resolve inside the view: a symlinked secret is masked where it really lives.
-            let Ok(target) = sys::open_in_root(&root, &path) else {
-                continue;
+        for path in expand(stage, &mask.path, &mut listings) {
+            let shown = || format!("masking /{}", path.display());
+            // Resolve inside the view: a symlinked secret is masked where it really lives. A
+            // path init cannot reach is out of the workload's reach too, since the workload ends
+            // up with fewer privileges than init has now.
+            let target = match sys::open_in_root(&root, &path) {
+                Ok(target) => target,
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::ENOENT | libc::ENOTDIR | libc::EACCES)
+                    ) =>
+                {
+                    continue;
+                }
+                Err(e) => return step(shown, Err(e)),
             };
-            let is_dir = fs::metadata(format!(
-                "/proc/self/fd/{}",
-                std::os::fd::AsRawFd::as_raw_fd(&target)
-            ))
-            .map(|m| m.is_dir())
-            .unwrap_or(false);
+            let (is_dir, id) = step(shown, sys::fstat_kind(&target))?;
+            if masked.contains(&id) {
+                continue;
+            }
+            masked.push(id);
             let source = match (is_dir, mask.kind) {
                 (true, MaskKind::Secret) => MASK_DIR,
                 (true, MaskKind::Empty) => EMPTY_DIR,
                 (false, _) => MASK_FILE,
             };
-            let shown = || format!("masking /{}", path.display());
             let tree = step(
                 shown,
                 sys::open_tree_clone(Some(&root), Path::new(source), false),
@@ -383,14 +406,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn test_expand_matches_star_components_and_skips_missing() {
+    fn test_expand_matches_star_components_listing_each_directory_once() {
         let dir = std::env::temp_dir().join(format!("airlock-view-test-{}", std::process::id()));
         fs::create_dir_all(dir.join("home/a/.ssh")).unwrap();
         fs::create_dir_all(dir.join("home/b")).unwrap();
-        let mut found = expand(&dir, "/home/*/.ssh");
+        let mut listings = HashMap::new();
+        let mut found = expand(&dir, "/home/*/.ssh", &mut listings);
         found.sort();
-        assert_eq!(found, vec![PathBuf::from("home/a/.ssh")]);
-        assert_eq!(expand(&dir, "/missing"), Vec::<PathBuf>::new());
+        assert_eq!(
+            found,
+            vec![PathBuf::from("home/a/.ssh"), PathBuf::from("home/b/.ssh")]
+        );
+        assert_eq!(
+            expand(&dir, "/missing", &mut listings),
+            vec![PathBuf::from("missing")]
+        );
+        assert_eq!(listings.len(), 1, "each directory is listed once");
         fs::remove_dir_all(&dir).unwrap();
     }
 }

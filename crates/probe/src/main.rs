@@ -36,6 +36,7 @@ fn main() {
         "spew" => spew(number(1)),
         "cat" => cat(),
         "whoami" => whoami(),
+        "fds" => open_descriptors(),
         "socket" => open_socket(number(1), number(2), number(3)),
         "chmod-setuid" => chmod_setuid(&arg(1)),
         other => {
@@ -300,6 +301,25 @@ fn whoami() -> Outcome {
     // SAFETY: these getters cannot fail.
     let (uid, gid, euid) = unsafe { (libc::getuid(), libc::getgid(), libc::geteuid()) };
     Ok(format!("uid={uid} gid={gid} euid={euid}"))
+}
+
+/// The descriptors open in this process, other than the one listing them.
+fn open_descriptors() -> Outcome {
+    let mut fds: Vec<i32> = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        let entry = entry?;
+        if let Some(fd) = entry.file_name().to_str().and_then(|s| s.parse().ok()) {
+            fds.push(fd);
+        }
+    }
+    fds.sort_unstable();
+    // The highest is read_dir's own descriptor.
+    fds.pop();
+    Ok(fds
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(","))
 }
 
 fn open_socket(domain: i64, kind: i64, protocol: i64) -> Outcome {
