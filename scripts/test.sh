@@ -26,4 +26,4 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --locked
 cargo test --workspace --locked
 # The benchmark must keep working; its figures are printed, never asserted.
-./target/debug/airlock bench start --iterations 20
+cargo run --quiet --locked --bin airlock -- bench start --iterations 20

@@ -184,6 +184,12 @@ pub enum CgroupError {
         #[source]
         source: io::Error,
     },
+    #[error("cannot remove cgroup {path}")]
+    Remove {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("cannot write {value:?} to {path}")]
     Write {
         path: PathBuf,
@@ -236,7 +242,7 @@ impl SandboxCgroup {
                 Home::V1 { own_dir } => {
                     let dir = own_dir.join(name);
                     if let Err(err) = create_dir(&dir) {
-                        cgroup.remove();
+                        let _ = cgroup.remove();
                         return Err(err);
                     }
                     cgroup.dirs.push((controller, dir));
@@ -249,7 +255,7 @@ impl SandboxCgroup {
                             let created = prepare_v2_parent(mount, &parent)
                                 .and_then(|()| create_dir(&parent.join(name)));
                             if let Err(err) = created {
-                                cgroup.remove();
+                                let _ = cgroup.remove();
                                 return Err(err);
                             }
                             let dir = parent.join(name);
@@ -262,7 +268,7 @@ impl SandboxCgroup {
             }
         }
         if let Err(err) = cgroup.set_limits(limits) {
-            cgroup.remove();
+            let _ = cgroup.remove();
             return Err(err);
         }
         Ok(cgroup)
@@ -395,7 +401,7 @@ impl SandboxCgroup {
 
     /// Kills what is left and removes the directories. Exiting tasks can keep a cgroup busy for
     /// a moment, so removal is retried for up to two seconds.
-    pub fn remove(&self) {
+    pub fn remove(&self) -> Result<(), CgroupError> {
         let deadline = Instant::now() + Duration::from_secs(2);
         let mut removed: Vec<&PathBuf> = Vec::new();
         for (_, dir) in &self.dirs {
@@ -411,15 +417,16 @@ impl SandboxCgroup {
                         self.kill_all();
                         sleep(Duration::from_millis(1));
                     }
-                    Err(_) => break,
+                    Err(source) => {
+                        return Err(CgroupError::Remove {
+                            path: dir.clone(),
+                            source,
+                        });
+                    }
                 }
             }
         }
-    }
-
-    /// The directories, for diagnostics and tests.
-    pub fn paths(&self) -> Vec<PathBuf> {
-        self.dirs.iter().map(|(_, d)| d.clone()).collect()
+        Ok(())
     }
 }
 

@@ -36,6 +36,8 @@ pub enum JailError {
     },
     #[error("sending the spec to the helper failed")]
     SendSpec(#[source] io::Error),
+    #[error("the sandbox's cgroup could not be removed")]
+    Cleanup(#[source] CgroupError),
     #[error("watching the sandbox failed")]
     Watch(#[source] io::Error),
 }
@@ -274,7 +276,7 @@ impl Sandbox {
         }
         let helper_status = self.helper.take().map(|pid| sys::waitpid(pid, 0));
         let oom_killed = self.cgroup.as_ref().is_some_and(SandboxCgroup::oom_killed);
-        self.cleanup();
+        self.cleanup().map_err(JailError::Cleanup)?;
         let ending = match (forced, failure, status) {
             (Some(forced), _, _) => forced,
             (None, Some((code, message)), _) => Ending::SetupFailed { code, message },
@@ -308,25 +310,27 @@ impl Sandbox {
         Ok(Outcome { ending, oom_killed })
     }
 
-    fn cleanup(&mut self) {
+    /// Reaps the helper and removes the cgroup (killing any straggler first).
+    fn cleanup(&mut self) -> Result<(), CgroupError> {
         if let Some(pid) = self.helper.take() {
             let _ = sys::kill(pid, libc::SIGKILL);
             let _ = sys::waitpid(pid, 0);
         }
-        if let Some(cgroup) = self.cgroup.take() {
-            cgroup.kill_all();
-            cgroup.remove();
-            // Cgroups of Airlock processes killed with -9 are collected once per process.
-            static SWEPT: std::sync::Once = std::sync::Once::new();
-            SWEPT.call_once(|| cgroup::sweep_stale(&self.cgroups));
-        }
+        let Some(cgroup) = self.cgroup.take() else {
+            return Ok(());
+        };
+        let removed = cgroup.remove();
+        // Cgroups of Airlock processes killed with -9 are collected once per process.
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(|| cgroup::sweep_stale(&self.cgroups));
+        removed
     }
 }
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
         self.kill();
-        self.cleanup();
+        let _ = self.cleanup();
     }
 }
 
