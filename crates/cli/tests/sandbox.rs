@@ -534,3 +534,150 @@ fn test_run_unprivileged_caller_works_and_strict_names_the_missing_layer() {
     assert!(strict.stderr.contains("cgroup"), "{}", strict.stderr);
     assert_eq!(strict.stdout, "", "nothing ran");
 }
+
+#[test]
+fn test_run_cgroup_limits_are_applied_on_this_hosts_hierarchy() {
+    let scratch = Scratch::new();
+    let marker = unique_marker("limits");
+    let probe = scratch.probe();
+    let child = spawn_airlock(&[
+        "run",
+        "--memory",
+        "96MiB",
+        "--pids",
+        "40",
+        "--cpus",
+        "1.5",
+        "--",
+        &probe,
+        "sleep-marker",
+        &marker,
+    ]);
+    let pid = child.id();
+    assert!(
+        eventually(|| !processes_with(&marker).is_empty()),
+        "the sandbox never started"
+    );
+    let dirs = cgroups_of(pid);
+    let read = |file: &str| -> Option<String> {
+        dirs.iter()
+            .find_map(|dir| fs::read_to_string(dir.join(file)).ok())
+            .map(|s| s.trim().to_owned())
+    };
+    let (memory, pids, cpu) = if read("memory.max").is_some() {
+        (read("memory.max"), read("pids.max"), read("cpu.max"))
+    } else {
+        (
+            read("memory.limit_in_bytes"),
+            read("pids.max"),
+            read("cpu.cfs_quota_us"),
+        )
+    };
+    let swap = read("memory.memsw.limit_in_bytes").or_else(|| read("memory.swap.max"));
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    let run = run_from(child.wait_with_output().unwrap());
+    assert_no_leftovers(pid);
+    assert_eq!(run.code, 143);
+    assert_eq!(
+        memory.as_deref(),
+        Some("100663296"),
+        "memory limit in {dirs:?}"
+    );
+    assert_eq!(pids.as_deref(), Some("40"));
+    assert!(
+        matches!(cpu.as_deref(), Some("150000") | Some("150000 100000")),
+        "cpu: {cpu:?}"
+    );
+    assert!(
+        matches!(swap.as_deref(), Some("100663296") | Some("0") | None),
+        "no swap on top: {swap:?}"
+    );
+}
+
+#[test]
+fn test_run_rlimits_follow_the_disk_quota() {
+    let run = airlock(&["run", "--disk", "10MiB", "--", "cat", "/proc/self/limits"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let limit = |name: &str| -> Vec<String> {
+        let line = run
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_default();
+        line[name.len()..]
+            .split_whitespace()
+            .take(2)
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(limit("Max core file size"), ["0", "0"]);
+    assert_eq!(limit("Max file size"), ["10485760", "10485760"]);
+    // 65536 open files, unless the host's own hard limit is lower: it is never raised.
+    let host = fs::read_to_string("/proc/self/limits").unwrap();
+    let host_hard: u64 = host
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(4))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    let expected = host_hard.min(65536).to_string();
+    assert_eq!(limit("Max open files"), [expected.clone(), expected]);
+}
+
+#[test]
+fn test_run_custom_rootfs_replaces_the_host_view() {
+    let scratch = Scratch::new();
+    let rootfs = scratch.workspace("rootfs");
+    fs::create_dir_all(rootfs.join("bin")).unwrap();
+    fs::create_dir_all(rootfs.join("etc")).unwrap();
+    fs::write(rootfs.join("etc/marker"), "inside the custom rootfs").unwrap();
+    // The probe is static, so it runs without any library in the rootfs.
+    fs::copy(scratch.probe(), rootfs.join("bin/probe")).unwrap();
+    let root = rootfs.to_str().unwrap();
+    let run = airlock(&[
+        "run",
+        "--rootfs",
+        root,
+        "--",
+        "/bin/probe",
+        "read",
+        "/etc/marker",
+    ]);
+    assert_eq!(run.verdict(), "ok 24", "{run:?}");
+    let host = airlock(&[
+        "run",
+        "--rootfs",
+        root,
+        "--",
+        "/bin/probe",
+        "read",
+        "/etc/hostname",
+    ]);
+    assert_eq!(
+        host.verdict(),
+        "errno 2 ENOENT",
+        "the host's files are not there"
+    );
+    let write = airlock(&[
+        "run",
+        "--rootfs",
+        root,
+        "--",
+        "/bin/probe",
+        "write",
+        "/etc/marker",
+    ]);
+    assert_eq!(write.verdict(), "errno 30 EROFS");
+    assert_eq!(
+        fs::read_to_string(rootfs.join("etc/marker")).unwrap(),
+        "inside the custom rootfs"
+    );
+}
+
+#[test]
+fn test_run_cwd_and_hostname() {
+    let run = airlock(&["run", "--cwd", "/tmp", "--", "sh", "-c", "pwd; hostname"]);
+    assert_eq!(run.stdout, "/tmp\nairlock\n", "{run:?}");
+}

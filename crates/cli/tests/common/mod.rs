@@ -162,7 +162,8 @@ pub fn outside(scratch: &Scratch, probe_args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
 
-/// Host processes whose command line contains `marker`.
+/// Host processes of `airlock-probe` whose command line contains `marker`. Only the probe
+/// counts: `airlock`'s own command line carries the marker too, as an argument.
 pub fn processes_with(marker: &str) -> Vec<u32> {
     let mut found = Vec::new();
     for entry in fs::read_dir("/proc").expect("/proc").flatten() {
@@ -177,7 +178,9 @@ pub fn processes_with(marker: &str) -> Vec<u32> {
             continue;
         }
         let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(marker) {
+        let program = cmdline.split(|&b| b == 0).next().unwrap_or_default();
+        if program.ends_with(b"airlock-probe") && String::from_utf8_lossy(&cmdline).contains(marker)
+        {
             found.push(pid);
         }
     }
