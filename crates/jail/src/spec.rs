@@ -12,3 +12,40 @@ pub struct HelperSpec {
     /// Files the helper writes `0` to, first thing, to join the sandbox's cgroup.
     pub cgroup_join: Vec<std::path::PathBuf>,
 }
+
+#[cfg(test)]
+mod tests {
+    use airlock_api::SandboxConfig;
+    use airlock_policy::{HostFacts, compile};
+
+    use super::*;
+
+    fn spec() -> HelperSpec {
+        let host = HostFacts {
+            caller_uid: 0,
+            caller_gid: 0,
+            state_dirs: vec![],
+        };
+        let plan = compile(&SandboxConfig::new(vec!["true".into()]), &host).unwrap();
+        HelperSpec {
+            plan,
+            supervisor_pid: 1,
+            cgroup_join: vec!["/sys/fs/cgroup/pids/airlock-1-0/tasks".into()],
+        }
+    }
+
+    #[test]
+    fn test_helper_spec_round_trips() {
+        let spec = spec();
+        let bytes = serde_json::to_vec(&spec).unwrap();
+        assert_eq!(serde_json::from_slice::<HelperSpec>(&bytes).unwrap(), spec);
+    }
+
+    #[test]
+    fn test_helper_spec_rejects_unknown_fields() {
+        let mut value = serde_json::to_value(spec()).unwrap();
+        value["extra"] = serde_json::json!(1);
+        let err = serde_json::from_value::<HelperSpec>(value).unwrap_err();
+        assert!(err.to_string().contains("unknown field `extra`"), "{err}");
+    }
+}

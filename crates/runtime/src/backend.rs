@@ -85,3 +85,63 @@ impl Backend {
         Sandbox::spawn(plan, options)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use airlock_jail::cgroup::{Home, Layout};
+
+    use super::*;
+
+    fn host() -> HostSupport {
+        let v1 = |dir: &str| {
+            Some(Home::V1 {
+                own_dir: dir.into(),
+            })
+        };
+        HostSupport {
+            landlock_abi: Some(7),
+            user_namespaces: true,
+            seccomp_filter: true,
+            cgroups: Layout {
+                memory: v1("/sys/fs/cgroup/memory"),
+                pids: v1("/sys/fs/cgroup/pids"),
+                cpu: v1("/sys/fs/cgroup/cpu"),
+            },
+            caller_is_root: true,
+            caller_uid: 0,
+            caller_gid: 0,
+        }
+    }
+
+    #[test]
+    fn test_probe_process_tier_available_on_a_full_host() {
+        let support = Backend::Process.probe(&host());
+        assert_eq!(support.unavailable, None);
+        assert!(support.degraded.is_empty());
+    }
+
+    #[test]
+    fn test_probe_names_what_is_missing() {
+        let mut host = host();
+        host.landlock_abi = None;
+        host.cgroups.pids = None;
+        let support = Backend::Process.probe(&host);
+        assert_eq!(support.unavailable, None);
+        assert_eq!(support.degraded.len(), 2, "{:?}", support.degraded);
+        host.user_namespaces = false;
+        let support = Backend::Process.probe(&host);
+        assert!(
+            support
+                .unavailable
+                .unwrap_or_default()
+                .contains("user namespaces")
+        );
+    }
+
+    #[test]
+    fn test_probe_unbuilt_tiers_say_so() {
+        for backend in [Backend::Container, Backend::Microvm] {
+            assert!(backend.probe(&host()).unavailable.is_some());
+        }
+    }
+}

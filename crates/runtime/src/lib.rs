@@ -133,8 +133,3 @@ fn check_paths(config: &SandboxConfig) -> Result<(), RuntimeError> {
     }
     Ok(())
 }
-
-/// The tier names this build knows, for help texts.
-pub fn tiers() -> [Tier; 3] {
-    [Tier::Process, Tier::Container, Tier::Microvm]
-}
