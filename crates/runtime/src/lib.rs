@@ -16,7 +16,7 @@ mod backend;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use airlock_api::{SandboxConfig, Tier, WorkspaceSource};
+use airlock_api::{SandboxConfig, WorkspaceSource};
 use airlock_jail::{HostSupport, JailError, Outcome, Sandbox, SpawnOptions, TerminationSignals};
 use airlock_policy::{CompileError, HostFacts};
 
