@@ -115,12 +115,8 @@ fn run(plan: &Plan) -> Result<(), Failure> {
     // Init waits on this socket for its id maps (and the idmapped workspace). EOF instead means
     // the helper died, and init gives up: it cannot see its parent from its own pid namespace.
     let (helper_end, init_end) = sys::socketpair().map_err(|e| with_source("socketpair", &e))?;
-    let flags = libc::CLONE_NEWUSER
-        | libc::CLONE_NEWNS
-        | libc::CLONE_NEWPID
-        | libc::CLONE_NEWIPC
-        | libc::CLONE_NEWUTS
-        | libc::CLONE_NEWCGROUP;
+    let flags =
+        libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWCGROUP;
     match sys::fork_into(flags).map_err(|e| with_source("creating namespaces", &e))? {
         Forked::Child => {
             drop(helper_end);
@@ -241,18 +237,25 @@ fn init(plan: &Plan, socket: OwnedFd) -> Result<i32, Failure> {
         sys::setresuid(0).map_err(|e| with_source("setresuid", &e))?;
     }
     sys::reset_signals();
-    // The network namespace costs more to create than anything else: a thread builds it while
-    // this one builds the filesystem view.
-    let network = std::thread::spawn(|| -> io::Result<OwnedFd> {
-        sys::unshare(libc::CLONE_NEWNET)?;
+    // The network namespace costs more to create than anything else: a thread builds it, with
+    // the ipc and uts namespaces, while this one builds the filesystem view. Namespaces belong to
+    // a thread, so this thread joins them afterwards.
+    let hostname = plan.view.hostname.clone();
+    let namespaces = std::thread::spawn(move || -> io::Result<[OwnedFd; 3]> {
+        sys::unshare(libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS)?;
         sys::loopback_up()?;
-        Ok(OwnedFd::from(File::open("/proc/thread-self/ns/net")?))
+        sys::sethostname(&hostname)?;
+        let open =
+            |kind: &str| File::open(format!("/proc/thread-self/ns/{kind}")).map(OwnedFd::from);
+        Ok([open("net")?, open("ipc")?, open("uts")?])
     });
     let join_network = move || -> io::Result<()> {
-        let netns = network
+        let [net, ipc, uts] = namespaces
             .join()
-            .map_err(|_| io::Error::other("the network namespace thread panicked"))??;
-        sys::setns(&netns, libc::CLONE_NEWNET)
+            .map_err(|_| io::Error::other("the namespace thread panicked"))??;
+        sys::setns(&net, libc::CLONE_NEWNET)?;
+        sys::setns(&ipc, libc::CLONE_NEWIPC)?;
+        sys::setns(&uts, libc::CLONE_NEWUTS)
     };
     let workspace = view::prepare_workspace(&plan.view.workspace, idmapped)
         .map_err(|e| with_source("filesystem view", &e))?;
@@ -264,7 +267,6 @@ fn init(plan: &Plan, socket: OwnedFd) -> Result<i32, Failure> {
         join_network,
     )
     .map_err(|e| with_source("filesystem view", &e))?;
-    sys::sethostname(&plan.view.hostname).map_err(|e| with_source("sethostname", &e))?;
     apply_rlimits(plan)?;
     drop_privileges(plan)?;
     sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).map_err(|e| with_source("no_new_privs", &e))?;

@@ -129,7 +129,6 @@ pub struct Sandbox {
     helper: Option<libc::pid_t>,
     report: Option<File>,
     cgroup: Option<SandboxCgroup>,
-    cgroups: Layout,
     warnings: Vec<String>,
 }
 
@@ -159,7 +158,6 @@ impl Sandbox {
             helper: Some(pid),
             report: Some(File::from(report_r)),
             cgroup: None,
-            cgroups: options.cgroups.clone(),
             warnings: Vec::new(),
         };
         let name = format!(
@@ -191,6 +189,10 @@ impl Sandbox {
         File::from(spec_w)
             .write_all(&bytes)
             .map_err(JailError::SendSpec)?;
+        // Cgroups of Airlock processes killed with -9 are collected once per process, while the
+        // helper is still busy starting.
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(|| cgroup::sweep_stale(&options.cgroups));
         Ok(sandbox)
     }
 
@@ -275,7 +277,10 @@ impl Sandbox {
             }
         }
         let helper_status = self.helper.take().map(|pid| sys::waitpid(pid, 0));
-        let oom_killed = self.cgroup.as_ref().is_some_and(SandboxCgroup::oom_killed);
+        // Only a SIGKILL, or no status at all, can be the OOM killer's work.
+        let maybe_oom =
+            status.is_none_or(|raw| libc::WIFSIGNALED(raw) && libc::WTERMSIG(raw) == libc::SIGKILL);
+        let oom_killed = maybe_oom && self.cgroup.as_ref().is_some_and(SandboxCgroup::oom_killed);
         self.cleanup().map_err(JailError::Cleanup)?;
         let ending = match (forced, failure, status) {
             (Some(forced), _, _) => forced,
@@ -319,11 +324,7 @@ impl Sandbox {
         let Some(cgroup) = self.cgroup.take() else {
             return Ok(());
         };
-        let removed = cgroup.remove();
-        // Cgroups of Airlock processes killed with -9 are collected once per process.
-        static SWEPT: std::sync::Once = std::sync::Once::new();
-        SWEPT.call_once(|| cgroup::sweep_stale(&self.cgroups));
-        removed
+        cgroup.remove()
     }
 }
 
