@@ -3,7 +3,7 @@
 //! The supervisor side ([`supervisor`]) runs in the caller: it creates the sandbox's cgroup,
 //! spawns the freshly exec'd `airlock-jail` helper with the plan on descriptor 3, watches the
 //! report channel, enforces the wall-clock limit and cleans up. The helper side ([`helper`])
-//! applies the layers. This crate and `vmm` are the only ones allowed `unsafe`.
+//! applies the layers. This crate (and, once it exists, `vmm`) is the only one allowed `unsafe`.
 #![allow(
     unsafe_code,
     reason = "the jail is one of the two crates that talk to the kernel directly"

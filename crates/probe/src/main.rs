@@ -6,7 +6,7 @@
 //! `exit` and `kill-self` actions exist to test exit-status propagation.
 //!
 //! This binary is test equipment, not part of the runtime. It needs raw syscalls to attempt
-//! attacks, which is why it is the one crate outside `jail`/`vmm` allowed `unsafe`.
+//! attacks, which is why it is the one crate besides `jail` allowed `unsafe`.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
