@@ -681,3 +681,58 @@ fn test_run_cwd_and_hostname() {
     let run = airlock(&["run", "--cwd", "/tmp", "--", "sh", "-c", "pwd; hostname"]);
     assert_eq!(run.stdout, "/tmp\nairlock\n", "{run:?}");
 }
+
+#[test]
+fn test_run_foreign_syscall_abis_kill_the_process() {
+    let scratch = Scratch::new();
+    // i386 through int 0x80, and x32: the filter kills with SIGSYS (128 + 31).
+    assert_eq!(inside(&scratch, &[], &["int80"]).code, 159);
+    assert_eq!(inside(&scratch, &[], &["x32"]).code, 159);
+    assert_eq!(
+        outside(&scratch, &["int80"]),
+        "ok",
+        "control: this kernel runs i386 syscalls"
+    );
+    let x32 = outside(&scratch, &["x32"]);
+    assert!(
+        x32 == "ok" || x32 == "errno 38 ENOSYS",
+        "control: the kernel itself answers: {x32}"
+    );
+}
+
+#[test]
+fn test_run_sigkill_of_airlock_takes_the_sandbox_along() {
+    let scratch = Scratch::new();
+    let marker = unique_marker("sigkill");
+    let probe = scratch.probe();
+    let mut child = spawn_airlock(&["run", "--", &probe, "sleep-marker", &marker]);
+    let pid = child.id();
+    assert!(
+        eventually(|| !processes_with(&marker).is_empty()),
+        "the sandbox never started"
+    );
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // Only wait: a surviving sandbox would hold the output pipes open forever.
+    let _ = child.wait().unwrap();
+    assert!(
+        eventually(|| processes_with(&marker).is_empty()),
+        "the workload outlived airlock"
+    );
+    // The dead supervisor could not remove its cgroup; the next airlock process sweeps it.
+    assert!(eventually(|| cgroups_of(pid).iter().all(|dir| {
+        fs::read_to_string(dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .is_empty()
+    })));
+    let next = airlock(&["run", "--", "true"]);
+    assert_eq!(next.code, 0);
+    assert_eq!(
+        cgroups_of(pid),
+        Vec::<std::path::PathBuf>::new(),
+        "the stale cgroup was swept"
+    );
+}

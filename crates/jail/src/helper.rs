@@ -269,6 +269,14 @@ fn init(plan: &Plan, socket: OwnedFd) -> Result<i32, Failure> {
     .map_err(|e| with_source("filesystem view", &e))?;
     apply_rlimits(plan)?;
     drop_privileges(plan)?;
+    // A change of credentials clears the parent-death signal: arm it again, then make sure the
+    // helper did not die in between. Dumpability is reasserted for the same reason.
+    sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)
+        .map_err(|e| with_source("PR_SET_PDEATHSIG", &e))?;
+    sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(|e| with_source("PR_SET_DUMPABLE", &e))?;
+    if sys::poll_readable(&[REPORT_FD], 0).map_or(true, |ready| ready[0]) {
+        return Ok(SETUP_FAILED);
+    }
     sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).map_err(|e| with_source("no_new_privs", &e))?;
     if let Err(e) = landlock::apply(&plan.landlock) {
         warn_or_fail(plan.compat, format!("Landlock: {}", crate::error_chain(&e)))?;
@@ -386,6 +394,16 @@ fn supervise(plan: &Plan) -> Result<i32, Failure> {
         return Err(exec_error(plan, message[0], errno));
     }
     loop {
+        let ready = sys::poll_readable(&[signals.as_raw_fd(), REPORT_FD], -1)
+            .map_err(|e| with_source("waiting for signals", &e))?;
+        if ready.get(1).copied().unwrap_or(false) {
+            // The helper never writes after "go": readable means it is gone. End the sandbox.
+            let _ = sys::kill(workload, libc::SIGKILL);
+            return Ok(SETUP_FAILED);
+        }
+        if !ready.first().copied().unwrap_or(false) {
+            continue;
+        }
         let signal = sys::read_signal(&signals).map_err(|e| with_source("reading signals", &e))?;
         if signal != libc::SIGCHLD {
             let _ = sys::kill(workload, signal);

@@ -37,6 +37,8 @@ fn main() {
         "cat" => cat(),
         "whoami" => whoami(),
         "fds" => open_descriptors(),
+        "int80" => legacy_i386_syscall(),
+        "x32" => x32_syscall(),
         "socket" => open_socket(number(1), number(2), number(3)),
         "chmod-setuid" => chmod_setuid(&arg(1)),
         other => {
@@ -301,6 +303,31 @@ fn whoami() -> Outcome {
     // SAFETY: these getters cannot fail.
     let (uid, gid, euid) = unsafe { (libc::getuid(), libc::getgid(), libc::geteuid()) };
     Ok(format!("uid={uid} gid={gid} euid={euid}"))
+}
+
+/// `getpid` through the i386 entry point (`int 0x80`), which a filter that checks only x86_64
+/// numbers would not see. Returns the raw result.
+fn legacy_i386_syscall() -> Outcome {
+    const I386_GETPID: i64 = 20;
+    let mut ret = I386_GETPID;
+    // SAFETY: `int 0x80` runs i386 getpid, which takes no arguments and touches no memory; the
+    // kernel clobbers only eax (and preserves the other registers on this entry path).
+    unsafe { std::arch::asm!("int 0x80", inout("rax") ret, options(nostack)) };
+    if ret < 0 {
+        Err(io::Error::from_raw_os_error(
+            i32::try_from(-ret).unwrap_or(0),
+        ))
+    } else {
+        Ok(String::new())
+    }
+}
+
+/// `getpid` with the x32 ABI bit set.
+fn x32_syscall() -> Outcome {
+    const X32_SYSCALL_BIT: libc::c_long = 0x4000_0000;
+    // SAFETY: getpid takes no arguments; an unknown number only returns ENOSYS.
+    let ret = unsafe { libc::syscall(X32_SYSCALL_BIT | libc::SYS_getpid) };
+    sys(|| unsafe_call(|| ret))
 }
 
 /// The descriptors open in this process, other than the one listing them.
