@@ -1,10 +1,12 @@
 //! The `airlock-jail` helper: a freshly exec'd, single-threaded process that reads its spec from
-//! descriptor 3, enters new namespaces, and forks the sandbox's init (pid 1 inside), which builds
-//! the view, drops every privilege, confines itself and finally forks and execs the workload.
+//! descriptor 3, joins the sandbox's cgroup, clones the sandbox's init (pid 1 inside) into new
+//! namespaces and writes its id maps. Init builds the view, drops every privilege, confines itself
+//! and finally forks and execs the workload; the helper relays its reports.
 //!
-//! Order of layers: user namespace (and the idmapped workspace, made while still privileged on
-//! the host) → mount, pid, network, ipc, uts and cgroup namespaces → view and pivot_root →
-//! hostname, loopback, rlimits → identity and capabilities → no_new_privs → Landlock → seccomp.
+//! Order of layers: cgroup → user, mount, pid and cgroup namespaces (and the idmapped workspace,
+//! made while the helper is still privileged on the host) → network, ipc and uts namespaces
+//! (built by a thread of init while init builds the view) → view and pivot_root → rlimits →
+//! identity and capabilities → no_new_privs → Landlock → seccomp.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -52,51 +54,45 @@ pub fn main() -> i32 {
     // Only the spec and report channels may cross into the helper; anything else the caller
     // leaked without close-on-exec stops here.
     let _ = sys::close_from(REPORT_FD + 1, &[]);
-    let spec = match read_spec() {
-        Ok(spec) => spec,
-        Err(message) => {
-            report::send(&Report::Failed {
-                code: SETUP_FAILED,
-                message,
-            });
-            return SETUP_FAILED;
-        }
-    };
-    if sys::getppid() != spec.supervisor_pid {
-        return SETUP_FAILED;
-    }
-    for file in &spec.cgroup_join {
-        if let Err(err) = std::fs::write(file, "0") {
-            let message = format!(
-                "joining the sandbox cgroup through {}: {err}",
-                file.display()
-            );
-            report::send(&Report::Failed {
-                code: SETUP_FAILED,
-                message,
-            });
-            return SETUP_FAILED;
-        }
-    }
-    match run(&spec.plan) {
+    match start() {
         Ok(()) => 0,
-        Err(failure) => {
-            report::send(&Report::Failed {
-                code: failure.code,
-                message: failure.message,
-            });
-            failure.code
-        }
+        Err(failure) => report_failure(failure),
     }
 }
 
-fn read_spec() -> Result<HelperSpec, String> {
+/// Reports a failure to the supervisor and returns the exit code that goes with it.
+fn report_failure(failure: Failure) -> i32 {
+    report::send(&Report::Failed {
+        code: failure.code,
+        message: failure.message,
+    });
+    failure.code
+}
+
+fn start() -> Result<(), Failure> {
+    let spec = read_spec()?;
+    if sys::getppid() != spec.supervisor_pid {
+        // The supervisor died before our death signal was armed: nobody is listening.
+        return Err(Failure::setup("the supervisor is gone"));
+    }
+    for file in &spec.cgroup_join {
+        std::fs::write(file, "0").map_err(|e| {
+            with_source(
+                &format!("joining the sandbox cgroup through {}", file.display()),
+                &e,
+            )
+        })?;
+    }
+    run(&spec.plan)
+}
+
+fn read_spec() -> Result<HelperSpec, Failure> {
     // SAFETY: the supervisor placed the spec pipe at SPEC_FD for us alone; we take ownership.
     let mut file = unsafe { File::from_raw_fd(SPEC_FD) };
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)
-        .map_err(|e| format!("reading the sandbox spec: {e}"))?;
-    serde_json::from_slice(&bytes).map_err(|e| format!("the sandbox spec is invalid: {e}"))
+        .map_err(|e| with_source("reading the sandbox spec", &e))?;
+    serde_json::from_slice(&bytes).map_err(|e| with_source("the sandbox spec is invalid", &e))
 }
 
 fn warn_or_fail(compat: Compat, message: String) -> Result<(), Failure> {
@@ -120,16 +116,7 @@ fn run(plan: &Plan) -> Result<(), Failure> {
     match sys::fork_into(flags).map_err(|e| with_source("creating namespaces", &e))? {
         Forked::Child => {
             drop(helper_end);
-            let code = match init(plan, init_end) {
-                Ok(code) => code,
-                Err(failure) => {
-                    report::send(&Report::Failed {
-                        code: failure.code,
-                        message: failure.message,
-                    });
-                    failure.code
-                }
-            };
+            let code = init(plan, init_end).unwrap_or_else(report_failure);
             sys::exit_now(code)
         }
         Forked::Parent(init_pid) => {

@@ -282,36 +282,12 @@ impl Sandbox {
             status.is_none_or(|raw| libc::WIFSIGNALED(raw) && libc::WTERMSIG(raw) == libc::SIGKILL);
         let oom_killed = maybe_oom && self.cgroup.as_ref().is_some_and(SandboxCgroup::oom_killed);
         self.cleanup().map_err(JailError::Cleanup)?;
-        let ending = match (forced, failure, status) {
-            (Some(forced), _, _) => forced,
-            (None, Some((code, message)), _) => Ending::SetupFailed { code, message },
-            (None, None, Some(raw)) if libc::WIFSIGNALED(raw) => {
-                Ending::Signaled(libc::WTERMSIG(raw))
-            }
-            (None, None, Some(raw)) => Ending::Exited(libc::WEXITSTATUS(raw)),
-            (None, None, None) => {
-                let detail = match helper_status {
-                    Some(Ok((_, raw))) if libc::WIFSIGNALED(raw) => {
-                        format!("killed by signal {}", libc::WTERMSIG(raw))
-                    }
-                    Some(Ok((_, raw))) => format!("exit status {}", libc::WEXITSTATUS(raw)),
-                    Some(Err(err)) => err.to_string(),
-                    None => "unknown".into(),
-                };
-                let message = if oom_killed {
-                    "the sandbox was killed by its memory limit before the workload started"
-                        .to_owned()
-                } else {
-                    format!(
-                        "the sandbox ended without reporting its workload's status (helper: {detail})"
-                    )
-                };
-                Ending::SetupFailed {
-                    code: crate::helper::SETUP_FAILED,
-                    message,
-                }
-            }
+        let reported = Reported {
+            forced,
+            failure,
+            status,
         };
+        let ending = reported.ending(helper_status, oom_killed);
         Ok(Outcome { ending, oom_killed })
     }
 
@@ -332,6 +308,54 @@ impl Drop for Sandbox {
     fn drop(&mut self) {
         self.kill();
         let _ = self.cleanup();
+    }
+}
+
+/// What the wait loop learned about how the sandbox ended.
+struct Reported {
+    /// Set when the supervisor ended the sandbox itself (deadline or signal).
+    forced: Option<Ending>,
+    failure: Option<(i32, String)>,
+    /// The workload's raw wait status.
+    status: Option<libc::c_int>,
+}
+
+impl Reported {
+    fn ending(
+        self,
+        helper: Option<io::Result<(libc::pid_t, libc::c_int)>>,
+        oom_killed: bool,
+    ) -> Ending {
+        match (self.forced, self.failure, self.status) {
+            (Some(forced), _, _) => forced,
+            (None, Some((code, message)), _) => Ending::SetupFailed { code, message },
+            (None, None, Some(raw)) if libc::WIFSIGNALED(raw) => {
+                Ending::Signaled(libc::WTERMSIG(raw))
+            }
+            (None, None, Some(raw)) => Ending::Exited(libc::WEXITSTATUS(raw)),
+            (None, None, None) => {
+                let message = if oom_killed {
+                    "the sandbox was killed by its memory limit before the workload started"
+                        .to_owned()
+                } else {
+                    let detail = match helper {
+                        Some(Ok((_, raw))) if libc::WIFSIGNALED(raw) => {
+                            format!("killed by signal {}", libc::WTERMSIG(raw))
+                        }
+                        Some(Ok((_, raw))) => format!("exit status {}", libc::WEXITSTATUS(raw)),
+                        Some(Err(err)) => err.to_string(),
+                        None => "unknown".into(),
+                    };
+                    format!(
+                        "the sandbox ended without reporting its workload's status (helper: {detail})"
+                    )
+                };
+                Ending::SetupFailed {
+                    code: crate::helper::SETUP_FAILED,
+                    message,
+                }
+            }
+        }
     }
 }
 
@@ -359,5 +383,86 @@ impl ReportReader {
             }
         }
         Ok((messages, n > 0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reported(
+        forced: Option<Ending>,
+        failure: Option<(i32, String)>,
+        status: Option<i32>,
+    ) -> Reported {
+        Reported {
+            forced,
+            failure,
+            status,
+        }
+    }
+
+    #[test]
+    fn test_ending_prefers_what_the_supervisor_forced() {
+        let ending = reported(Some(Ending::TimedOut), None, Some(0)).ending(None, false);
+        assert_eq!(ending, Ending::TimedOut);
+    }
+
+    #[test]
+    fn test_ending_decodes_wait_status() {
+        assert_eq!(
+            reported(None, None, Some(42 << 8)).ending(None, false),
+            Ending::Exited(42)
+        );
+        assert_eq!(
+            reported(None, None, Some(libc::SIGSEGV)).ending(None, false),
+            Ending::Signaled(11)
+        );
+        let failed =
+            reported(None, Some((127, "x: command not found".into())), None).ending(None, false);
+        assert_eq!(
+            failed,
+            Ending::SetupFailed {
+                code: 127,
+                message: "x: command not found".into()
+            }
+        );
+    }
+
+    #[test]
+    fn test_ending_without_a_report_is_a_setup_failure() {
+        let ending = reported(None, None, None).ending(Some(Ok((1, libc::SIGKILL))), false);
+        let Ending::SetupFailed { code, message } = ending else {
+            panic!("{ending:?}")
+        };
+        assert_eq!(code, 125);
+        assert!(message.contains("killed by signal 9"), "{message}");
+        let oom = reported(None, None, None).ending(None, true);
+        assert!(
+            matches!(oom, Ending::SetupFailed { message, .. } if message.contains("memory limit"))
+        );
+    }
+
+    #[test]
+    fn test_exit_codes_follow_shell_conventions() {
+        let code = |ending| {
+            Outcome {
+                ending,
+                oom_killed: false,
+            }
+            .exit_code()
+        };
+        assert_eq!(code(Ending::Exited(3)), 3);
+        assert_eq!(code(Ending::Signaled(9)), 137);
+        assert_eq!(code(Ending::Interrupted(2)), 130);
+        assert_eq!(code(Ending::Interrupted(15)), 143);
+        assert_eq!(code(Ending::TimedOut), 124);
+        assert_eq!(
+            code(Ending::SetupFailed {
+                code: 127,
+                message: String::new()
+            }),
+            127
+        );
     }
 }
