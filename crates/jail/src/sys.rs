@@ -92,22 +92,35 @@ pub fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// Room for one `SCM_RIGHTS` descriptor.
+fn fd_control_space() -> usize {
+    // SAFETY: CMSG_SPACE only computes a size.
+    unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as libc::c_uint) as usize }
+}
+
+/// A message header over one buffer and, when `control` is not empty, a control buffer. The
+/// header points into both, so it must not outlive them.
+fn message_header(iov: &mut libc::iovec, control: &mut [u8]) -> libc::msghdr {
+    // SAFETY: a zeroed msghdr is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    if !control.is_empty() {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = control.len();
+    }
+    msg
+}
+
 /// Sends `data` and, optionally, one descriptor.
 pub fn send_with_fd(socket: &OwnedFd, data: &[u8], fd: Option<&OwnedFd>) -> io::Result<()> {
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
     };
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as libc::c_uint) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: a zeroed msghdr is valid; the pointers set below outlive the sendmsg call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
+    let mut control = vec![0u8; if fd.is_some() { fd_control_space() } else { 0 }];
+    let msg = message_header(&mut iov, &mut control);
     if let Some(fd) = fd {
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space;
         // SAFETY: `control` is CMSG_SPACE bytes for one descriptor, so the first header and its
         // data fit; CMSG_FIRSTHDR is non-null because msg_controllen is large enough.
         unsafe {
@@ -119,7 +132,7 @@ pub fn send_with_fd(socket: &OwnedFd, data: &[u8], fd: Option<&OwnedFd>) -> io::
             std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd.as_raw_fd());
         }
     }
-    // SAFETY: `msg` describes valid buffers for the duration of the call.
+    // SAFETY: `msg` describes `data` and `control`, both alive for the call.
     check(unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) } as libc::c_long)
         .map(drop)
 }
@@ -132,16 +145,10 @@ pub fn recv_with_fd(socket: &OwnedFd) -> io::Result<(Vec<u8>, Option<OwnedFd>)> 
         iov_base: data.as_mut_ptr().cast(),
         iov_len: data.len(),
     };
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as libc::c_uint) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: a zeroed msghdr is valid; the pointers set below outlive the recvmsg call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space;
-    // SAFETY: `msg` describes valid buffers; MSG_CMSG_CLOEXEC marks a received descriptor.
+    let mut control = vec![0u8; fd_control_space()];
+    let mut msg = message_header(&mut iov, &mut control);
+    // SAFETY: `msg` describes `data` and `control`, both alive for the call; MSG_CMSG_CLOEXEC
+    // marks a received descriptor close-on-exec.
     let n = check(
         unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) }
             as libc::c_long,
