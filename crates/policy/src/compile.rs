@@ -146,7 +146,7 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
 }
 
 fn validate_process(config: &SandboxConfig) -> Result<(), CompileError> {
-    if config.command.is_empty() {
+    if config.command.first().is_none_or(String::is_empty) {
         return Err(CompileError::EmptyCommand);
     }
     for arg in &config.command {

@@ -196,6 +196,11 @@ fn test_compile_rejects_bad_input_by_name() {
         compile(&empty, &root_host()),
         Err(CompileError::EmptyCommand)
     );
+    empty.command = vec![String::new(), "arg".into()];
+    assert_eq!(
+        compile(&empty, &root_host()),
+        Err(CompileError::EmptyCommand)
+    );
 
     let mut bad_env = config();
     bad_env.env = vec![("A=B".into(), "c".into())];
