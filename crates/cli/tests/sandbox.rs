@@ -736,3 +736,41 @@ fn test_run_sigkill_of_airlock_takes_the_sandbox_along() {
         "the stale cgroup was swept"
     );
 }
+
+#[test]
+fn test_run_masks_follow_symlinks_inside_the_view_not_on_the_host() {
+    let scratch = Scratch::new();
+    let rootfs = scratch.workspace("rootfs-symlinked-home");
+    fs::create_dir_all(rootfs.join("bin")).unwrap();
+    fs::create_dir_all(rootfs.join("data/home/alice/.ssh")).unwrap();
+    fs::write(rootfs.join("data/home/alice/.ssh/id_rsa"), "KEY").unwrap();
+    // An absolute link: on the host it would point at the host's /data/home.
+    std::os::unix::fs::symlink("/data/home", rootfs.join("home")).unwrap();
+    fs::copy(scratch.probe(), rootfs.join("bin/probe")).unwrap();
+    let root = rootfs.to_str().unwrap();
+    let key = [
+        "run",
+        "--rootfs",
+        root,
+        "--",
+        "/bin/probe",
+        "read",
+        "/home/alice/.ssh/id_rsa",
+    ];
+    assert_eq!(airlock(&key).verdict(), "errno 13 EACCES");
+    fs::write(rootfs.join("data/home/alice/notes.txt"), "visible").unwrap();
+    let control = [
+        "run",
+        "--rootfs",
+        root,
+        "--",
+        "/bin/probe",
+        "read",
+        "/home/alice/notes.txt",
+    ];
+    assert_eq!(
+        airlock(&control).verdict(),
+        "ok 7",
+        "control: the rest of the home is readable"
+    );
+}

@@ -487,6 +487,15 @@ pub fn open_tree_clone(dir: Option<&OwnedFd>, path: &Path, recursive: bool) -> i
 /// Opens `path` beneath `root` as an `O_PATH` descriptor, resolving symlinks and `..` as if
 /// `root` were `/`, so a hostile symlink in the view cannot point the caller outside it.
 pub fn open_in_root(root: &OwnedFd, path: &Path) -> io::Result<OwnedFd> {
+    open_in_root_with(root, path, libc::O_PATH)
+}
+
+/// Like [`open_in_root`], but opens a directory for reading, so that it can be listed.
+pub fn open_dir_in_root(root: &OwnedFd, path: &Path) -> io::Result<OwnedFd> {
+    open_in_root_with(root, path, libc::O_RDONLY | libc::O_DIRECTORY)
+}
+
+fn open_in_root_with(root: &OwnedFd, path: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
     #[repr(C)]
     struct OpenHow {
         flags: u64,
@@ -497,7 +506,7 @@ pub fn open_in_root(root: &OwnedFd, path: &Path) -> io::Result<OwnedFd> {
     const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
     let path = cpath(path)?;
     let how = OpenHow {
-        flags: (libc::O_PATH | libc::O_CLOEXEC) as u64,
+        flags: (flags | libc::O_CLOEXEC) as u64,
         mode: 0,
         resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
     };

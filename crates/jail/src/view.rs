@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -94,10 +94,7 @@ pub fn build(
         || format!("opening rootfs {}", plan.rootfs.display()),
         sys::open_path(&plan.rootfs),
     )?;
-    let rootfs_path = PathBuf::from(format!(
-        "/proc/self/fd/{}",
-        std::os::fd::AsRawFd::as_raw_fd(&rootfs)
-    ));
+    let rootfs_path = PathBuf::from(format!("/proc/self/fd/{}", rootfs.as_raw_fd()));
     step(
         || "mounting the staging root".into(),
         sys::mount(
@@ -203,9 +200,11 @@ fn bind_top_level(rootfs: &OwnedFd, rootfs_path: &Path, stage: &Path) -> Result<
     Ok(())
 }
 
-/// Expands `*` components against the staged tree, listing each directory once.
+/// Expands `*` components against the staged tree, listing each directory once. Directories are
+/// resolved inside the tree (`root`), so a symlinked `/home` is listed where it really points
+/// within the view, not on the host.
 fn expand(
-    stage: &Path,
+    root: &OwnedFd,
     pattern: &str,
     listings: &mut HashMap<PathBuf, Vec<OsString>>,
 ) -> Vec<PathBuf> {
@@ -215,7 +214,11 @@ fn expand(
         for base in &found {
             if component == "*" {
                 let names = listings.entry(base.clone()).or_insert_with(|| {
-                    fs::read_dir(stage.join(base))
+                    let Ok(dir) = sys::open_dir_in_root(root, base) else {
+                        return Vec::new();
+                    };
+                    let listing = format!("/proc/self/fd/{}", dir.as_raw_fd());
+                    fs::read_dir(listing)
                         .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
                         .unwrap_or_default()
                 });
@@ -250,7 +253,7 @@ fn apply_masks(stage: &Path, masks: &[Mask]) -> Result<(), ViewError> {
     let mut listings = HashMap::new();
     let mut masked: Vec<(u64, u64)> = Vec::new();
     for mask in masks {
-        for path in expand(stage, &mask.path, &mut listings) {
+        for path in expand(&root, &mask.path, &mut listings) {
             let shown = || format!("masking /{}", path.display());
             // Resolve inside the view: a symlinked secret is masked where it really lives. A
             // path init cannot reach is out of the workload's reach too, since the workload ends
@@ -411,14 +414,15 @@ mod tests {
         fs::create_dir_all(dir.join("home/a/.ssh")).unwrap();
         fs::create_dir_all(dir.join("home/b")).unwrap();
         let mut listings = HashMap::new();
-        let mut found = expand(&dir, "/home/*/.ssh", &mut listings);
+        let root = sys::open_path(&dir).unwrap();
+        let mut found = expand(&root, "/home/*/.ssh", &mut listings);
         found.sort();
         assert_eq!(
             found,
             vec![PathBuf::from("home/a/.ssh"), PathBuf::from("home/b/.ssh")]
         );
         assert_eq!(
-            expand(&dir, "/missing", &mut listings),
+            expand(&root, "/missing", &mut listings),
             vec![PathBuf::from("missing")]
         );
         assert_eq!(listings.len(), 1, "each directory is listed once");
