@@ -34,7 +34,7 @@ pub struct RunArgs {
     /// Memory limit, without swap (e.g. 512MiB, 2G), or `max`.
     #[arg(long, value_name = "SIZE", value_parser = parse_limit_size)]
     memory: Option<Limit>,
-    /// Most processes and threads alive at once, or `max`.
+    /// Most processes and threads of the command alive at once, or `max`.
     #[arg(long, value_name = "N", value_parser = parse_limit_count)]
     pids: Option<Limit>,
     /// CPU bandwidth in CPUs (e.g. 1.5).

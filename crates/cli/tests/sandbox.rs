@@ -585,7 +585,11 @@ fn test_run_cgroup_limits_are_applied_on_this_hosts_hierarchy() {
         Some("100663296"),
         "memory limit in {dirs:?}"
     );
-    assert_eq!(pids.as_deref(), Some("40"));
+    assert_eq!(
+        pids.as_deref(),
+        Some("41"),
+        "40 for the workload, 1 for init"
+    );
     assert!(
         matches!(cpu.as_deref(), Some("150000") | Some("150000 100000")),
         "cpu: {cpu:?}"

@@ -33,8 +33,8 @@ impl Controller {
 pub enum Home {
     /// A v1 hierarchy: the directory of this process's own cgroup in it.
     V1 { own_dir: PathBuf },
-    /// The v2 hierarchy, mounted here.
-    V2 { mount: PathBuf },
+    /// The v2 hierarchy, mounted at `mount`, and this process's own cgroup in it.
+    V2 { mount: PathBuf, own_dir: PathBuf },
 }
 
 /// The cgroup layout of this host, as seen by this process.
@@ -135,11 +135,16 @@ pub fn parse_layout(
             });
         }
         let mount = v2.as_ref()?;
+        let own = own_cgroups
+            .lines()
+            .find_map(|line| line.strip_prefix("0::"))
+            .unwrap_or("/");
         v2_list
             .split_whitespace()
             .any(|c| c == name)
             .then(|| Home::V2 {
                 mount: mount.clone(),
+                own_dir: mount.join(own.trim_start_matches('/')),
             })
     };
     Layout {
@@ -208,6 +213,8 @@ pub struct SandboxCgroup {
     dirs: Vec<(Controller, PathBuf)>,
     /// The v2 directory, when any controller lives on v2.
     v2_dir: Option<PathBuf>,
+    /// The files through which the helper returns to the supervisor's cgroups.
+    leave: Vec<PathBuf>,
 }
 
 fn write(path: PathBuf, value: &str) -> Result<(), CgroupError> {
@@ -233,6 +240,7 @@ impl SandboxCgroup {
         let mut cgroup = SandboxCgroup {
             dirs: Vec::new(),
             v2_dir: None,
+            leave: Vec::new(),
         };
         for controller in wanted {
             let home = layout
@@ -246,8 +254,9 @@ impl SandboxCgroup {
                         return Err(err);
                     }
                     cgroup.dirs.push((controller, dir));
+                    cgroup.leave.push(own_dir.join("tasks"));
                 }
-                Home::V2 { mount } => {
+                Home::V2 { mount, own_dir } => {
                     let dir = match &cgroup.v2_dir {
                         Some(dir) => dir.clone(),
                         None => {
@@ -260,6 +269,7 @@ impl SandboxCgroup {
                             }
                             let dir = parent.join(name);
                             cgroup.v2_dir = Some(dir.clone());
+                            cgroup.leave.push(own_dir.join("cgroup.procs"));
                             dir
                         }
                     };
@@ -345,6 +355,13 @@ impl SandboxCgroup {
             }
         }
         files
+    }
+
+    /// The files a process writes `0` to in order to move itself back to the cgroups it came
+    /// from. The helper does so once init exists: charged to the sandbox, a host process could
+    /// be picked by the sandbox's OOM killer.
+    pub fn leave_files(&self) -> &[PathBuf] {
+        &self.leave
     }
 
     /// The processes in the sandbox's cgroup.
@@ -468,7 +485,7 @@ pub fn sweep_stale(layout: &Layout) {
     {
         let parent = match home {
             Home::V1 { own_dir } => own_dir.clone(),
-            Home::V2 { mount } => mount.join("airlock"),
+            Home::V2 { mount, .. } => mount.join("airlock"),
         };
         if !parents.contains(&parent) {
             parents.push(parent);

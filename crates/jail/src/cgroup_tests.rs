@@ -49,6 +49,7 @@ fn test_layout_pure_v2() {
     });
     let v2 = Some(Home::V2 {
         mount: "/sys/fs/cgroup".into(),
+        own_dir: "/sys/fs/cgroup/user.slice".into(),
     });
     assert_eq!(layout.memory, v2);
     assert_eq!(layout.pids, v2);

@@ -83,7 +83,7 @@ fn start() -> Result<(), Failure> {
             )
         })?;
     }
-    run(&spec.plan)
+    run(&spec.plan, &spec.cgroup_leave)
 }
 
 fn read_spec() -> Result<HelperSpec, Failure> {
@@ -107,7 +107,7 @@ fn warn_or_fail(compat: Compat, message: String) -> Result<(), Failure> {
     }
 }
 
-fn run(plan: &Plan) -> Result<(), Failure> {
+fn run(plan: &Plan, cgroup_leave: &[std::path::PathBuf]) -> Result<(), Failure> {
     // Init waits on this socket for its id maps (and the idmapped workspace). EOF instead means
     // the helper died, and init gives up: it cannot see its parent from its own pid namespace.
     let (helper_end, init_end) = sys::socketpair().map_err(|e| with_source("socketpair", &e))?;
@@ -121,7 +121,17 @@ fn run(plan: &Plan) -> Result<(), Failure> {
         }
         Forked::Parent(init_pid) => {
             drop(init_end);
-            if let Err(failure) = release_init(plan, init_pid, &helper_end) {
+            // Init is in the sandbox's cgroup now; the helper, a host process, leaves it, so that
+            // the sandbox's OOM killer can never pick it, nor its limits count it.
+            let left = cgroup_leave.iter().try_for_each(|file| {
+                std::fs::write(file, "0").map_err(|e| {
+                    with_source(
+                        &format!("leaving the sandbox cgroup through {}", file.display()),
+                        &e,
+                    )
+                })
+            });
+            if let Err(failure) = left.and_then(|()| release_init(plan, init_pid, &helper_end)) {
                 let _ = sys::kill(init_pid, libc::SIGKILL);
                 let _ = sys::waitpid(init_pid, 0);
                 return Err(failure);
@@ -228,7 +238,7 @@ fn init(plan: &Plan, socket: OwnedFd) -> Result<i32, Failure> {
     // the ipc and uts namespaces, while this one builds the filesystem view. Namespaces belong to
     // a thread, so this thread joins them afterwards.
     let hostname = plan.view.hostname.clone();
-    let namespaces = std::thread::spawn(move || -> io::Result<[OwnedFd; 3]> {
+    let namespaces = std::thread::Builder::new().spawn(move || -> io::Result<[OwnedFd; 3]> {
         sys::unshare(libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS)?;
         sys::loopback_up()?;
         sys::sethostname(&hostname)?;
@@ -236,6 +246,7 @@ fn init(plan: &Plan, socket: OwnedFd) -> Result<i32, Failure> {
             |kind: &str| File::open(format!("/proc/thread-self/ns/{kind}")).map(OwnedFd::from);
         Ok([open("net")?, open("ipc")?, open("uts")?])
     });
+    let namespaces = namespaces.map_err(|e| with_source("starting the namespace thread", &e))?;
     let join_network = move || -> io::Result<()> {
         let [net, ipc, uts] = namespaces
             .join()

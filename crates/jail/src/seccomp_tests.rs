@@ -136,9 +136,30 @@ fn test_bpf_socket_families() {
     );
     assert_eq!(
         socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE),
-        EPERM,
-        "SOCK_RAW"
+        RET_ALLOW,
+        "iproute2 opens route netlink as SOCK_RAW"
     );
+    assert_eq!(
+        socket(libc::AF_INET6, libc::SOCK_RAW, 58),
+        EPERM,
+        "raw ICMPv6"
+    );
+    assert_eq!(
+        socket(libc::AF_INET, 10 /* SOCK_PACKET, deprecated */, 0),
+        EPERM,
+        "SOCK_PACKET"
+    );
+    let pair = |domain: i32| {
+        run(
+            &p,
+            &call(
+                libc::SYS_socketpair,
+                &[domain as u64, libc::SOCK_STREAM as u64],
+            ),
+        )
+    };
+    assert_eq!(pair(libc::AF_UNIX), RET_ALLOW);
+    assert_eq!(pair(libc::AF_VSOCK), EPERM);
     assert_eq!(
         socket(libc::AF_NETLINK, libc::SOCK_DGRAM, libc::NETLINK_ROUTE),
         RET_ALLOW

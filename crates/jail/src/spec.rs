@@ -11,6 +11,8 @@ pub struct HelperSpec {
     pub supervisor_pid: libc::pid_t,
     /// Files the helper writes `0` to, first thing, to join the sandbox's cgroup.
     pub cgroup_join: Vec<std::path::PathBuf>,
+    /// Files the helper writes `0` to once init exists, to leave the sandbox's cgroup.
+    pub cgroup_leave: Vec<std::path::PathBuf>,
 }
 
 #[cfg(test)]
@@ -31,6 +33,7 @@ mod tests {
             plan,
             supervisor_pid: 1,
             cgroup_join: vec!["/sys/fs/cgroup/pids/airlock-1-0/tasks".into()],
+            cgroup_leave: vec!["/sys/fs/cgroup/pids/tasks".into()],
         }
     }
 

@@ -180,10 +180,16 @@ impl Sandbox {
             .as_ref()
             .map(SandboxCgroup::join_files)
             .unwrap_or_default();
+        let cgroup_leave = sandbox
+            .cgroup
+            .as_ref()
+            .map(|cgroup| cgroup.leave_files().to_vec())
+            .unwrap_or_default();
         let spec = HelperSpec {
             plan: plan.clone(),
             supervisor_pid: sys::getpid(),
             cgroup_join,
+            cgroup_leave,
         };
         let bytes = serde_json::to_vec(&spec).map_err(|e| JailError::SendSpec(e.into()))?;
         File::from(spec_w)
@@ -333,11 +339,11 @@ impl Reported {
                 Ending::Signaled(libc::WTERMSIG(raw))
             }
             (None, None, Some(raw)) => Ending::Exited(libc::WEXITSTATUS(raw)),
+            // The OOM killer may pick init instead of the workload: the sandbox died of its
+            // memory limit all the same.
+            (None, None, None) if oom_killed => Ending::Signaled(libc::SIGKILL),
             (None, None, None) => {
-                let message = if oom_killed {
-                    "the sandbox was killed by its memory limit before the workload started"
-                        .to_owned()
-                } else {
+                let message = {
                     let detail = match helper {
                         Some(Ok((_, raw))) if libc::WIFSIGNALED(raw) => {
                             format!("killed by signal {}", libc::WTERMSIG(raw))
@@ -438,8 +444,10 @@ mod tests {
         assert_eq!(code, 125);
         assert!(message.contains("killed by signal 9"), "{message}");
         let oom = reported(None, None, None).ending(None, true);
-        assert!(
-            matches!(oom, Ending::SetupFailed { message, .. } if message.contains("memory limit"))
+        assert_eq!(
+            oom,
+            Ending::Signaled(libc::SIGKILL),
+            "init, not the workload, was the victim"
         );
     }
 

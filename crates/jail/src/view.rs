@@ -22,8 +22,9 @@ const STAGE: &str = "/tmp";
 const MASK_DIR: &str = ".airlock-mask-dir";
 const EMPTY_DIR: &str = ".airlock-empty-dir";
 const MASK_FILE: &str = ".airlock-mask-file";
-/// Top-level entries Airlock provides itself.
-const PROVIDED: &[&str] = &["proc", "sys", "dev", "tmp", "workspace"];
+/// Top-level entries Airlock provides itself. `/run` is an empty directory: binding the host's,
+/// even under a mask, would still list the names of its submounts in `/proc/self/mountinfo`.
+const PROVIDED: &[&str] = &["proc", "sys", "dev", "tmp", "workspace", "run"];
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
 /// A step of the view that failed.
@@ -326,6 +327,30 @@ fn mount_dev(stage: &Path) -> Result<(), ViewError> {
     for (name, mode) in [("pts", 0o755), ("shm", 0o1777)] {
         mkdir(&dev.join(name), mode)?;
     }
+    for (name, target) in [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        step(
+            || format!("linking /dev/{name}"),
+            std::os::unix::fs::symlink(target, dev.join(name)),
+        )?;
+    }
+    // Read-only down to the device binds: I/O on a device ignores it, but the host's device
+    // inodes must not take new timestamps or modes. pts and shm are mounted afterwards.
+    let dev_fd = step(|| "opening /dev".into(), sys::open_path(&dev))?;
+    step(
+        || "making /dev read-only".into(),
+        sys::mount_setattr(
+            &dev_fd,
+            true,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
+            None,
+        ),
+    )?;
     step(
         || "mounting /dev/pts".into(),
         sys::mount(
@@ -344,28 +369,6 @@ fn mount_dev(stage: &Path) -> Result<(), ViewError> {
             Some("tmpfs"),
             libc::MS_NOSUID | libc::MS_NODEV,
             Some("mode=1777,size=64m"),
-        ),
-    )?;
-    for (name, target) in [
-        ("ptmx", "pts/ptmx"),
-        ("fd", "/proc/self/fd"),
-        ("stdin", "/proc/self/fd/0"),
-        ("stdout", "/proc/self/fd/1"),
-        ("stderr", "/proc/self/fd/2"),
-    ] {
-        step(
-            || format!("linking /dev/{name}"),
-            std::os::unix::fs::symlink(target, dev.join(name)),
-        )?;
-    }
-    let dev_fd = step(|| "opening /dev".into(), sys::open_path(&dev))?;
-    step(
-        || "making /dev read-only".into(),
-        sys::mount_setattr(
-            &dev_fd,
-            false,
-            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
-            None,
         ),
     )
 }

@@ -16,6 +16,8 @@ pub const SANDBOX_ID_BASE: u32 = 0x7000_0000;
 /// How many ids a root caller's sandbox maps.
 pub const SANDBOX_ID_COUNT: u32 = 65_536;
 const CPU_PERIOD_US: u64 = 100_000;
+/// Airlock's own processes in a sandbox's cgroup: init. (The helper leaves it once init exists.)
+pub const AIRLOCK_PROCESSES: u64 = 1;
 const NOFILE: u64 = 65_536;
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -128,7 +130,11 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
         ],
         cgroup: CgroupLimits {
             memory_bytes: config.resources.memory_bytes,
-            pids_max: config.resources.pids_max,
+            // Init lives in the sandbox's cgroup too; the limit is the workload's.
+            pids_max: config
+                .resources
+                .pids_max
+                .map(|max| max.saturating_add(AIRLOCK_PROCESSES)),
             cpu_quota_us: config
                 .resources
                 .cpu_milli

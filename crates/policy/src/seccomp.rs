@@ -69,6 +69,10 @@ const AF_XDP: u32 = 44;
 const NETLINK_ROUTE: u32 = 0;
 const SOCK_TYPE_MASK: u32 = 0xf;
 const SOCK_RAW: u32 = 3;
+const SOCK_PACKET: u32 = 10;
+const AF_UNIX: u32 = 1;
+const AF_INET: u32 = 2;
+const AF_INET6: u32 = 10;
 const TIOCSTI: u32 = 0x5412;
 const TIOCLINUX: u32 = 0x541c;
 const SET_ID_BITS: u32 = 0o6000;
@@ -132,8 +136,16 @@ const DENIED: &[(&[&str], &str)] = &[
         "the clock is shared with the host",
     ),
     (
-        &["open_by_handle_at"],
-        "opens host files by handle, bypassing the mount view (the 'shocker' escape)",
+        &["open_by_handle_at", "name_to_handle_at"],
+        "file handles open host files bypassing the mount view (the 'shocker' escape)",
+    ),
+    (
+        &["listmount", "statmount"],
+        "enumerate mounts by id, including ones the view hides",
+    ),
+    (
+        &["fanotify_init"],
+        "filesystem-wide event monitoring reaches beyond the view",
     ),
 ];
 
@@ -176,7 +188,8 @@ pub fn default_rules() -> Vec<SeccompRule> {
         SyscallAction::Eperm,
         "non-default personalities such as READ_IMPLIES_EXEC weaken memory protections",
     ));
-    let sockets: [(&[ArgCheck], &str); 6] = [
+    let raw = "raw IP sockets forge packets";
+    let sockets: [(&[ArgCheck], &str); 8] = [
         (
             &[eq(0, ALL, AF_PACKET)],
             "raw link-layer access sniffs and forges traffic",
@@ -194,14 +207,25 @@ pub fn default_rules() -> Vec<SeccompRule> {
             &[eq(0, ALL, AF_NETLINK), ne(2, ALL, NETLINK_ROUTE)],
             "netlink families other than route (audit, netfilter, sock_diag) expose or change host state",
         ),
+        (&[eq(0, ALL, AF_INET), eq(1, SOCK_TYPE_MASK, SOCK_RAW)], raw),
         (
-            &[eq(1, SOCK_TYPE_MASK, SOCK_RAW)],
-            "raw sockets forge packets",
+            &[eq(0, ALL, AF_INET6), eq(1, SOCK_TYPE_MASK, SOCK_RAW)],
+            raw,
+        ),
+        (
+            &[eq(1, SOCK_TYPE_MASK, SOCK_PACKET)],
+            "the obsolete SOCK_PACKET type is link-layer access under another name",
         ),
     ];
     for (checks, why) in sockets {
         rules.push(rule("socket", checks, SyscallAction::Eperm, why));
     }
+    rules.push(rule(
+        "socketpair",
+        &[ne(0, ALL, AF_UNIX)],
+        SyscallAction::Eperm,
+        "only Unix socket pairs exist; other families would only reach their kernel code",
+    ));
     for request in [TIOCSTI, TIOCLINUX] {
         rules.push(rule(
             "ioctl",

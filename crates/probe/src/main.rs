@@ -38,6 +38,8 @@ fn main() {
         "whoami" => whoami(),
         "fds" => open_descriptors(),
         "int80" => legacy_i386_syscall(),
+        "tcp-queue" => tcp_queue_mib(number(1)),
+        "unix-queue" => unix_queue_mib(number(1)),
         "x32" => x32_syscall(),
         "socket" => open_socket(number(1), number(2), number(3)),
         "chmod-setuid" => chmod_setuid(&arg(1)),
@@ -328,6 +330,60 @@ fn x32_syscall() -> Outcome {
     // SAFETY: getpid takes no arguments; an unknown number only returns ENOSYS.
     let ret = unsafe { libc::syscall(X32_SYSCALL_BIT | libc::SYS_getpid) };
     sys(|| unsafe_call(|| ret))
+}
+
+/// Queues up to `cap` MiB in loopback TCP connections that nobody reads, and reports how much
+/// the kernel accepted. Kernel socket memory must count against the sandbox's memory limit.
+fn tcp_queue_mib(cap: i64) -> Outcome {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let address = listener.local_addr()?;
+    let cap = usize::try_from(cap).unwrap_or(0) << 20;
+    let chunk = vec![7u8; 1 << 16];
+    let mut queued = 0usize;
+    let mut held = Vec::new();
+    while queued < cap {
+        let mut client = TcpStream::connect(address)?;
+        let (server, _) = listener.accept()?;
+        client.set_nonblocking(true)?;
+        let before = queued;
+        while queued < cap {
+            match client.write(&chunk) {
+                Ok(n) => queued += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        held.push((client, server));
+        if queued == before {
+            break;
+        }
+    }
+    Ok(format!("queued {} MiB", queued >> 20))
+}
+
+/// The same with Unix socket pairs.
+fn unix_queue_mib(cap: i64) -> Outcome {
+    let cap = usize::try_from(cap).unwrap_or(0) << 20;
+    let chunk = vec![7u8; 1 << 16];
+    let mut queued = 0usize;
+    let mut held = Vec::new();
+    while queued < cap {
+        let (mut writer, reader) = std::os::unix::net::UnixStream::pair()?;
+        writer.set_nonblocking(true)?;
+        let before = queued;
+        while queued < cap {
+            match writer.write(&chunk) {
+                Ok(n) => queued += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        held.push((writer, reader));
+        if queued == before {
+            break;
+        }
+    }
+    Ok(format!("queued {} MiB", queued >> 20))
 }
 
 /// The descriptors open in this process, other than the one listing them.
