@@ -384,8 +384,25 @@ fn test_run_timeout_kills_the_whole_sandbox() {
     let marker = unique_marker("timeout");
     let probe = scratch.probe();
     let script = format!("{probe} daemon {marker}; exec sleep 60");
-    let run = airlock(&["run", "--timeout", "1s", "--", "sh", "-c", &script]);
+    let uid = 3101;
+    let user = uid.to_string();
+    let run = airlock(&[
+        "run",
+        "--timeout",
+        "1s",
+        "--user",
+        &user,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
     assert_eq!(run.code, 124, "{run:?}");
+    assert_eq!(
+        orphaned_inits(uid),
+        Vec::<u32>::new(),
+        "init was reaped, not orphaned"
+    );
     assert!(run.stderr.contains("timed out"), "{}", run.stderr);
     assert!(
         eventually(|| processes_with(&marker).is_empty()),
@@ -393,11 +410,20 @@ fn test_run_timeout_kills_the_whole_sandbox() {
     );
 }
 
-fn signal_tears_down(signal: &str, expected: i32) {
+fn signal_tears_down(signal: &str, expected: i32, uid: u32) {
     let scratch = Scratch::new();
     let marker = unique_marker(signal);
     let probe = scratch.probe();
-    let child = spawn_airlock(&["run", "--", &probe, "sleep-marker", &marker]);
+    let user = uid.to_string();
+    let child = spawn_airlock(&[
+        "run",
+        "--user",
+        &user,
+        "--",
+        &probe,
+        "sleep-marker",
+        &marker,
+    ]);
     let pid = child.id();
     assert!(
         eventually(|| !processes_with(&marker).is_empty()),
@@ -411,6 +437,11 @@ fn signal_tears_down(signal: &str, expected: i32) {
     let run = run_from(child.wait_with_output().unwrap());
     assert_no_leftovers(pid);
     assert_eq!(run.code, expected, "{run:?}");
+    assert_eq!(
+        orphaned_inits(uid),
+        Vec::<u32>::new(),
+        "init was reaped, not orphaned"
+    );
     assert!(
         eventually(|| processes_with(&marker).is_empty()),
         "the workload outlived airlock"
@@ -419,12 +450,12 @@ fn signal_tears_down(signal: &str, expected: i32) {
 
 #[test]
 fn test_run_sigterm_tears_down_and_exits_143() {
-    signal_tears_down("-TERM", 143);
+    signal_tears_down("-TERM", 143, 3102);
 }
 
 #[test]
 fn test_run_sigint_tears_down_and_exits_130() {
-    signal_tears_down("-INT", 130);
+    signal_tears_down("-INT", 130, 3103);
 }
 
 #[test]
@@ -776,5 +807,18 @@ fn test_run_masks_follow_symlinks_inside_the_view_not_on_the_host() {
         airlock(&control).verdict(),
         "ok 7",
         "control: the rest of the home is readable"
+    );
+}
+
+#[test]
+fn test_run_socket_buffers_count_against_the_memory_limit() {
+    let scratch = Scratch::new();
+    let run = inside(&scratch, &["--memory", "64MiB"], &["unix-queue", "512"]);
+    assert_eq!(run.code, 137, "{run:?}");
+    assert!(run.stderr.contains("memory limit"), "{}", run.stderr);
+    assert_eq!(
+        outside(&scratch, &["unix-queue", "128"]),
+        "ok queued 128 MiB",
+        "control"
     );
 }

@@ -108,6 +108,10 @@ fn warn_or_fail(compat: Compat, message: String) -> Result<(), Failure> {
 }
 
 fn run(plan: &Plan, cgroup_leave: &[std::path::PathBuf]) -> Result<(), Failure> {
+    // The supervisor ends a sandbox with SIGTERM to the helper; it waits here until the relay.
+    let terminate = sys::block_signals(&[libc::SIGTERM])
+        .and_then(|_| sys::signalfd(&[libc::SIGTERM]))
+        .ok();
     // Init waits on this socket for its id maps (and the idmapped workspace). EOF instead means
     // the helper died, and init gives up: it cannot see its parent from its own pid namespace.
     let (helper_end, init_end) = sys::socketpair().map_err(|e| with_source("socketpair", &e))?;
@@ -116,6 +120,7 @@ fn run(plan: &Plan, cgroup_leave: &[std::path::PathBuf]) -> Result<(), Failure> 
     match sys::fork_into(flags).map_err(|e| with_source("creating namespaces", &e))? {
         Forked::Child => {
             drop(helper_end);
+            drop(terminate);
             let code = init(plan, init_end).unwrap_or_else(report_failure);
             sys::exit_now(code)
         }
@@ -136,7 +141,7 @@ fn run(plan: &Plan, cgroup_leave: &[std::path::PathBuf]) -> Result<(), Failure> 
                 let _ = sys::waitpid(init_pid, 0);
                 return Err(failure);
             }
-            relay_reports(&helper_end);
+            relay_reports(&helper_end, init_pid, terminate.as_ref());
             let _ = sys::waitpid(init_pid, 0);
             Ok(())
         }
@@ -145,9 +150,29 @@ fn run(plan: &Plan, cgroup_leave: &[std::path::PathBuf]) -> Result<(), Failure> 
 
 /// Forwards init's reports to the supervisor until init is gone. Init runs inside the sandbox,
 /// so the helper passes on only well-formed messages, one per datagram.
-fn relay_reports(socket: &OwnedFd) {
+///
+/// SIGTERM (from the supervisor) ends the sandbox: init is killed, and the loop goes on until
+/// init is gone, so that the helper can reap it and no zombie outlives the sandbox.
+fn relay_reports(socket: &OwnedFd, init_pid: libc::pid_t, terminate: Option<&OwnedFd>) {
     let mut buf = vec![0u8; report::MAX_MESSAGE];
-    while let Ok(n) = sys::recv(socket, &mut buf) {
+    let mut fds = vec![socket.as_raw_fd()];
+    fds.extend(terminate.map(AsRawFd::as_raw_fd));
+    loop {
+        let Ok(ready) = sys::poll_readable(&fds, -1) else {
+            break;
+        };
+        if let Some(terminate) = terminate
+            && ready.get(1).copied().unwrap_or(false)
+        {
+            let _ = sys::read_signal(terminate);
+            let _ = sys::kill(init_pid, libc::SIGKILL);
+        }
+        if !ready.first().copied().unwrap_or(false) {
+            continue;
+        }
+        let Ok(n) = sys::recv(socket, &mut buf) else {
+            break;
+        };
         if n == 0 {
             break;
         }

@@ -127,12 +127,17 @@ pub struct SpawnOptions {
 pub struct Sandbox {
     /// The helper's pid until it has been reaped.
     helper: Option<libc::pid_t>,
+    /// When [`Sandbox::kill`] asked the helper to end the sandbox.
+    killed_at: Option<Instant>,
     report: Option<File>,
     cgroup: Option<SandboxCgroup>,
     warnings: Vec<String>,
 }
 
 static SANDBOX_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// How long the helper gets to end a sandbox cleanly before it is killed outright.
+const GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Sandbox {
     /// Starts the helper, creates the cgroup while the helper execs, then hands the helper its
@@ -156,6 +161,7 @@ impl Sandbox {
         drop((spec_r, report_w));
         let mut sandbox = Sandbox {
             helper: Some(pid),
+            killed_at: None,
             report: Some(File::from(report_r)),
             cgroup: None,
             warnings: Vec::new(),
@@ -202,11 +208,20 @@ impl Sandbox {
         Ok(sandbox)
     }
 
-    /// Kills everything in the sandbox: the helper, whose death takes init with it (parent-death
-    /// signal) and init's the whole pid namespace; then whatever is left in the cgroup. Only the
-    /// helper is signalled by pid: it is our unreaped child, so its pid cannot have been reused.
-    /// Safe to call more than once.
+    /// Ends the sandbox: SIGTERM asks the helper to kill init (whose end takes the whole pid
+    /// namespace along) and to reap it, so that not even a zombie remains. Only the helper is
+    /// signalled by pid: it is our unreaped child, so its pid cannot have been reused. If the
+    /// helper has not finished within [`GRACE`], [`Sandbox::kill_hard`] follows.
     pub fn kill(&mut self) {
+        if let Some(pid) = self.helper {
+            let _ = sys::kill(pid, libc::SIGTERM);
+            self.killed_at.get_or_insert_with(Instant::now);
+        }
+    }
+
+    /// SIGKILLs the helper (init follows by its parent-death signal) and everything left in the
+    /// cgroup.
+    fn kill_hard(&mut self) {
         if let Some(pid) = self.helper {
             let _ = sys::kill(pid, libc::SIGKILL);
         }
@@ -245,7 +260,9 @@ impl Sandbox {
         ) = (None, None, None);
         let mut deadline = deadline;
         loop {
-            let timeout_ms = match deadline {
+            let grace_end = self.killed_at.map(|at| at + GRACE);
+            let wake = [deadline, grace_end].into_iter().flatten().min();
+            let timeout_ms = match wake {
                 Some(at) => libc::c_int::try_from(
                     at.saturating_duration_since(Instant::now())
                         .as_millis()
@@ -254,6 +271,9 @@ impl Sandbox {
                 .unwrap_or(libc::c_int::MAX),
                 None => -1,
             };
+            if grace_end.is_some_and(|end| Instant::now() >= end) {
+                self.kill_hard();
+            }
             let ready = sys::poll_readable(&fds, timeout_ms).map_err(JailError::Watch)?;
             if ready.get(1).copied().unwrap_or(false)
                 && let Some(signals) = signals
@@ -297,11 +317,19 @@ impl Sandbox {
         Ok(Outcome { ending, oom_killed })
     }
 
-    /// Reaps the helper and removes the cgroup (killing any straggler first).
+    /// Reaps the helper (ending the sandbox first if it still runs) and removes the cgroup.
     fn cleanup(&mut self) -> Result<(), CgroupError> {
         if let Some(pid) = self.helper.take() {
-            let _ = sys::kill(pid, libc::SIGKILL);
-            let _ = sys::waitpid(pid, 0);
+            let give_up = Instant::now() + GRACE;
+            let _ = sys::kill(pid, libc::SIGTERM);
+            while matches!(sys::waitpid(pid, libc::WNOHANG), Ok((0, _))) {
+                if Instant::now() >= give_up {
+                    let _ = sys::kill(pid, libc::SIGKILL);
+                    let _ = sys::waitpid(pid, 0);
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
         }
         let Some(cgroup) = self.cgroup.take() else {
             return Ok(());
@@ -312,7 +340,6 @@ impl Sandbox {
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        self.kill();
         let _ = self.cleanup();
     }
 }

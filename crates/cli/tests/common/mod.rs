@@ -187,6 +187,41 @@ pub fn processes_with(marker: &str) -> Vec<u32> {
     found
 }
 
+/// Sandbox inits running as `uid` inside (under a root caller) that lost their helper and were
+/// handed to the host's pid 1: what a sandbox ended without reaping its init leaves behind, if
+/// only as a zombie. Tests pick distinct uids so that they see only their own.
+pub fn orphaned_inits(uid: u32) -> Vec<u32> {
+    const SANDBOX_ID_BASE: u32 = 0x7000_0000;
+    let host_uid = (SANDBOX_ID_BASE + uid).to_string();
+    let mut found = Vec::new();
+    for entry in fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let status = fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_owned())
+                .unwrap_or_default()
+        };
+        let owner = field("Uid:")
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        if field("Name:") == "airlock-jail" && field("PPid:") == "1" && owner == host_uid {
+            found.push(pid);
+        }
+    }
+    found
+}
+
 /// Waits (boundedly) until `check` holds; returns whether it did. Not a timing assertion: the
 /// bound only keeps a broken build from hanging the suite.
 pub fn eventually(mut check: impl FnMut() -> bool) -> bool {
