@@ -157,10 +157,7 @@ fn relay_reports(socket: &OwnedFd, init_pid: libc::pid_t, terminate: Option<&Own
     let mut buf = vec![0u8; report::MAX_MESSAGE];
     let mut fds = vec![socket.as_raw_fd()];
     fds.extend(terminate.map(AsRawFd::as_raw_fd));
-    loop {
-        let Ok(ready) = sys::poll_readable(&fds, -1) else {
-            break;
-        };
+    while let Ok(ready) = sys::poll_readable(&fds, -1) {
         if let Some(terminate) = terminate
             && ready.get(1).copied().unwrap_or(false)
         {
