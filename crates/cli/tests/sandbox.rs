@@ -822,3 +822,58 @@ fn test_run_socket_buffers_count_against_the_memory_limit() {
         "control"
     );
 }
+
+#[test]
+fn test_run_an_unlistable_home_is_masked_whole() {
+    let scratch = Scratch::new();
+    let rootfs = scratch.workspace("rootfs-0711-home");
+    fs::create_dir_all(rootfs.join("bin")).unwrap();
+    fs::create_dir_all(rootfs.join("home/carol")).unwrap();
+    fs::write(rootfs.join("home/carol/.netrc"), "password SECRET").unwrap();
+    set_mode(&rootfs.join("home/carol/.netrc"), 0o644);
+    // Searchable but not listable: names can be opened, not enumerated.
+    set_mode(&rootfs.join("home"), 0o711);
+    fs::copy(scratch.probe(), rootfs.join("bin/probe")).unwrap();
+    let root = rootfs.to_str().unwrap();
+    let read = [
+        "run",
+        "--rootfs",
+        root,
+        "--",
+        "/bin/probe",
+        "read",
+        "/home/carol/.netrc",
+    ];
+    assert_eq!(airlock(&read).verdict(), "errno 13 EACCES");
+    assert_eq!(
+        outside(
+            &scratch,
+            &["read", rootfs.join("home/carol/.netrc").to_str().unwrap()]
+        ),
+        "ok 15"
+    );
+}
+
+#[test]
+fn test_run_a_hard_linked_secret_is_masked_under_every_name() {
+    let scratch = Scratch::new();
+    let rootfs = scratch.workspace("rootfs-hardlink");
+    fs::create_dir_all(rootfs.join("bin")).unwrap();
+    for user in ["dave", "erin"] {
+        fs::create_dir_all(rootfs.join(format!("home/{user}"))).unwrap();
+    }
+    fs::write(rootfs.join("home/dave/.netrc"), "password SECRET").unwrap();
+    set_mode(&rootfs.join("home/dave/.netrc"), 0o644);
+    fs::hard_link(
+        rootfs.join("home/dave/.netrc"),
+        rootfs.join("home/erin/.netrc"),
+    )
+    .unwrap();
+    fs::copy(scratch.probe(), rootfs.join("bin/probe")).unwrap();
+    let root = rootfs.to_str().unwrap();
+    for user in ["dave", "erin"] {
+        let path = format!("/home/{user}/.netrc");
+        let read = ["run", "--rootfs", root, "--", "/bin/probe", "read", &path];
+        assert_eq!(airlock(&read).verdict(), "errno 13 EACCES", "{path}");
+    }
+}

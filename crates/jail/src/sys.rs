@@ -214,16 +214,13 @@ pub fn spawn(path: &Path, fds: &[(RawFd, RawFd)]) -> io::Result<libc::pid_t> {
     }
 }
 
-/// Whether `fd` is a directory, and its (device, inode) identity.
-pub fn fstat_kind(fd: &OwnedFd) -> io::Result<(bool, (u64, u64))> {
+/// Whether `fd` refers to a directory.
+pub fn fstat_is_dir(fd: &OwnedFd) -> io::Result<bool> {
     // SAFETY: a zeroed stat is a valid out-buffer for fstat.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `fd` is live and `st` valid; fstat works on O_PATH descriptors.
     check_int(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
-    Ok((
-        (st.st_mode & libc::S_IFMT) == libc::S_IFDIR,
-        (st.st_dev, st.st_ino),
-    ))
+    Ok((st.st_mode & libc::S_IFMT) == libc::S_IFDIR)
 }
 
 /// Receives one datagram into `buf`; 0 means the peer closed.

@@ -201,35 +201,53 @@ fn bind_top_level(rootfs: &OwnedFd, rootfs_path: &Path, stage: &Path) -> Result<
     Ok(())
 }
 
+/// What listing a directory of the view found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Listing {
+    Names(Vec<OsString>),
+    /// The directory exists but cannot be listed. Its entries may still be reachable by name
+    /// (mode 0711), so the whole directory must be masked: fail closed.
+    Unlistable,
+}
+
+fn list_in_root(root: &OwnedFd, dir: &Path) -> Listing {
+    let opened = match sys::open_dir_in_root(root, dir) {
+        Ok(opened) => opened,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
+            return Listing::Names(Vec::new());
+        }
+        Err(_) => return Listing::Unlistable,
+    };
+    match fs::read_dir(format!("/proc/self/fd/{}", opened.as_raw_fd())) {
+        Ok(entries) => Listing::Names(entries.flatten().map(|e| e.file_name()).collect()),
+        Err(_) => Listing::Unlistable,
+    }
+}
+
 /// Expands `*` components against the staged tree, listing each directory once. Directories are
 /// resolved inside the tree (`root`), so a symlinked `/home` is listed where it really points
-/// within the view, not on the host.
-fn expand(
-    root: &OwnedFd,
-    pattern: &str,
-    listings: &mut HashMap<PathBuf, Vec<OsString>>,
-) -> Vec<PathBuf> {
+/// within the view, not on the host. A directory that cannot be listed is itself a result.
+fn expand(root: &OwnedFd, pattern: &str, listings: &mut HashMap<PathBuf, Listing>) -> Vec<PathBuf> {
     let mut found = vec![PathBuf::new()];
+    let mut whole = Vec::new();
     for component in pattern.split('/').filter(|c| !c.is_empty()) {
         let mut next = Vec::new();
         for base in &found {
-            if component == "*" {
-                let names = listings.entry(base.clone()).or_insert_with(|| {
-                    let Ok(dir) = sys::open_dir_in_root(root, base) else {
-                        return Vec::new();
-                    };
-                    let listing = format!("/proc/self/fd/{}", dir.as_raw_fd());
-                    fs::read_dir(listing)
-                        .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
-                        .unwrap_or_default()
-                });
-                next.extend(names.iter().map(|name| base.join(name)));
-            } else {
+            if component != "*" {
                 next.push(base.join(component));
+                continue;
+            }
+            let listing = listings
+                .entry(base.clone())
+                .or_insert_with(|| list_in_root(root, base));
+            match listing {
+                Listing::Names(names) => next.extend(names.iter().map(|name| base.join(name))),
+                Listing::Unlistable => whole.push(base.clone()),
             }
         }
         found = next;
     }
+    found.extend(whole);
     found
 }
 
@@ -252,7 +270,6 @@ fn apply_masks(stage: &Path, masks: &[Mask]) -> Result<(), ViewError> {
     )?;
     let root = step(|| "opening the staging root".into(), sys::open_path(stage))?;
     let mut listings = HashMap::new();
-    let mut masked: Vec<(u64, u64)> = Vec::new();
     for mask in masks {
         for path in expand(&root, &mask.path, &mut listings) {
             let shown = || format!("masking /{}", path.display());
@@ -271,11 +288,9 @@ fn apply_masks(stage: &Path, masks: &[Mask]) -> Result<(), ViewError> {
                 }
                 Err(e) => return step(shown, Err(e)),
             };
-            let (is_dir, id) = step(shown, sys::fstat_kind(&target))?;
-            if masked.contains(&id) {
-                continue;
-            }
-            masked.push(id);
+            // Every path gets its own mask, even one reaching an object already masked through
+            // another name (a hard link, a bind): a mask covers one path, not the object.
+            let is_dir = step(shown, sys::fstat_is_dir(&target))?;
             let source = match (is_dir, mask.kind) {
                 (true, MaskKind::Secret) => MASK_DIR,
                 (true, MaskKind::Empty) => EMPTY_DIR,
