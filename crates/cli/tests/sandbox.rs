@@ -877,3 +877,39 @@ fn test_run_a_hard_linked_secret_is_masked_under_every_name() {
         assert_eq!(airlock(&read).verdict(), "errno 13 EACCES", "{path}");
     }
 }
+
+#[test]
+fn test_run_a_secret_written_after_the_start_stays_unreadable() {
+    use std::io::{BufRead, BufReader, Read};
+    let home = format!("/home/airlock-late-{}", std::process::id());
+    fs::create_dir_all(format!("{home}/project")).unwrap();
+    let script = format!(
+        "echo started; while [ ! -e {home}/project/ready ]; do sleep 0.05; done; \
+         cat {home}/.netrc; echo \"netrc=$?\"; cat {home}/project/notes.txt"
+    );
+    let mut child = std::process::Command::new(airlock_bin())
+        .args(["run", "--timeout", "30s", "--", "sh", "-c", &script])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    assert_eq!(first, "started\n");
+    // The sandbox is running; only now does the secret appear, where no mask can be.
+    fs::write(format!("{home}/.netrc"), "password LATE").unwrap();
+    fs::write(format!("{home}/project/notes.txt"), "late but harmless\n").unwrap();
+    fs::write(format!("{home}/project/ready"), "").unwrap();
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    let status = child.wait().unwrap();
+    fs::remove_dir_all(&home).unwrap();
+    assert!(status.success(), "{rest}");
+    assert!(!rest.contains("LATE"), "{rest}");
+    assert!(rest.contains("netrc=1"), "{rest}");
+    assert!(
+        rest.ends_with("late but harmless\n"),
+        "a new file in an existing directory is readable: {rest}"
+    );
+}

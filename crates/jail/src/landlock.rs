@@ -144,8 +144,17 @@ pub fn apply(plan: &LandlockPlan) -> Result<Applied, LandlockError> {
     }
     // SAFETY: the kernel returned a fresh descriptor.
     let ruleset = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+    let except: Vec<Vec<&str>> = plan
+        .read_except
+        .iter()
+        .map(|pattern| pattern.split('/').filter(|c| !c.is_empty()).collect())
+        .collect();
     for path in &plan.read {
-        add_rule(&ruleset, path, READ & handled)?;
+        let relative: Vec<Vec<&str>> = except
+            .iter()
+            .filter_map(|pattern| strip_components(pattern, path))
+            .collect();
+        add_read_rules(&ruleset, path, &relative, handled)?;
     }
     for path in &plan.write_trees {
         add_rule(&ruleset, path, write_tree_rights(abi))?;
@@ -166,6 +175,62 @@ pub fn apply(plan: &LandlockPlan) -> Result<Applied, LandlockError> {
         abi,
         scoped: scoped != 0,
     })
+}
+
+/// `pattern` relative to `base`, if it lies beneath it.
+fn strip_components<'a>(pattern: &[&'a str], base: &Path) -> Option<Vec<&'a str>> {
+    let base: Vec<String> = base
+        .components()
+        .filter_map(|c| match c {
+            std::path::Component::Normal(name) => Some(name.to_string_lossy().into_owned()),
+            _ => None,
+        })
+        .collect();
+    if pattern.len() <= base.len() {
+        return None;
+    }
+    let matches = base.iter().zip(pattern).all(|(b, p)| *p == "*" || p == b);
+    matches.then(|| pattern[base.len()..].to_vec())
+}
+
+/// Allows reading beneath `dir`, except beneath the `except` patterns (relative to `dir`). A
+/// Landlock rule covers a whole tree, so `dir` gets one only when nothing is excluded below it;
+/// otherwise it may be listed, and each child is handled in turn. Names created later under a
+/// split directory get no rule, so their contents cannot be read: a secret written on the host
+/// after the sandbox started stays out of reach. A directory this process cannot list grants
+/// nothing beneath it.
+fn add_read_rules(
+    ruleset: &OwnedFd,
+    dir: &Path,
+    except: &[Vec<&str>],
+    handled: u64,
+) -> Result<(), LandlockError> {
+    if except.is_empty() {
+        return add_rule(ruleset, dir, READ & handled);
+    }
+    add_rule(ruleset, dir, READ_DIR & handled)?;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let below: Vec<Vec<&str>> = except
+            .iter()
+            .filter(|pattern| {
+                pattern
+                    .first()
+                    .is_some_and(|first| *first == "*" || *first == name)
+            })
+            .map(|pattern| pattern[1..].to_vec())
+            .collect();
+        if below.iter().any(Vec::is_empty) {
+            // This very entry is excluded.
+            continue;
+        }
+        add_read_rules(ruleset, &dir.join(&*name), &below, handled)?;
+    }
+    Ok(())
 }
 
 /// Allows `rights` beneath `path`. A path that does not exist in this view is skipped: there is
@@ -224,6 +289,28 @@ mod tests {
         assert_ne!(handled_fs(2) & REFER, 0);
         assert_ne!(handled_fs(3) & TRUNCATE, 0);
         assert_ne!(handled_fs(5) & IOCTL_DEV, 0);
+    }
+
+    #[test]
+    fn test_landlock_exclusions_are_taken_relative_to_the_read_root() {
+        let pattern = ["home", "*", ".ssh"];
+        assert_eq!(
+            strip_components(&pattern, Path::new("/")),
+            Some(vec!["home", "*", ".ssh"])
+        );
+        assert_eq!(
+            strip_components(&pattern, Path::new("/home")),
+            Some(vec!["*", ".ssh"])
+        );
+        assert_eq!(
+            strip_components(&pattern, Path::new("/home/alice")),
+            Some(vec![".ssh"])
+        );
+        assert_eq!(strip_components(&pattern, Path::new("/usr")), None);
+        assert_eq!(
+            strip_components(&pattern, Path::new("/home/alice/.ssh")),
+            None
+        );
     }
 
     #[test]

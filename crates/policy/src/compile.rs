@@ -102,6 +102,7 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
         },
         landlock: LandlockPlan {
             read: vec!["/".into()],
+            read_except: home_secrets(),
             write_trees: ["/workspace", "/tmp", "/dev/shm", "/dev/pts"]
                 .map(PathBuf::from)
                 .to_vec(),
@@ -228,19 +229,24 @@ fn identity(config: &SandboxConfig, host: &HostFacts) -> IdentityPlan {
     }
 }
 
+/// Credential paths in every home directory, as patterns.
+fn home_secrets() -> Vec<String> {
+    ["/root", "/home/*"]
+        .iter()
+        .flat_map(|home| {
+            HOME_SECRETS
+                .iter()
+                .map(move |name| format!("{home}/{name}"))
+        })
+        .collect()
+}
+
 fn masks(state_dirs: &[PathBuf]) -> Vec<Mask> {
     let secret = |path: String| Mask {
         path,
         kind: MaskKind::Secret,
     };
-    let mut masks = Vec::new();
-    for home in ["/root", "/home/*"] {
-        masks.extend(
-            HOME_SECRETS
-                .iter()
-                .map(|name| secret(format!("{home}/{name}"))),
-        );
-    }
+    let mut masks: Vec<Mask> = home_secrets().into_iter().map(secret).collect();
     masks.extend(HOST_SECRETS.iter().map(|path| secret((*path).to_owned())));
     masks.extend(
         state_dirs

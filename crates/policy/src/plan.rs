@@ -76,6 +76,10 @@ pub struct ViewPlan {
 pub struct LandlockPlan {
     /// Trees that may be read and executed.
     pub read: Vec<PathBuf>,
+    /// Paths beneath `read` whose contents may not be read, even if they appear only after the
+    /// sandbox started (when no mask can cover them). `*` matches one whole component. Names
+    /// stay listable.
+    pub read_except: Vec<String>,
     /// Trees that may also be written.
     pub write_trees: Vec<PathBuf>,
     /// Single files (device nodes) that may be written.
