@@ -242,7 +242,7 @@ impl SandboxCgroup {
             v2_dir: None,
             leave: Vec::new(),
         };
-        for controller in wanted {
+        for &controller in &wanted {
             let home = layout
                 .home(controller)
                 .ok_or(CgroupError::MissingController(controller.name()))?;
@@ -261,7 +261,13 @@ impl SandboxCgroup {
                         Some(dir) => dir.clone(),
                         None => {
                             let parent = mount.join("airlock");
-                            let created = prepare_v2_parent(mount, &parent)
+                            // Enable only what lives on v2: on a hybrid host the rest is v1's.
+                            let enable: Vec<String> = wanted
+                                .iter()
+                                .filter(|c| matches!(layout.home(**c), Some(Home::V2 { .. })))
+                                .map(|c| format!("+{}", c.name()))
+                                .collect();
+                            let created = prepare_v2_parent(mount, &parent, &enable.join(" "))
                                 .and_then(|()| create_dir(&parent.join(name)));
                             if let Err(err) = created {
                                 let _ = cgroup.remove();
@@ -459,8 +465,7 @@ fn create_dir(dir: &Path) -> Result<(), CgroupError> {
 
 /// On v2, controllers must be enabled in every ancestor's `cgroup.subtree_control`. Airlock's
 /// sandboxes live under `<root>/airlock`, which holds no processes itself.
-fn prepare_v2_parent(mount: &Path, parent: &Path) -> Result<(), CgroupError> {
-    let enable = "+memory +pids +cpu";
+fn prepare_v2_parent(mount: &Path, parent: &Path, enable: &str) -> Result<(), CgroupError> {
     write(mount.join("cgroup.subtree_control"), enable)?;
     match fs::create_dir(parent) {
         Ok(()) => {}

@@ -94,3 +94,97 @@ fn test_owner_pid_from_name() {
     assert_eq!(owner_pid("other-1234"), None);
     assert_eq!(owner_pid("airlock-x-1"), None);
 }
+
+/// A directory standing in for a cgroup mount: the files the code writes are plain files here,
+/// so what it writes can be read back without root.
+fn fake_mount(tag: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("airlock-cgroup-test-{tag}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn limits() -> CgroupLimits {
+    CgroupLimits {
+        memory_bytes: Some(64 << 20),
+        pids_max: Some(33),
+        cpu_quota_us: Some(150_000),
+        cpu_period_us: 100_000,
+    }
+}
+
+#[test]
+fn test_create_writes_v2_limits_and_enables_only_v2_controllers() {
+    let mount = fake_mount("v2");
+    let v2 = |_: ()| {
+        Some(Home::V2 {
+            mount: mount.clone(),
+            own_dir: mount.join("user.slice"),
+        })
+    };
+    let layout = Layout {
+        memory: v2(()),
+        pids: v2(()),
+        cpu: None,
+    };
+    let no_cpu = CgroupLimits {
+        cpu_quota_us: None,
+        ..limits()
+    };
+    let cgroup = SandboxCgroup::create(&layout, "airlock-1-0", &no_cpu).unwrap();
+    let dir = mount.join("airlock/airlock-1-0");
+    let read = |file: &str| fs::read_to_string(dir.join(file)).unwrap();
+    assert_eq!(read("memory.max"), (64u64 << 20).to_string());
+    assert_eq!(read("memory.swap.max"), "0");
+    assert_eq!(read("pids.max"), "33");
+    assert_eq!(
+        fs::read_to_string(mount.join("cgroup.subtree_control")).unwrap(),
+        "+memory +pids"
+    );
+    assert_eq!(cgroup.join_files(), vec![dir.join("cgroup.procs")]);
+    assert_eq!(
+        cgroup.leave_files(),
+        [mount.join("user.slice/cgroup.procs")]
+    );
+    fs::remove_dir_all(&mount).unwrap();
+}
+
+#[test]
+fn test_create_writes_v1_limits_per_hierarchy() {
+    let mount = fake_mount("v1");
+    for name in ["memory", "pids", "cpu"] {
+        fs::create_dir_all(mount.join(name)).unwrap();
+    }
+    let v1 = |name: &str| {
+        Some(Home::V1 {
+            own_dir: mount.join(name),
+        })
+    };
+    let layout = Layout {
+        memory: v1("memory"),
+        pids: v1("pids"),
+        cpu: v1("cpu"),
+    };
+    fs::create_dir_all(mount.join("memory/airlock-1-0")).unwrap();
+    let created = SandboxCgroup::create(&layout, "airlock-1-0", &limits());
+    assert!(
+        matches!(created, Err(CgroupError::Create { .. })),
+        "an existing cgroup is never reused"
+    );
+    fs::remove_dir_all(mount.join("memory/airlock-1-0")).unwrap();
+
+    let cgroup = SandboxCgroup::create(&layout, "airlock-1-1", &limits()).unwrap();
+    let read = |path: &str| fs::read_to_string(mount.join(path)).unwrap();
+    assert_eq!(
+        read("memory/airlock-1-1/memory.limit_in_bytes"),
+        (64u64 << 20).to_string()
+    );
+    assert_eq!(read("pids/airlock-1-1/pids.max"), "33");
+    assert_eq!(read("cpu/airlock-1-1/cpu.cfs_period_us"), "100000");
+    assert_eq!(read("cpu/airlock-1-1/cpu.cfs_quota_us"), "150000");
+    assert_eq!(cgroup.join_files().len(), 3);
+    assert!(cgroup.join_files().iter().all(|f| f.ends_with("tasks")));
+    assert_eq!(cgroup.leave_files().len(), 3);
+    fs::remove_dir_all(&mount).unwrap();
+}

@@ -272,7 +272,9 @@ impl Sandbox {
                 None => -1,
             };
             if grace_end.is_some_and(|end| Instant::now() >= end) {
+                // The helper did not end the sandbox in time; SIGKILL makes its pipe close.
                 self.kill_hard();
+                self.killed_at = None;
             }
             let ready = sys::poll_readable(&fds, timeout_ms).map_err(JailError::Watch)?;
             if ready.get(1).copied().unwrap_or(false)
