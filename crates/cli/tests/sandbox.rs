@@ -664,12 +664,9 @@ fn test_run_rlimits_follow_the_disk_quota() {
 #[test]
 fn test_run_custom_rootfs_replaces_the_host_view() {
     let scratch = Scratch::new();
-    let rootfs = scratch.workspace("rootfs");
-    fs::create_dir_all(rootfs.join("bin")).unwrap();
+    let rootfs = scratch.rootfs("rootfs");
     fs::create_dir_all(rootfs.join("etc")).unwrap();
     fs::write(rootfs.join("etc/marker"), "inside the custom rootfs").unwrap();
-    // The probe is static, so it runs without any library in the rootfs.
-    fs::copy(scratch.probe(), rootfs.join("bin/probe")).unwrap();
     let root = rootfs.to_str().unwrap();
     let run = airlock(&[
         "run",
@@ -775,13 +772,11 @@ fn test_run_sigkill_of_airlock_takes_the_sandbox_along() {
 #[test]
 fn test_run_masks_follow_symlinks_inside_the_view_not_on_the_host() {
     let scratch = Scratch::new();
-    let rootfs = scratch.workspace("rootfs-symlinked-home");
-    fs::create_dir_all(rootfs.join("bin")).unwrap();
+    let rootfs = scratch.rootfs("rootfs-symlinked-home");
     fs::create_dir_all(rootfs.join("data/home/alice/.ssh")).unwrap();
     fs::write(rootfs.join("data/home/alice/.ssh/id_rsa"), "KEY").unwrap();
     // An absolute link: on the host it would point at the host's /data/home.
     std::os::unix::fs::symlink("/data/home", rootfs.join("home")).unwrap();
-    fs::copy(scratch.probe(), rootfs.join("bin/probe")).unwrap();
     let root = rootfs.to_str().unwrap();
     let key = [
         "run",
@@ -826,14 +821,12 @@ fn test_run_socket_buffers_count_against_the_memory_limit() {
 #[test]
 fn test_run_an_unlistable_home_is_masked_whole() {
     let scratch = Scratch::new();
-    let rootfs = scratch.workspace("rootfs-0711-home");
-    fs::create_dir_all(rootfs.join("bin")).unwrap();
+    let rootfs = scratch.rootfs("rootfs-0711-home");
     fs::create_dir_all(rootfs.join("home/carol")).unwrap();
     fs::write(rootfs.join("home/carol/.netrc"), "password SECRET").unwrap();
     set_mode(&rootfs.join("home/carol/.netrc"), 0o644);
     // Searchable but not listable: names can be opened, not enumerated.
     set_mode(&rootfs.join("home"), 0o711);
-    fs::copy(scratch.probe(), rootfs.join("bin/probe")).unwrap();
     let root = rootfs.to_str().unwrap();
     let read = [
         "run",
@@ -857,8 +850,7 @@ fn test_run_an_unlistable_home_is_masked_whole() {
 #[test]
 fn test_run_a_hard_linked_secret_is_masked_under_every_name() {
     let scratch = Scratch::new();
-    let rootfs = scratch.workspace("rootfs-hardlink");
-    fs::create_dir_all(rootfs.join("bin")).unwrap();
+    let rootfs = scratch.rootfs("rootfs-hardlink");
     for user in ["dave", "erin"] {
         fs::create_dir_all(rootfs.join(format!("home/{user}"))).unwrap();
     }
@@ -869,7 +861,6 @@ fn test_run_a_hard_linked_secret_is_masked_under_every_name() {
         rootfs.join("home/erin/.netrc"),
     )
     .unwrap();
-    fs::copy(scratch.probe(), rootfs.join("bin/probe")).unwrap();
     let root = rootfs.to_str().unwrap();
     for user in ["dave", "erin"] {
         let path = format!("/home/{user}/.netrc");

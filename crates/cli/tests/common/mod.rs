@@ -68,6 +68,14 @@ impl Scratch {
         self.dir.join("airlock")
     }
 
+    /// A directory to pass as `--rootfs`, holding the (static) probe as `/bin/probe`.
+    pub fn rootfs(&self, name: &str) -> PathBuf {
+        let rootfs = self.workspace(name);
+        fs::create_dir_all(rootfs.join("bin")).expect("rootfs bin");
+        fs::copy(self.probe(), rootfs.join("bin/probe")).expect("copy probe");
+        rootfs
+    }
+
     /// A fresh subdirectory for use as a host workspace.
     pub fn workspace(&self, name: &str) -> PathBuf {
         let path = self.dir.join(name);
@@ -162,29 +170,30 @@ pub fn outside(scratch: &Scratch, probe_args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
 
+/// Every process the host's /proc lists, with its /proc directory.
+fn host_processes() -> impl Iterator<Item = (u32, PathBuf)> {
+    fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            Some((pid, entry.path()))
+        })
+}
+
 /// Host processes of `airlock-probe` whose command line contains `marker`. Only the probe
 /// counts: `airlock`'s own command line carries the marker too, as an argument.
 pub fn processes_with(marker: &str) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in fs::read_dir("/proc").expect("/proc").flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == std::process::id() {
-            continue;
-        }
-        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let program = cmdline.split(|&b| b == 0).next().unwrap_or_default();
-        if program.ends_with(b"airlock-probe") && String::from_utf8_lossy(&cmdline).contains(marker)
-        {
-            found.push(pid);
-        }
-    }
-    found
+    host_processes()
+        .filter(|(pid, dir)| {
+            let cmdline = fs::read(dir.join("cmdline")).unwrap_or_default();
+            let program = cmdline.split(|&b| b == 0).next().unwrap_or_default();
+            *pid != std::process::id()
+                && program.ends_with(b"airlock-probe")
+                && String::from_utf8_lossy(&cmdline).contains(marker)
+        })
+        .map(|(pid, _)| pid)
+        .collect()
 }
 
 /// Sandbox inits running as `uid` inside (under a root caller) that lost their helper and were
@@ -193,33 +202,25 @@ pub fn processes_with(marker: &str) -> Vec<u32> {
 pub fn orphaned_inits(uid: u32) -> Vec<u32> {
     const SANDBOX_ID_BASE: u32 = 0x7000_0000;
     let host_uid = (SANDBOX_ID_BASE + uid).to_string();
-    let mut found = Vec::new();
-    for entry in fs::read_dir("/proc").expect("/proc").flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let status = fs::read_to_string(entry.path().join("status")).unwrap_or_default();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map(|v| v.trim().to_owned())
+    host_processes()
+        .filter(|(_, dir)| {
+            let status = fs::read_to_string(dir.join("status")).unwrap_or_default();
+            let field = |name: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .map(|v| v.trim().to_owned())
+                    .unwrap_or_default()
+            };
+            let owner = field("Uid:")
+                .split_whitespace()
+                .next()
                 .unwrap_or_default()
-        };
-        let owner = field("Uid:")
-            .split_whitespace()
-            .next()
-            .unwrap_or_default()
-            .to_owned();
-        if field("Name:") == "airlock-jail" && field("PPid:") == "1" && owner == host_uid {
-            found.push(pid);
-        }
-    }
-    found
+                .to_owned();
+            field("Name:") == "airlock-jail" && field("PPid:") == "1" && owner == host_uid
+        })
+        .map(|(pid, _)| pid)
+        .collect()
 }
 
 /// Waits (boundedly) until `check` holds; returns whether it did. Not a timing assertion: the
