@@ -5,7 +5,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use airlock_api::SandboxConfig;
-use airlock_runtime::Runtime;
+use airlock_runtime::{Phase, Runtime};
 use clap::Subcommand;
 
 #[derive(Debug, Subcommand)]
@@ -15,6 +15,9 @@ pub enum BenchCommand {
         /// Measured iterations per contender (after 5 warm-up runs each).
         #[arg(long, default_value_t = 200)]
         iterations: usize,
+        /// Also time each phase of Airlock's cycle and print the median of each step.
+        #[arg(long)]
+        phases: bool,
     },
 }
 
@@ -32,16 +35,25 @@ const BWRAP_ARGS: &[&str] = &[
 ];
 
 pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
-    let BenchCommand::Start { iterations } = command;
+    let BenchCommand::Start { iterations, phases } = command;
     anyhow::ensure!(iterations >= 10, "--iterations must be at least 10");
-    let runtime = Runtime::new()?;
+    let mut runtime = Runtime::new()?;
+    runtime.set_tracing(phases);
     let config = SandboxConfig::new(vec!["/bin/true".into()]);
-    let airlock = || -> anyhow::Result<()> {
+    let mut steps: Vec<Vec<(Phase, Phase, u64)>> = Vec::new();
+    let mut airlock = || -> anyhow::Result<()> {
         let outcome = runtime.run(&config, None, |_| {})?;
         anyhow::ensure!(
             outcome.exit_code() == 0,
             "airlock sandbox failed: {:?}",
             outcome.ending
+        );
+        steps.push(
+            outcome
+                .phases
+                .windows(2)
+                .map(|pair| (pair[0].0, pair[1].0, pair[1].1.saturating_sub(pair[0].1)))
+                .collect(),
         );
         Ok(())
     };
@@ -103,7 +115,32 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
         }
         _ => println!("bwrap is not installed: no bwrap column (apt-get install bubblewrap)"),
     }
+    if phases {
+        print_phases(&steps[steps.len().saturating_sub(iterations)..]);
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The median time of each step of the cycle, in the order the steps happen.
+fn print_phases(runs: &[Vec<(Phase, Phase, u64)>]) {
+    let mut by_step: Vec<((Phase, Phase), Vec<u64>)> = Vec::new();
+    for (from, to, ns) in runs.iter().flatten() {
+        match by_step.iter_mut().find(|(step, _)| *step == (*from, *to)) {
+            Some((_, times)) => times.push(*ns),
+            None => by_step.push(((*from, *to), vec![*ns])),
+        }
+    }
+    by_step.sort_by_key(|((_, to), _)| *to);
+    println!(
+        "phases of the airlock cycle (median of {} runs):",
+        runs.len()
+    );
+    for ((from, to), mut times) in by_step {
+        times.sort_unstable();
+        let median = times.get(times.len() / 2).copied().unwrap_or(0);
+        let step = format!("{} -> {}", from.name(), to.name());
+        println!("  {step:<42} {:>7.3} ms", median as f64 / 1e6);
+    }
 }
 
 fn spawn_wait(program: &str, args: &[&str]) -> anyhow::Result<()> {

@@ -17,7 +17,7 @@ use std::path::Path;
 use airlock_api::Compat;
 use airlock_policy::{IdMap, Plan, RlimitResource, WorkspacePlan};
 
-use crate::report::{self, REPORT_FD, Report, SPEC_FD};
+use crate::report::{self, Phase, REPORT_FD, Report, SPEC_FD, mark};
 use crate::spec::HelperSpec;
 use crate::sys::{self, Forked};
 use crate::{landlock, seccomp, view};
@@ -71,6 +71,8 @@ fn report_failure(failure: Failure) -> i32 {
 
 fn start() -> Result<(), Failure> {
     let spec = read_spec()?;
+    report::set_tracing(spec.trace);
+    mark(Phase::HelperRunning);
     if sys::getppid() != spec.supervisor_pid {
         // The supervisor died before our death signal was armed: nobody is listening.
         return Err(Failure::setup("the supervisor is gone"));
@@ -126,6 +128,7 @@ fn run(plan: &Plan, cgroup_leave: &[std::path::PathBuf]) -> Result<(), Failure> 
         }
         Forked::Parent(init_pid) => {
             drop(init_end);
+            mark(Phase::InitCloned);
             // Init is in the sandbox's cgroup now; the helper, a host process, leaves it, so that
             // the sandbox's OOM killer can never pick it, nor its limits count it.
             let left = cgroup_leave.iter().try_for_each(|file| {
@@ -141,6 +144,7 @@ fn run(plan: &Plan, cgroup_leave: &[std::path::PathBuf]) -> Result<(), Failure> 
                 let _ = sys::waitpid(init_pid, 0);
                 return Err(failure);
             }
+            mark(Phase::InitReleased);
             relay_reports(&helper_end, init_pid, terminate.as_ref());
             let _ = sys::waitpid(init_pid, 0);
             Ok(())
@@ -287,6 +291,7 @@ fn init(plan: &Plan, socket: OwnedFd) -> Result<i32, Failure> {
         join_network,
     )
     .map_err(|e| with_source("filesystem view", &e))?;
+    mark(Phase::ViewBuilt);
     apply_rlimits(plan)?;
     drop_privileges(plan)?;
     // A change of credentials clears the parent-death signal: arm it again, then make sure the
@@ -298,11 +303,14 @@ fn init(plan: &Plan, socket: OwnedFd) -> Result<i32, Failure> {
         return Ok(SETUP_FAILED);
     }
     sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).map_err(|e| with_source("no_new_privs", &e))?;
+    mark(Phase::PrivilegesDropped);
     if let Err(e) = landlock::apply(&plan.landlock) {
         warn_or_fail(plan.compat, format!("Landlock: {}", crate::error_chain(&e)))?;
     }
+    mark(Phase::LandlockApplied);
     let program = seccomp::compile(&plan.seccomp).map_err(|e| with_source("seccomp", &e))?;
     seccomp::install(&program).map_err(|e| with_source("seccomp", &e))?;
+    mark(Phase::SeccompInstalled);
     supervise(plan)
 }
 
@@ -434,6 +442,7 @@ fn supervise(plan: &Plan) -> Result<i32, Failure> {
                 break;
             }
             if pid == workload {
+                mark(Phase::WorkloadExited);
                 report::send(&Report::Ended(status));
                 return Ok(0);
             }

@@ -2,8 +2,9 @@
 //! message per line, so that a partial write can never be mistaken for a message.
 
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::sys::write_all_raw;
+use crate::sys::{self, write_all_raw};
 
 /// The descriptor number the helper receives its spec on.
 pub const SPEC_FD: RawFd = 3;
@@ -19,6 +20,83 @@ pub enum Report {
     Failed { code: i32, message: String },
     /// The workload ended with this raw wait status.
     Ended(libc::c_int),
+    /// A setup phase finished at this `CLOCK_MONOTONIC` time (only when tracing).
+    Phase { phase: Phase, at_ns: u64 },
+}
+
+/// The steps of a sandbox's life that `airlock bench start --phases` times, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Phase {
+    Start,
+    HelperSpawned,
+    CgroupCreated,
+    HelperRunning,
+    InitCloned,
+    InitReleased,
+    ViewBuilt,
+    PrivilegesDropped,
+    LandlockApplied,
+    SeccompInstalled,
+    WorkloadExited,
+    SandboxGone,
+    CleanedUp,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 13] = [
+        Phase::Start,
+        Phase::HelperSpawned,
+        Phase::CgroupCreated,
+        Phase::HelperRunning,
+        Phase::InitCloned,
+        Phase::InitReleased,
+        Phase::ViewBuilt,
+        Phase::PrivilegesDropped,
+        Phase::LandlockApplied,
+        Phase::SeccompInstalled,
+        Phase::WorkloadExited,
+        Phase::SandboxGone,
+        Phase::CleanedUp,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Start => "start",
+            Phase::HelperSpawned => "helper spawned",
+            Phase::CgroupCreated => "cgroup created",
+            Phase::HelperRunning => "helper running",
+            Phase::InitCloned => "init cloned",
+            Phase::InitReleased => "init released",
+            Phase::ViewBuilt => "view built",
+            Phase::PrivilegesDropped => "privileges dropped",
+            Phase::LandlockApplied => "landlock applied",
+            Phase::SeccompInstalled => "seccomp installed",
+            Phase::WorkloadExited => "workload exited",
+            Phase::SandboxGone => "sandbox gone",
+            Phase::CleanedUp => "cleaned up",
+        }
+    }
+
+    fn index(self) -> usize {
+        Phase::ALL.iter().position(|p| *p == self).unwrap_or(0)
+    }
+}
+
+static TRACING: AtomicBool = AtomicBool::new(false);
+
+/// Turns phase reports on for this process and the processes it forks.
+pub fn set_tracing(on: bool) {
+    TRACING.store(on, Ordering::Relaxed);
+}
+
+/// Reports that `phase` just finished, when tracing.
+pub fn mark(phase: Phase) {
+    if TRACING.load(Ordering::Relaxed) {
+        send(&Report::Phase {
+            phase,
+            at_ns: sys::monotonic_ns(),
+        });
+    }
 }
 
 impl Report {
@@ -28,6 +106,7 @@ impl Report {
             Report::Warning(message) => format!("W {}\n", flat(message)),
             Report::Failed { code, message } => format!("E {code} {}\n", flat(message)),
             Report::Ended(status) => format!("X {status}\n"),
+            Report::Phase { phase, at_ns } => format!("T {} {at_ns}\n", phase.index()),
         }
     }
 
@@ -43,6 +122,13 @@ impl Report {
                 })
             }
             "X" => rest.parse().ok().map(Report::Ended),
+            "T" => {
+                let (index, at_ns) = rest.split_once(' ')?;
+                Some(Report::Phase {
+                    phase: *Phase::ALL.get(index.parse::<usize>().ok()?)?,
+                    at_ns: at_ns.parse().ok()?,
+                })
+            }
             _ => None,
         }
     }
@@ -70,6 +156,10 @@ mod tests {
                 message: "nope: command not found".into(),
             },
             Report::Ended(0x0900),
+            Report::Phase {
+                phase: Phase::ViewBuilt,
+                at_ns: 123_456_789,
+            },
         ] {
             let line = report.encode();
             assert!(line.ends_with('\n'));

@@ -13,6 +13,8 @@ pub struct HelperSpec {
     pub cgroup_join: Vec<std::path::PathBuf>,
     /// Files the helper writes `0` to once init exists, to leave the sandbox's cgroup.
     pub cgroup_leave: Vec<std::path::PathBuf>,
+    /// Report the time of each setup phase (`airlock bench start --phases`).
+    pub trace: bool,
 }
 
 #[cfg(test)]
@@ -34,6 +36,7 @@ mod tests {
             supervisor_pid: 1,
             cgroup_join: vec!["/sys/fs/cgroup/pids/airlock-1-0/tasks".into()],
             cgroup_leave: vec!["/sys/fs/cgroup/pids/tasks".into()],
+            trace: false,
         }
     }
 

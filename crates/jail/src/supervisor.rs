@@ -17,7 +17,7 @@ use airlock_api::Compat;
 use airlock_policy::Plan;
 
 use crate::cgroup::{self, CgroupError, Layout, SandboxCgroup};
-use crate::report::{REPORT_FD, Report, SPEC_FD};
+use crate::report::{Phase, REPORT_FD, Report, SPEC_FD};
 use crate::spec::HelperSpec;
 use crate::sys;
 
@@ -100,6 +100,8 @@ pub enum Ending {
 pub struct Outcome {
     pub ending: Ending,
     pub oom_killed: bool,
+    /// When each phase finished (`CLOCK_MONOTONIC` ns), if [`SpawnOptions::trace`] was set.
+    pub phases: Vec<(Phase, u64)>,
 }
 
 impl Outcome {
@@ -120,6 +122,8 @@ impl Outcome {
 pub struct SpawnOptions {
     pub helper: PathBuf,
     pub cgroups: Layout,
+    /// Time each phase of the sandbox's life ([`Outcome::phases`]).
+    pub trace: bool,
 }
 
 /// A running sandbox.
@@ -129,6 +133,8 @@ pub struct Sandbox {
     helper: Option<libc::pid_t>,
     /// When [`Sandbox::kill`] asked the helper to end the sandbox.
     killed_at: Option<Instant>,
+    /// Phase times, when tracing.
+    trace: Option<Vec<(Phase, u64)>>,
     report: Option<File>,
     cgroup: Option<SandboxCgroup>,
     warnings: Vec<String>,
@@ -144,6 +150,7 @@ impl Sandbox {
     /// spec. The helper blocks on the spec, and joins the cgroup before it creates any other
     /// process, so no process of the sandbox ever runs outside it.
     pub fn spawn(plan: &Plan, options: &SpawnOptions) -> Result<Sandbox, JailError> {
+        let started = sys::monotonic_ns();
         let spawn_err = |source| JailError::Spawn {
             path: options.helper.clone(),
             source,
@@ -162,10 +169,12 @@ impl Sandbox {
         let mut sandbox = Sandbox {
             helper: Some(pid),
             killed_at: None,
+            trace: options.trace.then(|| vec![(Phase::Start, started)]),
             report: Some(File::from(report_r)),
             cgroup: None,
             warnings: Vec::new(),
         };
+        sandbox.mark(Phase::HelperSpawned);
         let name = format!(
             "{}{}-{}",
             cgroup::NAME_PREFIX,
@@ -181,6 +190,7 @@ impl Sandbox {
             // Dropping the sandbox kills and reaps the helper.
             Err(err) => return Err(JailError::Cgroup(err)),
         }
+        sandbox.mark(Phase::CgroupCreated);
         let cgroup_join = sandbox
             .cgroup
             .as_ref()
@@ -196,6 +206,7 @@ impl Sandbox {
             supervisor_pid: sys::getpid(),
             cgroup_join,
             cgroup_leave,
+            trace: options.trace,
         };
         let bytes = serde_json::to_vec(&spec).map_err(|e| JailError::SendSpec(e.into()))?;
         File::from(spec_w)
@@ -216,6 +227,12 @@ impl Sandbox {
         if let Some(pid) = self.helper {
             let _ = sys::kill(pid, libc::SIGTERM);
             self.killed_at.get_or_insert_with(Instant::now);
+        }
+    }
+
+    fn mark(&mut self, phase: Phase) {
+        if let Some(trace) = &mut self.trace {
+            trace.push((phase, sys::monotonic_ns()));
         }
     }
 
@@ -298,12 +315,18 @@ impl Sandbox {
                     Report::Warning(text) => on_warning(&text),
                     Report::Failed { code, message } => failure = Some((code, message)),
                     Report::Ended(raw) => status = Some(raw),
+                    Report::Phase { phase, at_ns } => {
+                        if let Some(trace) = &mut self.trace {
+                            trace.push((phase, at_ns));
+                        }
+                    }
                 }
             }
             if !open {
                 break;
             }
         }
+        self.mark(Phase::SandboxGone);
         let helper_status = self.helper.take().map(|pid| sys::waitpid(pid, 0));
         // Only a SIGKILL, or no status at all, can be the OOM killer's work.
         let maybe_oom =
@@ -316,7 +339,14 @@ impl Sandbox {
             status,
         };
         let ending = reported.ending(helper_status, oom_killed);
-        Ok(Outcome { ending, oom_killed })
+        self.mark(Phase::CleanedUp);
+        let mut phases = self.trace.take().unwrap_or_default();
+        phases.sort_by_key(|&(phase, _)| phase);
+        Ok(Outcome {
+            ending,
+            oom_killed,
+            phases,
+        })
     }
 
     /// Reaps the helper (ending the sandbox first if it still runs) and removes the cgroup.
@@ -486,6 +516,7 @@ mod tests {
             Outcome {
                 ending,
                 oom_killed: false,
+                phases: Vec::new(),
             }
             .exit_code()
         };

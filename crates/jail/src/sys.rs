@@ -274,6 +274,17 @@ pub fn kill(pid: libc::pid_t, signal: libc::c_int) -> io::Result<()> {
     check_int(unsafe { libc::kill(pid, signal) }).map(drop)
 }
 
+/// `CLOCK_MONOTONIC` in nanoseconds: comparable across processes, unlike `Instant`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
 pub fn getpid() -> libc::pid_t {
     // SAFETY: getpid cannot fail and has no memory effects.
     unsafe { libc::getpid() }

@@ -20,6 +20,7 @@ use airlock_api::{SandboxConfig, WorkspaceSource};
 use airlock_jail::{HostSupport, JailError, Outcome, Sandbox, SpawnOptions, TerminationSignals};
 use airlock_policy::{CompileError, HostFacts};
 
+pub use airlock_jail::report::Phase;
 pub use airlock_jail::{Ending, TerminationSignals as Signals};
 pub use backend::{Backend, BackendSupport};
 
@@ -43,6 +44,7 @@ pub enum RuntimeError {
 pub struct Runtime {
     helper: PathBuf,
     support: HostSupport,
+    trace: bool,
 }
 
 impl Runtime {
@@ -55,7 +57,13 @@ impl Runtime {
         Runtime {
             helper,
             support: HostSupport::probe(),
+            trace: false,
         }
+    }
+
+    /// Times each phase of every sandbox's life into [`Outcome::phases`](airlock_jail::Outcome).
+    pub fn set_tracing(&mut self, on: bool) {
+        self.trace = on;
     }
 
     pub fn support(&self) -> &HostSupport {
@@ -88,6 +96,7 @@ impl Runtime {
         let options = SpawnOptions {
             helper: self.helper.clone(),
             cgroups: self.support.cgroups.clone(),
+            trace: self.trace,
         };
         let sandbox = backend.start(&plan, &options)?;
         let deadline = config
