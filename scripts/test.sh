@@ -25,5 +25,5 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # Integration tests run the airlock, airlock-jail and airlock-probe binaries: build them all.
 cargo build --workspace --locked
 # The benchmark must keep working; its figures are printed, never asserted.
-cargo run --quiet --locked --bin airlock -- bench start --iterations 20
+cargo run --quiet --locked --bin airlock -- bench start --iterations 20 --phases
 cargo test --workspace --locked
