@@ -7,7 +7,7 @@ use std::path::Path;
 
 use airlock_policy::LandlockPlan;
 
-use crate::sys::cpath;
+use crate::sys;
 
 const EXECUTE: u64 = 1 << 0;
 const WRITE_FILE: u64 = 1 << 1;
@@ -240,19 +240,12 @@ fn add_rule(ruleset: &OwnedFd, path: &Path, rights: u64) -> Result<(), LandlockE
         path: path.display().to_string(),
         source,
     };
-    let cpath = cpath(path).map_err(err)?;
-    // SAFETY: `cpath` is a valid string; O_PATH opens nothing but a reference.
-    let raw = unsafe { libc::open(cpath.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
-    if raw < 0 {
-        let error = io::Error::last_os_error();
-        if error.raw_os_error() == Some(libc::ENOENT) || error.raw_os_error() == Some(libc::ENXIO) {
-            return Ok(());
-        }
-        return Err(err(error));
-    }
-    // SAFETY: the kernel returned a fresh descriptor.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let is_dir = std::fs::metadata(path).map(|m| m.is_dir()).unwrap_or(false);
+    let fd = match sys::open_path(path) {
+        Ok(fd) => fd,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENXIO)) => return Ok(()),
+        Err(e) => return Err(err(e)),
+    };
+    let is_dir = sys::fstat_is_dir(&fd).map_err(err)?;
     let rights = if is_dir { rights } else { rights & FILE_RIGHTS };
     #[repr(C, packed)]
     struct PathBeneath {
