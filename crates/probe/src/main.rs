@@ -337,39 +337,32 @@ fn x32_syscall() -> Outcome {
 fn tcp_queue_mib(cap: i64) -> Outcome {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let address = listener.local_addr()?;
-    let cap = usize::try_from(cap).unwrap_or(0) << 20;
-    let chunk = vec![7u8; 1 << 16];
-    let mut queued = 0usize;
-    let mut held = Vec::new();
-    while queued < cap {
-        let mut client = TcpStream::connect(address)?;
+    queue_mib(cap, || {
+        let client = TcpStream::connect(address)?;
         let (server, _) = listener.accept()?;
         client.set_nonblocking(true)?;
-        let before = queued;
-        while queued < cap {
-            match client.write(&chunk) {
-                Ok(n) => queued += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => return Err(e),
-            }
-        }
-        held.push((client, server));
-        if queued == before {
-            break;
-        }
-    }
-    Ok(format!("queued {} MiB", queued >> 20))
+        Ok((client, server))
+    })
 }
 
 /// The same with Unix socket pairs.
 fn unix_queue_mib(cap: i64) -> Outcome {
+    queue_mib(cap, || {
+        let (writer, reader) = std::os::unix::net::UnixStream::pair()?;
+        writer.set_nonblocking(true)?;
+        Ok((writer, reader))
+    })
+}
+
+/// Fills non-blocking connections from `connect` (writer, reader) until `cap` MiB are queued or
+/// the kernel accepts no more, keeping every connection open.
+fn queue_mib<W: Write, R>(cap: i64, mut connect: impl FnMut() -> io::Result<(W, R)>) -> Outcome {
     let cap = usize::try_from(cap).unwrap_or(0) << 20;
     let chunk = vec![7u8; 1 << 16];
     let mut queued = 0usize;
     let mut held = Vec::new();
     while queued < cap {
-        let (mut writer, reader) = std::os::unix::net::UnixStream::pair()?;
-        writer.set_nonblocking(true)?;
+        let (mut writer, reader) = connect()?;
         let before = queued;
         while queued < cap {
             match writer.write(&chunk) {
