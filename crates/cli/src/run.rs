@@ -147,6 +147,8 @@ pub fn config(args: RunArgs) -> anyhow::Result<SandboxConfig> {
     Ok(config)
 }
 
+const SIGKILL: i32 = 9;
+
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let config = config(args)?;
     let signals = Signals::install()?;
@@ -160,7 +162,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             let limit = config.timeout_ms.unwrap_or_default();
             eprintln!("airlock: timed out after {limit}ms; the sandbox was killed");
         }
-        Ending::Signaled(libc_kill) if outcome.oom_killed && *libc_kill == 9 => {
+        Ending::Signaled(signal) if outcome.oom_killed && *signal == SIGKILL => {
             eprintln!("airlock: the command was killed by the sandbox's memory limit");
         }
         _ => {}
