@@ -904,3 +904,79 @@ fn test_run_a_secret_written_after_the_start_stays_unreadable() {
         "a new file in an existing directory is readable: {rest}"
     );
 }
+
+/// Starts `await-read` in a sandbox on `rootfs`, runs `after_start` once it is running, and
+/// returns the verdict line for each path.
+fn read_after_start(
+    rootfs: &std::path::Path,
+    paths: &[&str],
+    after_start: impl FnOnce(),
+) -> Vec<String> {
+    use std::io::{BufRead, BufReader, Read};
+    // Under /bin: a new top-level entry of the rootfs would not show in the running view.
+    let ready = rootfs.join("bin/ready");
+    let root = rootfs.to_str().unwrap();
+    let mut args = vec![
+        "run",
+        "--rootfs",
+        root,
+        "--timeout",
+        "30s",
+        "--",
+        "/bin/probe",
+        "await-read",
+        "/bin/ready",
+    ];
+    args.extend_from_slice(paths);
+    let mut child = std::process::Command::new(airlock_bin())
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    assert_eq!(first, "started\n");
+    after_start();
+    fs::write(&ready, "").unwrap();
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    assert!(child.wait().unwrap().success(), "{rest}");
+    rest.lines()
+        .filter(|l| l.starts_with('/'))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn test_run_a_symlink_in_a_home_opens_no_way_to_later_secrets() {
+    let scratch = Scratch::new();
+    let rootfs = scratch.rootfs("rootfs-linked-home");
+    fs::create_dir_all(rootfs.join("home/alice/dotfiles/config")).unwrap();
+    // A link to the root, and a dotfile manager's link for ~/.config.
+    std::os::unix::fs::symlink("/", rootfs.join("home/alice/rootlink")).unwrap();
+    std::os::unix::fs::symlink("dotfiles/config", rootfs.join("home/alice/.config")).unwrap();
+    let verdicts = read_after_start(
+        &rootfs,
+        &[
+            "/home/alice/.netrc",
+            "/home/alice/rootlink/home/alice/.netrc",
+            "/home/alice/.config/gh/hosts.yml",
+            "/home/alice/dotfiles/config/gh/hosts.yml",
+        ],
+        || {
+            fs::write(rootfs.join("home/alice/.netrc"), "password LATE").unwrap();
+            fs::create_dir_all(rootfs.join("home/alice/dotfiles/config/gh")).unwrap();
+            fs::write(
+                rootfs.join("home/alice/dotfiles/config/gh/hosts.yml"),
+                "token",
+            )
+            .unwrap();
+        },
+    );
+    assert_eq!(verdicts.len(), 4, "{verdicts:?}");
+    for verdict in &verdicts {
+        assert!(verdict.ends_with(": errno 13"), "{verdicts:?}");
+    }
+}

@@ -144,15 +144,25 @@ pub fn apply(plan: &LandlockPlan) -> Result<Applied, LandlockError> {
     }
     // SAFETY: the kernel returned a fresh descriptor.
     let ruleset = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
-    let except: Vec<Vec<&str>> = plan
+    let except: Vec<Vec<String>> = plan
         .read_except
         .iter()
-        .map(|pattern| pattern.split('/').filter(|c| !c.is_empty()).collect())
+        .map(|pattern| {
+            pattern
+                .split('/')
+                .filter(|c| !c.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
         .collect();
+    let except = with_symlink_targets(except);
     for path in &plan.read {
         let relative: Vec<Vec<&str>> = except
             .iter()
-            .filter_map(|pattern| strip_components(pattern, path))
+            .filter_map(|pattern| {
+                let pattern: Vec<&str> = pattern.iter().map(String::as_str).collect();
+                strip_components(&pattern, path)
+            })
             .collect();
         add_read_rules(&ruleset, path, &relative, handled)?;
     }
@@ -175,6 +185,63 @@ pub fn apply(plan: &LandlockPlan) -> Result<Applied, LandlockError> {
         abi,
         scoped: scoped != 0,
     })
+}
+
+/// Most exclusion patterns a view may add through symlinks; a bound on symlink loops.
+const MAX_EXCLUSIONS: usize = 256;
+
+/// Adds, for every symlink met on the way along an exclusion pattern (`~/.config` pointing to
+/// `~/dotfiles/config`, say), the same exclusion at the link's target, so that the target's own
+/// path cannot grant what the pattern withholds.
+fn with_symlink_targets(patterns: Vec<Vec<String>>) -> Vec<Vec<String>> {
+    let mut all = patterns;
+    let mut listings: std::collections::HashMap<std::path::PathBuf, Vec<std::ffi::OsString>> =
+        std::collections::HashMap::new();
+    let mut next_pattern = 0;
+    while next_pattern < all.len() && all.len() < MAX_EXCLUSIONS {
+        let pattern = all[next_pattern].clone();
+        next_pattern += 1;
+        let mut prefixes = vec![std::path::PathBuf::from("/")];
+        for (depth, component) in pattern.iter().enumerate() {
+            let mut next = Vec::new();
+            for base in &prefixes {
+                if component == "*" {
+                    let names = listings.entry(base.clone()).or_insert_with(|| {
+                        std::fs::read_dir(base)
+                            .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
+                            .unwrap_or_default()
+                    });
+                    next.extend(names.iter().map(|name| base.join(name)));
+                } else {
+                    next.push(base.join(component));
+                }
+            }
+            next.retain(|path| std::fs::symlink_metadata(path).is_ok());
+            for path in &next {
+                let is_link =
+                    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+                let Some(target) = is_link.then(|| std::fs::canonicalize(path).ok()).flatten()
+                else {
+                    continue;
+                };
+                let mut alias: Vec<String> = target
+                    .components()
+                    .filter_map(|c| match c {
+                        std::path::Component::Normal(name) => {
+                            Some(name.to_string_lossy().into_owned())
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                alias.extend(pattern[depth + 1..].iter().cloned());
+                if !alias.is_empty() && !all.contains(&alias) {
+                    all.push(alias);
+                }
+            }
+            prefixes = next;
+        }
+    }
+    all
 }
 
 /// `pattern` relative to `base`, if it lies beneath it.
@@ -213,6 +280,11 @@ fn add_read_rules(
         return Ok(());
     };
     for entry in entries.flatten() {
+        // A symlink needs no rule: its target is reached, and ruled, through its own path. A
+        // rule opened through the link would cover the target's whole tree instead.
+        if entry.file_type().is_ok_and(|kind| kind.is_symlink()) {
+            continue;
+        }
         let name = entry.file_name();
         let name = name.to_string_lossy();
         let below: Vec<Vec<&str>> = except

@@ -37,6 +37,7 @@ fn main() {
         "cat" => cat(),
         "whoami" => whoami(),
         "fds" => open_descriptors(),
+        "await-read" => await_then_read(&args[1..]),
         "int80" => legacy_i386_syscall(),
         "tcp-queue" => tcp_queue_mib(number(1)),
         "unix-queue" => unix_queue_mib(number(1)),
@@ -377,6 +378,30 @@ fn queue_mib<W: Write, R>(cap: i64, mut connect: impl FnMut() -> io::Result<(W, 
         }
     }
     Ok(format!("queued {} MiB", queued >> 20))
+}
+
+/// Prints `started`, waits (at most 20 s) until `paths[0]` exists, then tries to read each of
+/// the other paths, printing one verdict line per path: for secrets that appear only after the
+/// sandbox started.
+fn await_then_read(paths: &[String]) -> Outcome {
+    let (ready, files) = paths
+        .split_first()
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    println!("started");
+    io::stdout().flush()?;
+    for _ in 0..1000 {
+        if std::path::Path::new(ready).exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for file in files {
+        match read_file(file) {
+            Ok(n) => println!("{file}: ok {n}"),
+            Err(e) => println!("{file}: errno {}", e.raw_os_error().unwrap_or(0)),
+        }
+    }
+    Ok("done".into())
 }
 
 /// The descriptors open in this process, other than the one listing them.
