@@ -159,6 +159,7 @@ fn run(plan: &Plan, cgroup_leave: &[std::path::PathBuf]) -> Result<(), Failure> 
 /// init is gone, so that the helper can reap it and no zombie outlives the sandbox.
 fn relay_reports(socket: &OwnedFd, init_pid: libc::pid_t, terminate: Option<&OwnedFd>) {
     let mut buf = vec![0u8; report::MAX_MESSAGE];
+    let mut filter = RelayFilter::default();
     let mut fds = vec![socket.as_raw_fd()];
     fds.extend(terminate.map(AsRawFd::as_raw_fd));
     while let Ok(ready) = sys::poll_readable(&fds, -1) {
@@ -178,8 +179,55 @@ fn relay_reports(socket: &OwnedFd, init_pid: libc::pid_t, terminate: Option<&Own
             break;
         }
         let text = String::from_utf8_lossy(&buf[..n]);
-        if let Some(message) = Report::decode(text.trim_end_matches('\n')) {
+        if let Some(message) =
+            Report::decode(text.trim_end_matches('\n')).and_then(|message| filter.admit(message))
+        {
             report::send(&message);
+        }
+    }
+}
+
+/// What the helper lets through from init, which runs inside the sandbox: setup failures only
+/// with the setup exit codes, one final message, a bounded number of the others, and no
+/// terminal control characters.
+#[derive(Debug, Default)]
+struct RelayFilter {
+    finished: bool,
+    warnings: usize,
+    phases: usize,
+}
+
+impl RelayFilter {
+    const MAX_WARNINGS: usize = 32;
+
+    fn admit(&mut self, message: Report) -> Option<Report> {
+        let printable = |text: String| text.chars().filter(|c| !c.is_control()).collect();
+        match message {
+            Report::Warning(text) if self.warnings < Self::MAX_WARNINGS => {
+                self.warnings += 1;
+                Some(Report::Warning(printable(text)))
+            }
+            Report::Phase { .. } if self.phases < Phase::ALL.len() => {
+                self.phases += 1;
+                Some(message)
+            }
+            Report::Failed { code, message } if !self.finished => {
+                self.finished = true;
+                let code = if (SETUP_FAILED..=127).contains(&code) {
+                    code
+                } else {
+                    SETUP_FAILED
+                };
+                Some(Report::Failed {
+                    code,
+                    message: printable(message),
+                })
+            }
+            Report::Ended(_) if !self.finished => {
+                self.finished = true;
+                Some(message)
+            }
+            _ => None,
         }
     }
 }
@@ -503,5 +551,47 @@ fn exec_error(plan: &Plan, stage: u8, errno: i32) -> Failure {
     Failure {
         code: 126,
         message: format!("{program}: {error}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_relay_admits_one_final_message_with_a_setup_code() {
+        let mut filter = RelayFilter::default();
+        let forged = Report::Failed {
+            code: 0,
+            message: "all good\u{1b}[2J".into(),
+        };
+        assert_eq!(
+            filter.admit(forged),
+            Some(Report::Failed {
+                code: SETUP_FAILED,
+                message: "all good[2J".into()
+            })
+        );
+        assert_eq!(
+            filter.admit(Report::Ended(0)),
+            None,
+            "only one final message"
+        );
+    }
+
+    #[test]
+    fn test_relay_bounds_warnings_and_phases() {
+        let mut filter = RelayFilter::default();
+        let admitted = (0..100)
+            .filter_map(|_| filter.admit(Report::Warning("w".into())))
+            .count();
+        assert_eq!(admitted, RelayFilter::MAX_WARNINGS);
+        let phase = Report::Phase {
+            phase: Phase::ViewBuilt,
+            at_ns: 1,
+        };
+        let phases = (0..100).filter_map(|_| filter.admit(phase.clone())).count();
+        assert_eq!(phases, Phase::ALL.len());
+        assert_eq!(filter.admit(Report::Ended(9)), Some(Report::Ended(9)));
     }
 }

@@ -18,6 +18,8 @@ pub const SANDBOX_ID_COUNT: u32 = 65_536;
 const CPU_PERIOD_US: u64 = 100_000;
 /// Airlock's own processes in a sandbox's cgroup: init. (The helper leaves it once init exists.)
 pub const AIRLOCK_PROCESSES: u64 = 1;
+/// The kernel's ceiling for `pids.max` (`PID_MAX_LIMIT` on 64-bit).
+pub const PIDS_LIMIT: u64 = 4_194_304;
 const NOFILE: u64 = 65_536;
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -41,6 +43,12 @@ pub enum CompileError {
     NulByte { what: String },
     #[error("`{0}` is not a valid environment variable name")]
     BadEnvName(String),
+    #[error("{what} must be at most {max}, got {value}")]
+    TooLarge {
+        what: &'static str,
+        max: u64,
+        value: u64,
+    },
     #[error("{what} must be an absolute path, got `{path}`")]
     RelativePath { what: &'static str, path: String },
 }
@@ -153,6 +161,15 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
 }
 
 fn validate_process(config: &SandboxConfig) -> Result<(), CompileError> {
+    if let Some(pids) = config.resources.pids_max
+        && pids > PIDS_LIMIT - AIRLOCK_PROCESSES
+    {
+        return Err(CompileError::TooLarge {
+            what: "--pids",
+            max: PIDS_LIMIT - AIRLOCK_PROCESSES,
+            value: pids,
+        });
+    }
     if config.command.first().is_none_or(String::is_empty) {
         return Err(CompileError::EmptyCommand);
     }

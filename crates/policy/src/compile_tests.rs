@@ -226,6 +226,17 @@ fn test_compile_rejects_bad_input_by_name() {
         Err(CompileError::NulByte { .. })
     ));
 
+    let mut pids = config();
+    pids.resources.pids_max = Some(PIDS_LIMIT);
+    assert_eq!(
+        compile(&pids, &root_host()),
+        Err(CompileError::TooLarge {
+            what: "--pids",
+            max: PIDS_LIMIT - AIRLOCK_PROCESSES,
+            value: PIDS_LIMIT
+        })
+    );
+
     let mut tier = config();
     tier.tier = Tier::Microvm;
     assert_eq!(
