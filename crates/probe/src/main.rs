@@ -224,20 +224,28 @@ fn alloc_mib(mib: i64) -> Outcome {
     Ok(blocks.len().to_string())
 }
 
+/// Forks sleeping children until `limit` or the first failure, then kills and reaps them all,
+/// so that a control run on the host leaves nothing behind either.
 fn fork_bomb(limit: i64) -> Outcome {
-    let mut children = 0;
-    while children < limit {
+    let mut children = Vec::new();
+    let mut failure = None;
+    while i64::try_from(children.len()).unwrap_or(i64::MAX) < limit {
         match child_that_sleeps() {
-            Ok(_) => children += 1,
+            Ok(pid) => children.push(pid),
             Err(err) => {
-                return Ok(format!(
-                    "forked {children} errno {}",
-                    err.raw_os_error().unwrap_or(0)
-                ));
+                failure = Some(err.raw_os_error().unwrap_or(0));
+                break;
             }
         }
     }
-    Ok(format!("forked {children}"))
+    let forked = children.len();
+    for pid in children {
+        reap(pid);
+    }
+    Ok(match failure {
+        Some(errno) => format!("forked {forked} errno {errno}"),
+        None => format!("forked {forked}"),
+    })
 }
 
 /// setsid + double fork, the classic daemon: the grandchild re-executes this probe with a
