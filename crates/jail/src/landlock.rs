@@ -216,12 +216,19 @@ fn with_symlink_targets(patterns: Vec<Vec<String>>) -> Vec<Vec<String>> {
                     next.push(base.join(component));
                 }
             }
-            next.retain(|path| std::fs::symlink_metadata(path).is_ok());
-            for path in &next {
-                let is_link =
-                    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
-                let Some(target) = is_link.then(|| std::fs::canonicalize(path).ok()).flatten()
-                else {
+            // One lstat per path: missing ones are dropped, links are resolved.
+            let mut links = Vec::new();
+            next.retain(|path| match std::fs::symlink_metadata(path) {
+                Ok(meta) => {
+                    if meta.file_type().is_symlink() {
+                        links.push(path.clone());
+                    }
+                    true
+                }
+                Err(_) => false,
+            });
+            for path in &links {
+                let Ok(target) = std::fs::canonicalize(path) else {
                     continue;
                 };
                 let mut alias: Vec<String> = target
