@@ -5,6 +5,7 @@
 
 pub mod sandbox;
 pub mod units;
+pub mod v1;
 
 pub use sandbox::{Compat, ResourceLimits, SandboxConfig, Tier, UserSpec, WorkspaceSource};
 pub use units::{parse_cpus_milli, parse_duration_ms, parse_size_bytes};

@@ -19,6 +19,27 @@ pub enum BenchCommand {
         #[arg(long)]
         phases: bool,
     },
+    /// The daemon's API: create->ready, exec round-trip, delete, file throughput.
+    Api {
+        /// A running daemon to measure (default: start a private one).
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+        /// Measured iterations per operation (after 5 warm-up runs).
+        #[arg(long, default_value_t = 200)]
+        iterations: usize,
+        /// Size of the file put and got, in MiB.
+        #[arg(long, default_value_t = 100)]
+        file_mib: u64,
+    },
+    /// Host memory per idle sandbox.
+    Density {
+        /// A running daemon to measure (default: start a private one).
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+        /// How many idle sandboxes to start.
+        #[arg(long, default_value_t = 500)]
+        count: usize,
+    },
 }
 
 const BWRAP_ARGS: &[&str] = &[
@@ -35,7 +56,18 @@ const BWRAP_ARGS: &[&str] = &[
 ];
 
 pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
-    let BenchCommand::Start { iterations, phases } = command;
+    match command {
+        BenchCommand::Start { iterations, phases } => start(iterations, phases),
+        BenchCommand::Api {
+            url,
+            iterations,
+            file_mib,
+        } => crate::bench_api::api(url, iterations, file_mib),
+        BenchCommand::Density { url, count } => crate::bench_api::density(url, count),
+    }
+}
+
+fn start(iterations: usize, phases: bool) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(iterations >= 10, "--iterations must be at least 10");
     let mut runtime = Runtime::new()?;
     runtime.set_tracing(phases);
@@ -143,7 +175,7 @@ fn print_phases(runs: &[Vec<(Phase, Phase, u64)>]) {
     }
 }
 
-fn spawn_wait(program: &str, args: &[&str]) -> anyhow::Result<()> {
+pub fn spawn_wait(program: &str, args: &[&str]) -> anyhow::Result<()> {
     let status = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
@@ -153,7 +185,7 @@ fn spawn_wait(program: &str, args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn percentile(sorted: &[Duration], pct: usize) -> f64 {
+pub fn percentile(sorted: &[Duration], pct: usize) -> f64 {
     let index = (sorted.len() * pct)
         .div_ceil(100)
         .saturating_sub(1)

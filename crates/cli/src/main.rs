@@ -1,7 +1,10 @@
 //! `airlock`: run commands in sandboxes.
 
 mod bench;
+mod bench_api;
+mod daemon_cmds;
 mod run;
+mod sandbox_cmds;
 
 use std::process::ExitCode;
 
@@ -32,6 +35,24 @@ enum Command {
     },
     /// Report which tiers and confinement layers this host supports.
     Probe,
+    /// Run the daemon (airlockd) in the foreground.
+    Serve(airlock_server::ServeArgs),
+    /// Manage the daemon's API keys (works without a running daemon).
+    Keys(airlock_server::KeysArgs),
+    /// Manage long-lived sandboxes of a running daemon.
+    Sandbox {
+        #[command(flatten)]
+        daemon: sandbox_cmds::DaemonArgs,
+        #[command(subcommand)]
+        which: sandbox_cmds::SandboxCommand,
+    },
+    /// Run a command in a daemon's sandbox (`airlock sandbox exec`).
+    Exec {
+        #[command(flatten)]
+        daemon: sandbox_cmds::DaemonArgs,
+        #[command(flatten)]
+        args: sandbox_cmds::ExecArgs,
+    },
 }
 
 fn main() -> ExitCode {
@@ -50,6 +71,10 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Bench { which } => bench::bench(which),
         Command::Probe => probe(),
+        Command::Serve(args) => daemon_cmds::serve(&args),
+        Command::Keys(args) => daemon_cmds::keys(&args),
+        Command::Sandbox { daemon, which } => sandbox_cmds::sandbox(&daemon, which),
+        Command::Exec { daemon, args } => sandbox_cmds::exec(&daemon, args),
     };
     match result {
         Ok(code) => code,

@@ -290,6 +290,30 @@ impl SandboxCgroup {
         Ok(cgroup)
     }
 
+    /// The cgroup `name` as it exists now, in whichever hierarchies hold it: for ending a
+    /// sandbox that this process did not create.
+    pub fn existing(layout: &Layout, name: &str) -> SandboxCgroup {
+        let mut cgroup = SandboxCgroup {
+            dirs: Vec::new(),
+            v2_dir: None,
+            leave: Vec::new(),
+        };
+        for controller in [Controller::Memory, Controller::Pids, Controller::Cpu] {
+            let dir = match layout.home(controller) {
+                Some(Home::V1 { own_dir }) => own_dir.join(name),
+                Some(Home::V2 { mount, .. }) => mount.join("airlock").join(name),
+                None => continue,
+            };
+            if dir.is_dir() {
+                if matches!(layout.home(controller), Some(Home::V2 { .. })) {
+                    cgroup.v2_dir = Some(dir.clone());
+                }
+                cgroup.dirs.push((controller, dir));
+            }
+        }
+        cgroup
+    }
+
     fn dir(&self, controller: Controller) -> Option<&PathBuf> {
         self.dirs
             .iter()
@@ -483,20 +507,7 @@ fn prepare_v2_parent(mount: &Path, parent: &Path, enable: &str) -> Result<(), Cg
 /// Removes cgroups left by Airlock processes that died without cleaning up (`kill -9`): those
 /// whose owner pid, encoded in the name, is gone. Empty ones only; the kernel refuses others.
 pub fn sweep_stale(layout: &Layout) {
-    let mut parents: Vec<PathBuf> = Vec::new();
-    for home in [&layout.memory, &layout.pids, &layout.cpu]
-        .into_iter()
-        .flatten()
-    {
-        let parent = match home {
-            Home::V1 { own_dir } => own_dir.clone(),
-            Home::V2 { mount, .. } => mount.join("airlock"),
-        };
-        if !parents.contains(&parent) {
-            parents.push(parent);
-        }
-    }
-    for parent in parents {
+    for parent in parents(layout) {
         let Ok(entries) = fs::read_dir(&parent) else {
             continue;
         };
@@ -510,6 +521,24 @@ pub fn sweep_stale(layout: &Layout) {
             }
         }
     }
+}
+
+/// The directories that hold Airlock's sandbox cgroups, each once.
+pub fn parents(layout: &Layout) -> Vec<PathBuf> {
+    let mut parents: Vec<PathBuf> = Vec::new();
+    for home in [&layout.memory, &layout.pids, &layout.cpu]
+        .into_iter()
+        .flatten()
+    {
+        let parent = match home {
+            Home::V1 { own_dir } => own_dir.clone(),
+            Home::V2 { mount, .. } => mount.join("airlock"),
+        };
+        if !parents.contains(&parent) {
+            parents.push(parent);
+        }
+    }
+    parents
 }
 
 /// `airlock-<pid>-<n>` → `pid`.

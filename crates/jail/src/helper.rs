@@ -17,7 +17,8 @@ use std::path::Path;
 use airlock_api::Compat;
 use airlock_policy::{IdMap, Plan, RlimitResource, WorkspacePlan};
 
-use crate::report::{self, Phase, REPORT_FD, Report, SPEC_FD, mark};
+use crate::helper_live::{self, AgentFds};
+use crate::report::{self, CONTROL_FD, Phase, REPORT_FD, Report, SPEC_FD, mark};
 use crate::spec::HelperSpec;
 use crate::sys::{self, Forked};
 use crate::{landlock, seccomp, view};
@@ -53,7 +54,7 @@ pub fn main() -> i32 {
     }
     // Only the spec and report channels may cross into the helper; anything else the caller
     // leaked without close-on-exec stops here.
-    let _ = sys::close_from(REPORT_FD + 1, &[]);
+    let _ = sys::close_from(REPORT_FD + 1, &[CONTROL_FD]);
     match start() {
         Ok(()) => 0,
         Err(failure) => report_failure(failure),
@@ -72,6 +73,13 @@ fn report_failure(failure: Failure) -> i32 {
 fn start() -> Result<(), Failure> {
     let spec = read_spec()?;
     report::set_tracing(spec.trace);
+    if spec.agent.is_some() {
+        helper_live::detach_from_caller()
+            .map_err(|e| with_source("leaving the caller's session", &e))?;
+    } else {
+        // Only long-lived sandboxes have a control channel.
+        let _ = sys::close_from(CONTROL_FD, &[]);
+    }
     mark(Phase::HelperRunning);
     if sys::getppid() != spec.supervisor_pid {
         // The supervisor died before our death signal was armed: nobody is listening.
@@ -85,7 +93,19 @@ fn start() -> Result<(), Failure> {
             )
         })?;
     }
-    run(&spec.plan, &spec.cgroup_leave)
+    let agent = spec
+        .agent
+        .as_ref()
+        .map(|agent| {
+            helper_live::prepare(agent).map_err(|e| {
+                with_source(
+                    &format!("preparing the agent at {}", agent.socket.display()),
+                    &e,
+                )
+            })
+        })
+        .transpose()?;
+    run(&spec.plan, &spec.cgroup_leave, agent)
 }
 
 fn read_spec() -> Result<HelperSpec, Failure> {
@@ -109,7 +129,11 @@ fn warn_or_fail(compat: Compat, message: String) -> Result<(), Failure> {
     }
 }
 
-fn run(plan: &Plan, cgroup_leave: &[std::path::PathBuf]) -> Result<(), Failure> {
+fn run(
+    plan: &Plan,
+    cgroup_leave: &[std::path::PathBuf],
+    agent: Option<AgentFds>,
+) -> Result<(), Failure> {
     // The supervisor ends a sandbox with SIGTERM to the helper; it waits here until the relay.
     let terminate = sys::block_signals(&[libc::SIGTERM])
         .and_then(|_| sys::signalfd(&[libc::SIGTERM]))
@@ -123,11 +147,13 @@ fn run(plan: &Plan, cgroup_leave: &[std::path::PathBuf]) -> Result<(), Failure> 
         Forked::Child => {
             drop(helper_end);
             drop(terminate);
-            let code = init(plan, init_end).unwrap_or_else(report_failure);
+            let code = init(plan, init_end, agent.as_ref()).unwrap_or_else(report_failure);
             sys::exit_now(code)
         }
         Forked::Parent(init_pid) => {
             drop(init_end);
+            let long_lived = agent.is_some();
+            drop(agent);
             mark(Phase::InitCloned);
             // Init is in the sandbox's cgroup now; the helper, a host process, leaves it, so that
             // the sandbox's OOM killer can never pick it, nor its limits count it.
@@ -145,7 +171,16 @@ fn run(plan: &Plan, cgroup_leave: &[std::path::PathBuf]) -> Result<(), Failure> 
                 return Err(failure);
             }
             mark(Phase::InitReleased);
-            relay_reports(&helper_end, init_pid, terminate.as_ref());
+            let finished = relay_reports(&helper_end, init_pid, terminate.as_ref());
+            if long_lived
+                && !finished
+                && matches!(sys::waitpid(init_pid, libc::WNOHANG), Ok((0, _)))
+            {
+                // Init closed its report channel by exec'ing the agent.
+                report::send(&Report::Ready);
+                helper_live::stay_beside(init_pid, terminate.as_ref());
+                return Ok(());
+            }
             let _ = sys::waitpid(init_pid, 0);
             Ok(())
         }
@@ -157,7 +192,8 @@ fn run(plan: &Plan, cgroup_leave: &[std::path::PathBuf]) -> Result<(), Failure> 
 ///
 /// SIGTERM (from the supervisor) ends the sandbox: init is killed, and the loop goes on until
 /// init is gone, so that the helper can reap it and no zombie outlives the sandbox.
-fn relay_reports(socket: &OwnedFd, init_pid: libc::pid_t, terminate: Option<&OwnedFd>) {
+/// Returns whether a final message (an exit status or a failure) was relayed.
+fn relay_reports(socket: &OwnedFd, init_pid: libc::pid_t, terminate: Option<&OwnedFd>) -> bool {
     let mut buf = vec![0u8; report::MAX_MESSAGE];
     let mut filter = RelayFilter::default();
     let mut fds = vec![socket.as_raw_fd()];
@@ -185,6 +221,7 @@ fn relay_reports(socket: &OwnedFd, init_pid: libc::pid_t, terminate: Option<&Own
             report::send(&message);
         }
     }
+    filter.finished
 }
 
 /// What the helper lets through from init, which runs inside the sandbox: setup failures only
@@ -287,7 +324,7 @@ fn idmap_workspace(
 }
 
 /// The sandbox's init: pid 1 in the new pid namespace.
-fn init(plan: &Plan, socket: OwnedFd) -> Result<i32, Failure> {
+fn init(plan: &Plan, socket: OwnedFd, agent: Option<&AgentFds>) -> Result<i32, Failure> {
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
     let (message, idmapped) = sys::recv_with_fd(&socket).unwrap_or_default();
     if message != b"go" {
@@ -334,6 +371,7 @@ fn init(plan: &Plan, socket: OwnedFd) -> Result<i32, Failure> {
     view::build(
         &plan.view,
         workspace,
+        agent.map(|agent| &agent.binary),
         plan.identity.uid,
         plan.identity.gid,
         join_network,
@@ -359,7 +397,13 @@ fn init(plan: &Plan, socket: OwnedFd) -> Result<i32, Failure> {
     let program = seccomp::compile(&plan.seccomp).map_err(|e| with_source("seccomp", &e))?;
     seccomp::install(&program).map_err(|e| with_source("seccomp", &e))?;
     mark(Phase::SeccompInstalled);
-    supervise(plan)
+    match agent {
+        Some(agent) => {
+            let err = helper_live::exec_agent(plan, agent);
+            Err(with_source("starting the agent", &err))
+        }
+        None => supervise(plan),
+    }
 }
 
 fn apply_rlimits(plan: &Plan) -> Result<(), Failure> {

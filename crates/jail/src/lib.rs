@@ -10,9 +10,14 @@
 )]
 
 pub mod cgroup;
+pub mod child;
 pub mod helper;
+mod helper_live;
 pub mod host;
+pub mod inotify;
 pub mod landlock;
+pub mod live;
+pub mod procctl;
 pub mod report;
 pub mod seccomp;
 pub mod spec;

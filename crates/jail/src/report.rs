@@ -10,6 +10,8 @@ use crate::sys::{self, write_all_raw};
 pub const SPEC_FD: RawFd = 3;
 /// The descriptor number the helper reports on.
 pub const REPORT_FD: RawFd = 4;
+/// A long-lived sandbox's helper reads the supervisor's commit on this descriptor.
+pub const CONTROL_FD: RawFd = 5;
 
 /// A message from the sandbox side.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +24,10 @@ pub enum Report {
     Ended(libc::c_int),
     /// A setup phase finished at this `CLOCK_MONOTONIC` time (only when tracing).
     Phase { phase: Phase, at_ns: u64 },
+    /// A long-lived sandbox's agent runs and its socket accepts connections (helper only).
+    Ready,
+    /// The helper took a long-lived sandbox's commit: it now outlives its supervisor.
+    Committed,
 }
 
 /// The steps of a sandbox's life that `airlock bench start --phases` times, in order.
@@ -107,6 +113,8 @@ impl Report {
             Report::Failed { code, message } => format!("E {code} {}\n", flat(message)),
             Report::Ended(status) => format!("X {status}\n"),
             Report::Phase { phase, at_ns } => format!("T {} {at_ns}\n", phase.index()),
+            Report::Ready => "R -\n".to_owned(),
+            Report::Committed => "C -\n".to_owned(),
         }
     }
 
@@ -122,6 +130,8 @@ impl Report {
                 })
             }
             "X" => rest.parse().ok().map(Report::Ended),
+            "R" => Some(Report::Ready),
+            "C" => Some(Report::Committed),
             "T" => {
                 let (index, at_ns) = rest.split_once(' ')?;
                 Some(Report::Phase {
@@ -156,6 +166,8 @@ mod tests {
                 message: "nope: command not found".into(),
             },
             Report::Ended(0x0900),
+            Report::Ready,
+            Report::Committed,
             Report::Phase {
                 phase: Phase::ViewBuilt,
                 at_ns: 123_456_789,

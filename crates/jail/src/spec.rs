@@ -15,7 +15,26 @@ pub struct HelperSpec {
     pub cgroup_leave: Vec<std::path::PathBuf>,
     /// Report the time of each setup phase (`airlock bench start --phases`).
     pub trace: bool,
+    /// Set for a long-lived sandbox: init execs the agent instead of a workload.
+    pub agent: Option<AgentSpec>,
 }
+
+/// Where a long-lived sandbox's agent comes from and how it is reached, in host paths.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSpec {
+    /// The `airlock-agent` binary, bound read-only at [`AGENT_PATH`] in the view.
+    pub binary: std::path::PathBuf,
+    /// The Unix socket the helper binds; the agent serves on it as descriptor 3.
+    pub socket: std::path::PathBuf,
+    /// The agent's stdout and stderr.
+    pub log: std::path::PathBuf,
+}
+
+/// Where the agent appears inside the sandbox.
+pub const AGENT_PATH: &str = "/run/airlock/agent";
+/// The descriptor the agent finds its listening socket on.
+pub const AGENT_LISTEN_FD: i32 = 3;
 
 #[cfg(test)]
 mod tests {
@@ -37,6 +56,7 @@ mod tests {
             cgroup_join: vec!["/sys/fs/cgroup/pids/airlock-1-0/tasks".into()],
             cgroup_leave: vec!["/sys/fs/cgroup/pids/tasks".into()],
             trace: false,
+            agent: None,
         }
     }
 

@@ -17,8 +17,8 @@ use airlock_api::Compat;
 use airlock_policy::Plan;
 
 use crate::cgroup::{self, CgroupError, Layout, SandboxCgroup};
-use crate::report::{Phase, REPORT_FD, Report, SPEC_FD};
-use crate::spec::HelperSpec;
+use crate::report::{CONTROL_FD, Phase, REPORT_FD, Report, SPEC_FD};
+use crate::spec::{AgentSpec, HelperSpec};
 use crate::sys;
 
 /// What can go wrong on the supervisor's side.
@@ -40,6 +40,8 @@ pub enum JailError {
     Cleanup(#[source] CgroupError),
     #[error("watching the sandbox failed")]
     Watch(#[source] io::Error),
+    #[error("{message}")]
+    Setup { code: i32, message: String },
 }
 
 /// Locates `airlock-jail`: `$AIRLOCK_JAIL_BIN`, else next to the running executable or one
@@ -135,7 +137,7 @@ pub struct Sandbox {
     killed_at: Option<Instant>,
     /// Phase times, when tracing.
     trace: Option<Vec<(Phase, u64)>>,
-    report: Option<File>,
+    report: Option<ReportReader>,
     cgroup: Option<SandboxCgroup>,
     warnings: Vec<String>,
 }
@@ -150,6 +152,24 @@ impl Sandbox {
     /// spec. The helper blocks on the spec, and joins the cgroup before it creates any other
     /// process, so no process of the sandbox ever runs outside it.
     pub fn spawn(plan: &Plan, options: &SpawnOptions) -> Result<Sandbox, JailError> {
+        let name = format!(
+            "{}{}-{}",
+            cgroup::NAME_PREFIX,
+            std::process::id(),
+            SANDBOX_COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        Sandbox::spawn_named(plan, options, &name, None, None)
+    }
+
+    /// [`Sandbox::spawn`] with a chosen cgroup name, and for a long-lived sandbox its agent and
+    /// the control pipe the helper receives as [`CONTROL_FD`].
+    pub(crate) fn spawn_named(
+        plan: &Plan,
+        options: &SpawnOptions,
+        name: &str,
+        agent: Option<AgentSpec>,
+        control: Option<&OwnedFd>,
+    ) -> Result<Sandbox, JailError> {
         let started = sys::monotonic_ns();
         let spawn_err = |source| JailError::Spawn {
             path: options.helper.clone(),
@@ -160,28 +180,32 @@ impl Sandbox {
         // Above the target numbers, so that installing one cannot clobber the other.
         let spec_r = sys::dup_above(&spec_r, SPEC_FD + 8).map_err(spawn_err)?;
         let report_w = sys::dup_above(&report_w, SPEC_FD + 8).map_err(spawn_err)?;
-        let fds = [
+        let control = control
+            .map(|fd| sys::dup_above(fd, SPEC_FD + 8))
+            .transpose()
+            .map_err(spawn_err)?;
+        let mut fds = vec![
             (spec_r.as_raw_fd(), SPEC_FD),
             (report_w.as_raw_fd(), REPORT_FD),
         ];
+        fds.extend(control.as_ref().map(|fd| (fd.as_raw_fd(), CONTROL_FD)));
         let pid = sys::spawn(&options.helper, &fds).map_err(spawn_err)?;
+        drop(control);
         drop((spec_r, report_w));
         let mut sandbox = Sandbox {
             helper: Some(pid),
             killed_at: None,
             trace: options.trace.then(|| vec![(Phase::Start, started)]),
-            report: Some(File::from(report_r)),
+            report: Some(ReportReader {
+                file: File::from(report_r),
+                pending: Vec::new(),
+                messages: std::collections::VecDeque::new(),
+            }),
             cgroup: None,
             warnings: Vec::new(),
         };
         sandbox.mark(Phase::HelperSpawned);
-        let name = format!(
-            "{}{}-{}",
-            cgroup::NAME_PREFIX,
-            std::process::id(),
-            SANDBOX_COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
-        match SandboxCgroup::create(&options.cgroups, &name, &plan.cgroup) {
+        match SandboxCgroup::create(&options.cgroups, name, &plan.cgroup) {
             Ok(cgroup) => sandbox.cgroup = Some(cgroup),
             Err(err) if plan.compat == Compat::BestEffort => sandbox.warnings.push(format!(
                 "not enforced: cgroup limits (memory, pids, cpu): {}",
@@ -207,6 +231,7 @@ impl Sandbox {
             cgroup_join,
             cgroup_leave,
             trace: options.trace,
+            agent,
         };
         let bytes = serde_json::to_vec(&spec).map_err(|e| JailError::SendSpec(e.into()))?;
         File::from(spec_w)
@@ -228,6 +253,33 @@ impl Sandbox {
             let _ = sys::kill(pid, libc::SIGTERM);
             self.killed_at.get_or_insert_with(Instant::now);
         }
+    }
+
+    pub(crate) fn helper_pid(&self) -> Option<libc::pid_t> {
+        self.helper
+    }
+
+    pub(crate) fn has_cgroup(&self) -> bool {
+        self.cgroup.is_some()
+    }
+
+    pub(crate) fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
+    }
+
+    /// The next report from the helper, blocking; `None` once it closed the channel.
+    pub(crate) fn next_report(&mut self) -> io::Result<Option<Report>> {
+        match &mut self.report {
+            Some(reader) => reader.next(),
+            None => Ok(None),
+        }
+    }
+
+    /// Lets the sandbox go on without this handle: nothing is ended, killed or removed.
+    pub(crate) fn release(&mut self) {
+        self.helper = None;
+        self.cgroup = None;
+        self.report = None;
     }
 
     fn mark(&mut self, phase: Phase) {
@@ -258,18 +310,14 @@ impl Sandbox {
         for warning in self.warnings.drain(..) {
             on_warning(&warning);
         }
-        let report = self
+        let mut reader = self
             .report
             .take()
             .ok_or_else(|| JailError::Watch(io::ErrorKind::NotConnected.into()))?;
-        let mut fds = vec![report.as_raw_fd()];
+        let mut fds = vec![reader.file.as_raw_fd()];
         if let Some(signals) = signals {
             fds.push(signals.fd.as_raw_fd());
         }
-        let mut reader = ReportReader {
-            file: report,
-            pending: Vec::new(),
-        };
         let (mut status, mut failure, mut forced): (
             Option<libc::c_int>,
             Option<(i32, String)>,
@@ -315,6 +363,8 @@ impl Sandbox {
                     Report::Warning(text) => on_warning(&text),
                     Report::Failed { code, message } => failure = Some((code, message)),
                     Report::Ended(raw) => status = Some(raw),
+                    // Only long-lived sandboxes report readiness; `live` consumes it.
+                    Report::Ready | Report::Committed => {}
                     Report::Phase { phase, at_ns } => {
                         if let Some(trace) = &mut self.trace {
                             trace.push((phase, at_ns));
@@ -425,14 +475,20 @@ impl Reported {
 }
 
 /// Splits the report stream into messages.
+#[derive(Debug)]
 struct ReportReader {
     file: File,
     pending: Vec<u8>,
+    /// Messages read ahead by [`ReportReader::next`].
+    messages: std::collections::VecDeque<Report>,
 }
 
 impl ReportReader {
     /// Reads what is available; returns the complete messages and whether the channel is open.
     fn read(&mut self) -> io::Result<(Vec<Report>, bool)> {
+        if !self.messages.is_empty() {
+            return Ok((self.messages.drain(..).collect(), true));
+        }
         let mut buf = [0u8; 4096];
         let n = match self.file.read(&mut buf) {
             Ok(n) => n,
@@ -448,6 +504,20 @@ impl ReportReader {
             }
         }
         Ok((messages, n > 0))
+    }
+
+    /// The next message, blocking; `None` once the channel is closed.
+    fn next(&mut self) -> io::Result<Option<Report>> {
+        loop {
+            if let Some(message) = self.messages.pop_front() {
+                return Ok(Some(message));
+            }
+            let (messages, open) = self.read()?;
+            self.messages.extend(messages);
+            if !open && self.messages.is_empty() {
+                return Ok(None);
+            }
+        }
     }
 }
 

@@ -76,6 +76,7 @@ pub fn prepare_workspace(
 pub fn build(
     plan: &ViewPlan,
     workspace: PreparedWorkspace,
+    agent_binary: Option<&OwnedFd>,
     uid: u32,
     gid: u32,
     join_network: impl FnOnce() -> io::Result<()>,
@@ -111,6 +112,9 @@ pub fn build(
         mkdir(&stage.join(dir), 0o755)?;
     }
     apply_masks(stage, &plan.masks)?;
+    if let Some(binary) = agent_binary {
+        attach_agent(stage, binary)?;
+    }
     let root = step(|| "opening the new root".into(), sys::open_path(stage))?;
     step(
         || "making the view read-only".into(),
@@ -308,6 +312,33 @@ fn apply_masks(stage: &Path, masks: &[Mask]) -> Result<(), ViewError> {
     let _ = fs::remove_dir(stage.join(EMPTY_DIR));
     let _ = fs::remove_file(stage.join(MASK_FILE));
     Ok(())
+}
+
+/// Attaches the agent's binary at `AGENT_PATH`, in the empty `/run` Airlock provides. It becomes
+/// read-only with the rest of the view.
+fn attach_agent(stage: &Path, binary: &OwnedFd) -> Result<(), ViewError> {
+    let target = stage.join(crate::spec::AGENT_PATH.trim_start_matches('/'));
+    if let Some(dir) = target.parent() {
+        step(
+            || format!("creating {}", dir.display()),
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(dir),
+        )?;
+    }
+    step(
+        || "creating the agent's mount point".into(),
+        fs::write(&target, b""),
+    )?;
+    let target_fd = step(
+        || "opening the agent's mount point".into(),
+        sys::open_path(&target),
+    )?;
+    step(
+        || "attaching the agent".into(),
+        sys::move_mount_onto(binary, &target_fd),
+    )
 }
 
 fn mount_proc(stage: &Path) -> Result<(), ViewError> {

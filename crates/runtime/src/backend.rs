@@ -84,6 +84,17 @@ impl Backend {
     pub fn start(self, plan: &Plan, options: &SpawnOptions) -> Result<Sandbox, JailError> {
         Sandbox::spawn(plan, options)
     }
+
+    /// Starts a long-lived sandbox whose pid 1 is the agent; see [`crate::LiveSpec`].
+    pub fn start_live(
+        self,
+        plan: &Plan,
+        options: &SpawnOptions,
+        id: &str,
+        agent: airlock_jail::spec::AgentSpec,
+    ) -> Result<airlock_jail::live::Starting, JailError> {
+        airlock_jail::live::start(plan, options, id, agent)
+    }
 }
 
 #[cfg(test)]

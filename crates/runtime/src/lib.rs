@@ -12,6 +12,7 @@
 //! ```
 
 mod backend;
+mod live;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -23,6 +24,7 @@ use airlock_policy::{CompileError, HostFacts};
 pub use airlock_jail::report::Phase;
 pub use airlock_jail::{Ending, TerminationSignals as Signals};
 pub use backend::{Backend, BackendSupport};
+pub use live::{LiveSandbox, LiveSpec, Pending, find_agent};
 
 /// Why a sandbox could not be run.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +39,12 @@ pub enum RuntimeError {
     TierUnavailable { tier: &'static str, reason: String },
     #[error(transparent)]
     Jail(#[from] JailError),
+    #[error("`{0}` is not a sandbox id (1 to 32 lower-case letters and digits)")]
+    BadSandboxId(String),
+    #[error("cannot find the airlock-agent binary at {0} (set AIRLOCK_AGENT_BIN)")]
+    AgentNotFound(PathBuf),
+    #[error("sandbox {0} is no longer running")]
+    Gone(String),
 }
 
 /// One runtime per process: it knows where its helper is and what the host supports.
@@ -45,6 +53,10 @@ pub struct Runtime {
     helper: PathBuf,
     support: HostSupport,
     trace: bool,
+    /// Airlock's state directories, hidden from every sandbox.
+    state_dirs: Vec<PathBuf>,
+    /// Tags the cgroups of long-lived sandboxes (see [`Runtime::set_owner`]).
+    owner: String,
 }
 
 impl Runtime {
@@ -58,12 +70,23 @@ impl Runtime {
             helper,
             support: HostSupport::probe(),
             trace: false,
+            state_dirs: default_state_dirs(),
+            owner: "run".to_owned(),
         }
     }
 
     /// Times each phase of every sandbox's life into [`Outcome::phases`](airlock_jail::Outcome).
     pub fn set_tracing(&mut self, on: bool) {
         self.trace = on;
+    }
+
+    /// Adds directories that no sandbox may see (a daemon's state directory).
+    pub fn set_state_dirs(&mut self, dirs: Vec<PathBuf>) {
+        for dir in dirs {
+            if !self.state_dirs.contains(&dir) {
+                self.state_dirs.push(dir);
+            }
+        }
     }
 
     pub fn support(&self) -> &HostSupport {
@@ -93,12 +116,7 @@ impl Runtime {
         }
         check_paths(config)?;
         let plan = airlock_policy::compile(config, &self.facts())?;
-        let options = SpawnOptions {
-            helper: self.helper.clone(),
-            cgroups: self.support.cgroups.clone(),
-            trace: self.trace,
-        };
-        let sandbox = backend.start(&plan, &options)?;
+        let sandbox = backend.start(&plan, &self.spawn_options())?;
         let deadline = config
             .timeout_ms
             .map(|ms| Instant::now() + Duration::from_millis(ms));
@@ -116,17 +134,35 @@ impl Runtime {
         Ok(sandbox.wait(deadline, signals, on_warning)?)
     }
 
-    fn facts(&self) -> HostFacts {
-        let mut state_dirs = vec![PathBuf::from("/var/lib/airlock")];
-        if let Some(home) = std::env::var_os("HOME") {
-            state_dirs.push(PathBuf::from(home).join(".local/share/airlock"));
+    fn spawn_options(&self) -> SpawnOptions {
+        SpawnOptions {
+            helper: self.helper.clone(),
+            cgroups: self.support.cgroups.clone(),
+            trace: self.trace,
         }
+    }
+
+    fn facts(&self) -> HostFacts {
         HostFacts {
             caller_uid: self.support.caller_uid,
             caller_gid: self.support.caller_gid,
-            state_dirs,
+            state_dirs: self.state_dirs.clone(),
         }
     }
+}
+
+/// Where Airlock keeps state by default; masked from every sandbox even when unused.
+fn default_state_dirs() -> Vec<PathBuf> {
+    let mut dirs = vec![PathBuf::from("/var/lib/airlock")];
+    if let Some(home) = std::env::var_os("HOME") {
+        let home = PathBuf::from(home);
+        dirs.push(home.join(".local/share/airlock"));
+        dirs.push(home.join(".local/state/airlock"));
+    }
+    if let Some(state) = std::env::var_os("XDG_STATE_HOME") {
+        dirs.push(PathBuf::from(state).join("airlock"));
+    }
+    dirs
 }
 
 fn check_paths(config: &SandboxConfig) -> Result<(), RuntimeError> {

@@ -1,0 +1,334 @@
+//! envd's plain-HTTP file transfer: `GET /files?path=` streams a file, `POST /files?path=`
+//! writes one (raw `application/octet-stream` body) or several (`multipart/form-data`, parts
+//! named `file`) as the body arrives, creating parents and overwriting.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::{Response, StatusCode, header};
+use serde_json::json;
+
+use crate::connect::{HttpResponse, ResponseBody, full};
+use crate::multipart::{Multipart, Part};
+use crate::user::User;
+
+const FILE_CHUNK_BYTES: usize = 64 * 1024;
+
+/// A file streamed as a response body, read chunk by chunk when hyper asks for more.
+#[derive(Debug)]
+pub struct FileBody {
+    file: Option<File>,
+}
+
+impl FileBody {
+    /// The next chunk, or `None` at end of file (a read error also ends the body).
+    pub fn next_chunk(&mut self) -> Option<Bytes> {
+        let file = self.file.as_mut()?;
+        let mut buf = BytesMut::zeroed(FILE_CHUNK_BYTES);
+        match file.read(&mut buf) {
+            Ok(n) if n > 0 => {
+                buf.truncate(n);
+                Some(buf.freeze())
+            }
+            Ok(_) => {
+                self.file = None;
+                None
+            }
+            Err(e) => {
+                eprintln!("airlock-agent: reading a file for GET /files failed: {e}");
+                self.file = None;
+                None
+            }
+        }
+    }
+}
+
+/// envd's error body for the plain-HTTP endpoints: `{"message","code"}`.
+pub fn http_error(status: StatusCode, message: impl Into<String>) -> HttpResponse {
+    let message = message.into();
+    full(
+        status,
+        "application/json",
+        json!({"message": message, "code": status.as_u16()}).to_string(),
+    )
+}
+
+/// `GET /files`.
+pub fn download(path: Option<&str>, user: &User) -> HttpResponse {
+    let Some(path) = path.filter(|p| !p.is_empty()) else {
+        return http_error(
+            StatusCode::BAD_REQUEST,
+            "the path query parameter is required",
+        );
+    };
+    let path = user.resolve(path);
+    match std::fs::metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return http_error(
+                StatusCode::NOT_FOUND,
+                format!("path '{}' does not exist", path.display()),
+            );
+        }
+        Ok(m) if m.is_dir() => {
+            return http_error(
+                StatusCode::BAD_REQUEST,
+                format!("path '{}' is a directory", path.display()),
+            );
+        }
+        // Opening a FIFO or a device could block the agent's only thread.
+        Ok(m) if !m.is_file() => {
+            return http_error(
+                StatusCode::BAD_REQUEST,
+                format!("path '{}' is not a regular file", path.display()),
+            );
+        }
+        _ => {}
+    }
+    match File::open(&path) {
+        Ok(file) => {
+            let mut response = Response::new(ResponseBody::File(FileBody { file: Some(file) }));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("application/octet-stream"),
+            );
+            response
+        }
+        Err(e) => UploadError::io(&e, &format!("cannot open '{}'", path.display())).response(),
+    }
+}
+
+fn io_status(err: &std::io::Error) -> StatusCode {
+    use std::io::ErrorKind as K;
+    match err.kind() {
+        K::NotFound => StatusCode::NOT_FOUND,
+        K::PermissionDenied => StatusCode::FORBIDDEN,
+        K::StorageFull | K::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,
+        K::IsADirectory | K::NotADirectory | K::InvalidInput | K::InvalidFilename => {
+            StatusCode::BAD_REQUEST
+        }
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// A failed transfer: what to answer (once the rest of the body is drained).
+struct UploadError {
+    status: StatusCode,
+    message: String,
+}
+
+impl UploadError {
+    fn new(status: StatusCode, message: impl Into<String>) -> UploadError {
+        UploadError {
+            status,
+            message: message.into(),
+        }
+    }
+
+    fn io(err: &std::io::Error, what: &str) -> UploadError {
+        UploadError::new(io_status(err), format!("{what}: {err}"))
+    }
+
+    fn response(self) -> HttpResponse {
+        http_error(self.status, self.message)
+    }
+}
+
+fn open_target(path: &Path) -> Result<File, UploadError> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => {
+            return Err(UploadError::new(
+                StatusCode::BAD_REQUEST,
+                format!("path '{}' is a directory", path.display()),
+            ));
+        }
+        // Opening a FIFO or a device could block the agent's only thread.
+        Ok(m) if !m.is_file() => {
+            return Err(UploadError::new(
+                StatusCode::BAD_REQUEST,
+                format!("path '{}' exists and is not a regular file", path.display()),
+            ));
+        }
+        _ => {}
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| UploadError::io(&e, &format!("cannot create '{}'", parent.display())))?;
+    }
+    File::create(path)
+        .map_err(|e| UploadError::io(&e, &format!("cannot create '{}'", path.display())))
+}
+
+fn write_chunk(file: &mut File, path: &Path, data: &[u8]) -> Result<(), UploadError> {
+    file.write_all(data)
+        .map_err(|e| UploadError::io(&e, &format!("cannot write '{}'", path.display())))
+}
+
+fn written_entry(path: &Path) -> serde_json::Value {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    json!({"path": path.to_string_lossy(), "name": name, "type": "file"})
+}
+
+/// Reads and discards the rest of a request body (keep-alive safety).
+pub async fn drain(body: &mut Incoming) {
+    while let Some(frame) = body.frame().await {
+        if frame.is_err() {
+            return;
+        }
+    }
+}
+
+/// `POST /files`.
+pub async fn upload(
+    content_type: Option<&str>,
+    content_encoding: Option<&str>,
+    path: Option<&str>,
+    user: &User,
+    mut body: Incoming,
+) -> HttpResponse {
+    let path = path.filter(|p| !p.is_empty()).map(|p| user.resolve(p));
+    if let Some(encoding) = content_encoding.filter(|e| !e.eq_ignore_ascii_case("identity")) {
+        drain(&mut body).await;
+        return http_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("Content-Encoding '{encoding}' is not supported; send identity"),
+        );
+    }
+    let media = content_type
+        .and_then(|ct| ct.split(';').next())
+        .map(|m| m.trim().to_ascii_lowercase())
+        .unwrap_or_default();
+    let result = if media == "multipart/form-data" {
+        match content_type.and_then(boundary_of) {
+            Some(boundary) => upload_multipart(&boundary, path, user, &mut body).await,
+            None => Err(UploadError::new(
+                StatusCode::BAD_REQUEST,
+                "multipart/form-data without a boundary parameter",
+            )),
+        }
+    } else {
+        match path {
+            Some(path) => upload_raw(&path, &mut body).await,
+            None => Err(UploadError::new(
+                StatusCode::BAD_REQUEST,
+                "the path query parameter is required for a raw upload",
+            )),
+        }
+    };
+    match result {
+        Ok(written) => full(
+            StatusCode::OK,
+            "application/json",
+            json!(written).to_string(),
+        ),
+        Err(error) => {
+            drain(&mut body).await;
+            error.response()
+        }
+    }
+}
+
+fn boundary_of(content_type: &str) -> Option<String> {
+    content_type.split(';').skip(1).find_map(|param| {
+        let (key, value) = param.split_once('=')?;
+        key.trim()
+            .eq_ignore_ascii_case("boundary")
+            .then(|| value.trim().trim_matches('"').to_string())
+            .filter(|b| !b.is_empty())
+    })
+}
+
+async fn next_data(body: &mut Incoming) -> Result<Option<Bytes>, UploadError> {
+    loop {
+        match body.frame().await {
+            None => return Ok(None),
+            Some(Err(e)) => {
+                return Err(UploadError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("reading the request body failed: {e}"),
+                ));
+            }
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    return Ok(Some(data));
+                }
+            }
+        }
+    }
+}
+
+async fn upload_raw(
+    path: &Path,
+    body: &mut Incoming,
+) -> Result<Vec<serde_json::Value>, UploadError> {
+    let mut file = open_target(path)?;
+    while let Some(data) = next_data(body).await? {
+        write_chunk(&mut file, path, &data)?;
+    }
+    Ok(vec![written_entry(path)])
+}
+
+async fn upload_multipart(
+    boundary: &str,
+    path: Option<PathBuf>,
+    user: &User,
+    body: &mut Incoming,
+) -> Result<Vec<serde_json::Value>, UploadError> {
+    let bad = |message: String| UploadError::new(StatusCode::BAD_REQUEST, message);
+    let mut parser = Multipart::new(boundary);
+    let mut written = Vec::new();
+    let mut current: Option<(File, PathBuf)> = None;
+    let mut query_path = path;
+    let mut finished = false;
+    while !finished {
+        let data = next_data(body).await?;
+        match &data {
+            Some(d) => parser.push(d),
+            None => parser.finish(),
+        }
+        while let Some(part) = parser.next_part().map_err(|e| bad(e.to_string()))? {
+            match part {
+                Part::Start { name, filename } => {
+                    if name != "file" {
+                        current = None;
+                        continue;
+                    }
+                    // The query path names the first file; the others are named by filename.
+                    let target = match (query_path.take(), filename) {
+                        (Some(path), _) => path,
+                        (None, Some(filename)) if !filename.is_empty() => user.resolve(&filename),
+                        (None, _) => {
+                            return Err(bad(
+                                "a file part has no filename and no path was given".into()
+                            ));
+                        }
+                    };
+                    current = Some((open_target(&target)?, target));
+                }
+                Part::Data(bytes) => {
+                    if let Some((file, target)) = current.as_mut() {
+                        write_chunk(file, target, &bytes)?;
+                    }
+                }
+                Part::End => {
+                    if let Some((_, target)) = current.take() {
+                        written.push(written_entry(&target));
+                    }
+                }
+                Part::Done => finished = true,
+            }
+        }
+        if data.is_none() && !finished {
+            return Err(bad(
+                "the multipart body ended before its closing boundary".into()
+            ));
+        }
+    }
+    Ok(written)
+}

@@ -1,0 +1,61 @@
+//! `airlock-agent`: the in-sandbox agent. It runs as PID 1 of a sandbox's pid namespace,
+//! already confined, and serves E2B's envd protocol (Connect RPCs for processes and the
+//! filesystem, plain-HTTP file transfer, health) over HTTP/1.1 on a Unix socket, so that the
+//! unmodified E2B SDKs work through the daemon's proxy.
+//!
+//! Everything runs on one thread (a current-thread tokio runtime): idle memory matters with
+//! hundreds of sandboxes. The kernel-facing parts (fork/exec, ptys, reaping, inotify) are in
+//! `airlock_jail::child` and `airlock_jail::inotify`; this crate has no `unsafe`.
+
+pub mod connect;
+pub mod files;
+pub mod filesystem;
+pub mod http;
+pub mod multipart;
+pub mod process;
+mod process_io;
+pub mod user;
+pub mod watch;
+pub mod wire;
+
+use std::ffi::OsString;
+use std::sync::Arc;
+
+use tokio::net::UnixListener;
+use tokio::signal::unix::{SignalKind, signal};
+
+/// Shared state of the agent.
+#[derive(Debug)]
+pub struct Agent {
+    pub processes: Arc<process::ProcessTable>,
+    pub watchers: watch::Watchers,
+    /// The sandbox's base environment (the agent's own); processes get it plus their `envs`.
+    pub base_env: Vec<(OsString, OsString)>,
+}
+
+/// Serves forever on `listener`. Must run inside a tokio runtime (current-thread is enough).
+/// Reaps every child of this process, orphans included, as PID 1 must.
+pub async fn run(listener: UnixListener) -> std::io::Result<()> {
+    let agent = Arc::new(Agent {
+        processes: Arc::default(),
+        watchers: watch::Watchers::default(),
+        base_env: std::env::vars_os().collect(),
+    });
+    // The SIGCHLD handler exists before the first child does.
+    let mut sigchld = signal(SignalKind::child())?;
+    let table = agent.processes.clone();
+    tokio::spawn(async move {
+        loop {
+            while let Some((pid, status)) = airlock_jail::child::reap_any() {
+                if !table.route_exit(pid, status) {
+                    eprintln!("airlock-agent: reaped orphan {pid} ({status})");
+                }
+            }
+            if sigchld.recv().await.is_none() {
+                return;
+            }
+        }
+    });
+    http::serve(listener, agent).await;
+    Ok(())
+}

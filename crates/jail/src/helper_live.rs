@@ -1,0 +1,159 @@
+//! The helper's part in a long-lived sandbox: it binds the agent's socket and prepares the
+//! agent's binary and log while still on the host, init execs the agent as the sandbox's pid 1
+//! once every layer is on, and the helper then stays beside it, until the supervisor commits
+//! the sandbox (from then on it outlives the supervisor) or ends it.
+
+use std::ffi::CString;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::UnixListener;
+
+use airlock_policy::Plan;
+
+use crate::procctl;
+use crate::report::CONTROL_FD;
+use crate::spec::{AGENT_LISTEN_FD, AGENT_PATH, AgentSpec};
+use crate::sys;
+
+/// What init needs to become the agent, opened by the helper on the host.
+#[derive(Debug)]
+pub struct AgentFds {
+    pub listener: OwnedFd,
+    pub log: OwnedFd,
+    /// A detached mount of the agent binary, attached at [`AGENT_PATH`] in the view.
+    pub binary: OwnedFd,
+}
+
+/// Leaves the supervisor's session (its terminal's signals are not the sandbox's) and its
+/// standard streams (a pipe held open by a sandbox would outlive the supervisor's reader).
+pub fn detach_from_caller() -> io::Result<()> {
+    procctl::setsid()?;
+    let null = File::options().read(true).write(true).open("/dev/null")?;
+    for target in 0..3 {
+        procctl::dup_inheritable(null.as_raw_fd(), target)?;
+    }
+    Ok(())
+}
+
+pub fn prepare(agent: &AgentSpec) -> io::Result<AgentFds> {
+    match std::fs::symlink_metadata(&agent.socket) {
+        Ok(meta) if std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) => {
+            std::fs::remove_file(&agent.socket)?;
+        }
+        _ => {}
+    }
+    let listener = UnixListener::bind(&agent.socket)?;
+    std::fs::set_permissions(&agent.socket, std::fs::Permissions::from_mode(0o600))?;
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&agent.log)?;
+    let binary = sys::open_tree_clone(None, &agent.binary, false)?;
+    Ok(AgentFds {
+        listener: OwnedFd::from(listener),
+        log: OwnedFd::from(log),
+        binary,
+    })
+}
+
+/// Init's last step in a long-lived sandbox: become the agent. Returns only on failure. The
+/// report channel is close-on-exec, so the helper learns of the exec from its end of file.
+pub fn exec_agent(plan: &Plan, fds: &AgentFds) -> io::Error {
+    let run = || -> io::Result<io::Error> {
+        let null = File::options().read(true).open("/dev/null")?;
+        procctl::dup_inheritable(null.as_raw_fd(), 0)?;
+        procctl::dup_inheritable(fds.log.as_raw_fd(), 1)?;
+        procctl::dup_inheritable(fds.log.as_raw_fd(), 2)?;
+        procctl::dup_inheritable(fds.listener.as_raw_fd(), AGENT_LISTEN_FD)?;
+        sys::close_from(AGENT_LISTEN_FD + 1, &[crate::report::REPORT_FD])?;
+        let c =
+            |s: String| CString::new(s).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
+        let program = c(AGENT_PATH.to_owned())?;
+        let argv = [
+            c("airlock-agent".to_owned())?,
+            c("--listen-fd".to_owned())?,
+            c(AGENT_LISTEN_FD.to_string())?,
+        ];
+        let env = plan
+            .process
+            .env
+            .iter()
+            .map(|(k, v)| c(format!("{k}={v}")))
+            .collect::<io::Result<Vec<_>>>()?;
+        sys::chdir(std::path::Path::new("/"))?;
+        Ok(sys::execve(&program, &argv, &env))
+    };
+    run().unwrap_or_else(|e| e)
+}
+
+/// After the agent is up: wait for the supervisor's commit on [`CONTROL_FD`]. A commit frees
+/// the helper from its supervisor; end of file before it means the supervisor died before the
+/// sandbox was recorded, and the sandbox ends. SIGTERM ends it at any time. Returns once init is
+/// gone and reaped.
+pub fn stay_beside(init_pid: libc::pid_t, terminate: Option<&OwnedFd>) {
+    let Ok(init) = procctl::pidfd_open(init_pid) else {
+        let _ = sys::kill(init_pid, libc::SIGKILL);
+        let _ = sys::waitpid(init_pid, 0);
+        return;
+    };
+    let mut control = Some(CONTROL_FD);
+    loop {
+        let mut fds = vec![init.as_raw_fd()];
+        fds.extend(terminate.map(AsRawFd::as_raw_fd));
+        fds.extend(control);
+        let Ok(ready) = sys::poll_readable(&fds, -1) else {
+            break;
+        };
+        if ready.first().copied().unwrap_or(false) {
+            break;
+        }
+        if terminate.is_some() && ready.get(1).copied().unwrap_or(false) {
+            if let Some(signals) = terminate {
+                let _ = sys::read_signal(signals);
+            }
+            let _ = sys::kill(init_pid, libc::SIGKILL);
+        }
+        if control.is_some() && ready.last().copied().unwrap_or(false) {
+            match read_commit() {
+                Some(true) => {
+                    // Committed: the sandbox is recorded and outlives the supervisor, which
+                    // waits for this acknowledgement before it reports the sandbox created.
+                    let _ = sys::prctl(libc::PR_SET_PDEATHSIG, 0);
+                    crate::report::send(&crate::report::Report::Committed);
+                    control = None;
+                }
+                Some(false) => {
+                    let _ = sys::kill(init_pid, libc::SIGKILL);
+                    control = None;
+                }
+                None => {}
+            }
+        }
+    }
+    let _ = sys::waitpid(init_pid, 0);
+}
+
+/// `Some(true)` for a commit, `Some(false)` for end of file, `None` for nothing yet.
+fn read_commit() -> Option<bool> {
+    let mut byte = [0u8; 1];
+    let mut file = std::mem::ManuallyDrop::new(control_file());
+    match file.read(&mut byte) {
+        Ok(0) => Some(false),
+        Ok(_) => Some(byte[0] == COMMIT),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => None,
+        Err(_) => Some(false),
+    }
+}
+
+fn control_file() -> File {
+    use std::os::fd::FromRawFd;
+    // SAFETY: CONTROL_FD was installed by the supervisor for the helper alone; the caller wraps
+    // the File in ManuallyDrop, so the descriptor is borrowed, never closed twice.
+    unsafe { File::from_raw_fd(CONTROL_FD) }
+}
+
+/// The byte a supervisor writes on the control pipe to commit a sandbox.
+pub const COMMIT: u8 = b'C';

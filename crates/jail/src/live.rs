@@ -1,0 +1,214 @@
+//! The supervisor's side of a long-lived sandbox: its init is the agent, and it outlives the
+//! supervisor once committed.
+//!
+//! Start-up is a two-step handshake, so that a supervisor killed at any moment leaves either a
+//! recorded sandbox or nothing: [`start`] returns a [`Starting`] sandbox once its agent serves;
+//! the caller records it durably, then [`Starting::commit`]s it. Until the commit, the helper
+//! ends the sandbox if the supervisor dies (its control pipe closes, and its parent-death signal
+//! fires). After it, the sandbox is found again by helper pid and start time ([`LiveRecord`]),
+//! and only ever signalled through a pidfd.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+
+use airlock_policy::Plan;
+use serde::{Deserialize, Serialize};
+
+use crate::cgroup::{self, Layout, SandboxCgroup};
+use crate::helper_live::COMMIT;
+use crate::procctl;
+use crate::report::Report;
+use crate::spec::AgentSpec;
+use crate::supervisor::{JailError, Sandbox, SpawnOptions};
+use crate::sys;
+
+/// The cgroup name prefix of long-lived sandboxes: `airlock-sbx-<id>`.
+pub const CGROUP_PREFIX: &str = "airlock-sbx-";
+/// How long a helper gets to end its sandbox before it is killed outright.
+const GRACE: Duration = Duration::from_secs(2);
+
+/// What identifies a running long-lived sandbox across supervisor restarts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LiveRecord {
+    pub helper_pid: i32,
+    /// With the pid, names the helper for the life of the machine.
+    pub helper_start_ticks: u64,
+    /// The cgroup's name, when limits were applied.
+    pub cgroup: Option<String>,
+}
+
+/// A sandbox whose agent serves, not yet committed: dropping it ends the sandbox.
+#[derive(Debug)]
+pub struct Starting {
+    sandbox: Sandbox,
+    control: File,
+    record: LiveRecord,
+    warnings: Vec<String>,
+}
+
+/// Starts a long-lived sandbox whose cgroup is `airlock-sbx-<id>` (the caller makes `id`
+/// unique on the host), and waits until its agent serves on `agent.socket`.
+pub fn start(
+    plan: &Plan,
+    options: &SpawnOptions,
+    id: &str,
+    agent: AgentSpec,
+) -> Result<Starting, JailError> {
+    let name = format!("{CGROUP_PREFIX}{id}");
+    let (control_r, control_w) = sys::pipe().map_err(|source| JailError::Spawn {
+        path: options.helper.clone(),
+        source,
+    })?;
+    let mut sandbox = Sandbox::spawn_named(plan, options, &name, Some(agent), Some(&control_r))?;
+    drop(control_r);
+    let pid = sandbox
+        .helper_pid()
+        .ok_or(JailError::Watch(io::ErrorKind::NotFound.into()))?;
+    let helper_start_ticks = procctl::start_ticks(pid).map_err(JailError::Watch)?;
+    let mut warnings = sandbox.take_warnings();
+    loop {
+        match sandbox.next_report().map_err(JailError::Watch)? {
+            Some(Report::Ready) => break,
+            Some(Report::Warning(text)) => warnings.push(text),
+            Some(Report::Failed { code, message }) => {
+                return Err(JailError::Setup { code, message });
+            }
+            Some(Report::Ended(_) | Report::Phase { .. } | Report::Committed) => {}
+            None => {
+                return Err(JailError::Setup {
+                    code: crate::helper::SETUP_FAILED,
+                    message: "the sandbox ended before its agent started".into(),
+                });
+            }
+        }
+    }
+    let record = LiveRecord {
+        helper_pid: pid,
+        helper_start_ticks,
+        cgroup: sandbox.has_cgroup().then_some(name),
+    };
+    Ok(Starting {
+        sandbox,
+        control: File::from(control_w),
+        record,
+        warnings,
+    })
+}
+
+impl Starting {
+    pub fn record(&self) -> &LiveRecord {
+        &self.record
+    }
+
+    /// Layers that best-effort mode skipped.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// Frees the sandbox from this process: call once its record is durable. Returns once the
+    /// helper has acknowledged, so that the sandbox no longer depends on this process.
+    pub fn commit(mut self) -> Result<LiveRecord, JailError> {
+        self.control
+            .write_all(&[COMMIT])
+            .map_err(JailError::Watch)?;
+        loop {
+            match self.sandbox.next_report().map_err(JailError::Watch)? {
+                Some(Report::Committed) => break,
+                Some(_) => {}
+                None => {
+                    return Err(JailError::Setup {
+                        code: crate::helper::SETUP_FAILED,
+                        message: "the sandbox ended before it was committed".into(),
+                    });
+                }
+            }
+        }
+        self.sandbox.release();
+        Ok(self.record)
+    }
+}
+
+/// A pidfd for the sandbox's helper if it still runs; it becomes readable when the sandbox ends.
+pub fn pidfd(record: &LiveRecord) -> Option<OwnedFd> {
+    procctl::open_if_same(record.helper_pid, record.helper_start_ticks)
+}
+
+/// Reaps the helper if it is this process's child and has exited; no-op otherwise.
+pub fn reap(record: &LiveRecord) {
+    if record.helper_pid > 0 {
+        let _ = sys::waitpid(record.helper_pid, libc::WNOHANG);
+    }
+}
+
+/// Ends a sandbox and removes everything it owned on the host. Safe to repeat, and safe on a
+/// record whose helper is long gone (its pid may belong to someone else by now).
+pub fn destroy(layout: &Layout, record: &LiveRecord) {
+    if let Some(pidfd) = pidfd(record) {
+        let _ = procctl::pidfd_send_signal(&pidfd, libc::SIGTERM);
+        let grace_ms = libc::c_int::try_from(GRACE.as_millis()).unwrap_or(2000);
+        if !procctl::pidfd_exited(&pidfd, grace_ms).unwrap_or(false) {
+            let _ = procctl::pidfd_send_signal(&pidfd, libc::SIGKILL);
+            let _ = procctl::pidfd_exited(&pidfd, -1);
+        }
+    }
+    // Also when the helper had already ended: it may be our unreaped child.
+    reap(record);
+    if let Some(name) = &record.cgroup {
+        let cgroup = SandboxCgroup::existing(layout, name);
+        cgroup.kill_all();
+        let _ = cgroup.remove();
+    }
+}
+
+/// Removes the cgroups of long-lived sandboxes whose name (after `airlock-sbx-`) `keep` does
+/// not accept, killing what is left in them. Returns those names.
+pub fn sweep(layout: &Layout, keep: impl Fn(&str) -> bool) -> Vec<String> {
+    let mut swept = Vec::new();
+    for parent in cgroup::parents(layout) {
+        let Ok(entries) = std::fs::read_dir(&parent) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(id) = name.to_str().and_then(|n| n.strip_prefix(CGROUP_PREFIX)) else {
+                continue;
+            };
+            if keep(id) {
+                continue;
+            }
+            let cgroup = SandboxCgroup::existing(layout, &format!("{CGROUP_PREFIX}{id}"));
+            cgroup.kill_all();
+            let _ = cgroup.remove();
+            if !swept.iter().any(|s| s == id) {
+                swept.push(id.to_owned());
+            }
+        }
+    }
+    swept
+}
+
+/// Waits until `pidfd`'s process exits or `deadline` passes; returns whether it exited.
+pub fn wait_exit(pidfd: &OwnedFd, deadline: Instant) -> bool {
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .as_millis();
+    procctl::pidfd_exited(
+        pidfd,
+        libc::c_int::try_from(left).unwrap_or(libc::c_int::MAX),
+    )
+    .unwrap_or(false)
+}
+
+/// Reads the agent log's last `max_bytes`, for `airlock sandbox logs`.
+pub fn tail(path: &std::path::Path, max_bytes: u64) -> io::Result<String> {
+    use std::io::{Seek, SeekFrom};
+    let mut file = File::open(path)?;
+    let len = file.metadata()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(max_bytes)))?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}

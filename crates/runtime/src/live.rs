@@ -1,0 +1,212 @@
+//! Long-lived sandboxes: the agent runs as the sandbox's pid 1, and the sandbox outlives the
+//! process that created it once committed. The daemon builds on this.
+
+use std::collections::HashSet;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use airlock_api::SandboxConfig;
+use airlock_jail::live::{self, LiveRecord, Starting};
+use airlock_jail::spec::{AGENT_LISTEN_FD, AGENT_PATH, AgentSpec};
+use serde::{Deserialize, Serialize};
+
+use crate::{Backend, Runtime, RuntimeError, check_paths};
+
+/// What the caller asks for.
+#[derive(Debug, Clone)]
+pub struct LiveSpec {
+    /// Lower-case letters and digits, at most 32: it names the cgroup.
+    pub id: String,
+    /// A private (0700) host directory the caller created; the agent's socket and log go here.
+    pub dir: PathBuf,
+    /// The sandbox's settings. The command is ignored (the agent runs), and so is the timeout:
+    /// the caller owns a long-lived sandbox's lifetime.
+    pub config: SandboxConfig,
+}
+
+/// Everything needed to find, reach and end a running long-lived sandbox: store it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LiveSandbox {
+    pub id: String,
+    /// The agent's Unix socket on the host.
+    pub socket: PathBuf,
+    pub helper_pid: i32,
+    pub helper_start_ticks: u64,
+    pub cgroup: Option<String>,
+    pub dir: PathBuf,
+}
+
+impl LiveSandbox {
+    fn jail_record(&self) -> LiveRecord {
+        LiveRecord {
+            helper_pid: self.helper_pid,
+            helper_start_ticks: self.helper_start_ticks,
+            cgroup: self.cgroup.clone(),
+        }
+    }
+
+    /// A descriptor that becomes readable when the sandbox has ended.
+    pub fn pidfd(&self) -> io::Result<OwnedFd> {
+        live::pidfd(&self.jail_record()).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, "the sandbox is no longer running")
+        })
+    }
+
+    /// Reaps the sandbox's helper if it is this process's child and has ended.
+    pub fn reap(&self) {
+        live::reap(&self.jail_record());
+    }
+
+    /// The agent's log, its last `max_bytes`.
+    pub fn agent_log(&self, max_bytes: u64) -> io::Result<String> {
+        live::tail(&self.dir.join(AGENT_LOG), max_bytes)
+    }
+}
+
+const AGENT_SOCKET: &str = "agent.sock";
+const AGENT_LOG: &str = "agent.log";
+
+/// A sandbox whose agent serves, not yet committed: dropping it ends the sandbox.
+#[derive(Debug)]
+pub struct Pending {
+    starting: Starting,
+    record: LiveSandbox,
+}
+
+impl Pending {
+    pub fn record(&self) -> &LiveSandbox {
+        &self.record
+    }
+
+    /// Layers that best-effort mode skipped.
+    pub fn warnings(&self) -> &[String] {
+        self.starting.warnings()
+    }
+
+    /// Lets the sandbox outlive this process. Call once its record is durable.
+    pub fn commit(self) -> Result<LiveSandbox, RuntimeError> {
+        self.starting.commit()?;
+        Ok(self.record)
+    }
+}
+
+/// Why an id cannot name a sandbox.
+fn check_id(id: &str) -> Result<(), RuntimeError> {
+    let valid = !id.is_empty()
+        && id.len() <= 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    if valid {
+        Ok(())
+    } else {
+        Err(RuntimeError::BadSandboxId(id.to_owned()))
+    }
+}
+
+/// Locates `airlock-agent`: `$AIRLOCK_AGENT_BIN`, else beside the helper.
+pub fn find_agent(helper: &Path) -> Result<PathBuf, RuntimeError> {
+    if let Some(path) = std::env::var_os("AIRLOCK_AGENT_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let candidate = helper.with_file_name("airlock-agent");
+    if candidate.is_file() {
+        Ok(candidate)
+    } else {
+        Err(RuntimeError::AgentNotFound(candidate))
+    }
+}
+
+impl Runtime {
+    /// Starts a long-lived sandbox and returns once its agent accepts connections. Blocking.
+    pub fn create_live(&self, spec: &LiveSpec) -> Result<Pending, RuntimeError> {
+        check_id(&spec.id)?;
+        let backend = Backend::for_tier(spec.config.tier);
+        if let Some(reason) = backend.probe(&self.support).unavailable {
+            return Err(RuntimeError::TierUnavailable {
+                tier: spec.config.tier.as_str(),
+                reason,
+            });
+        }
+        let mut config = spec.config.clone();
+        config.command = vec![
+            AGENT_PATH.to_owned(),
+            "--listen-fd".to_owned(),
+            AGENT_LISTEN_FD.to_string(),
+        ];
+        config.timeout_ms = None;
+        check_paths(&config)?;
+        let plan = airlock_policy::compile(&config, &self.facts())?;
+        let agent = AgentSpec {
+            binary: find_agent(&self.helper)?,
+            socket: spec.dir.join(AGENT_SOCKET),
+            log: spec.dir.join(AGENT_LOG),
+        };
+        let socket = agent.socket.clone();
+        let name = format!("{}-{}", self.owner, spec.id);
+        let starting = backend.start_live(&plan, &self.spawn_options(), &name, agent)?;
+        let jail = starting.record();
+        let record = LiveSandbox {
+            id: spec.id.clone(),
+            socket,
+            helper_pid: jail.helper_pid,
+            helper_start_ticks: jail.helper_start_ticks,
+            cgroup: jail.cgroup.clone(),
+            dir: spec.dir.clone(),
+        };
+        Ok(Pending { starting, record })
+    }
+
+    /// Checks that a recorded sandbox still runs (same helper pid and start time).
+    pub fn adopt(&self, record: &LiveSandbox) -> Result<(), RuntimeError> {
+        record
+            .pidfd()
+            .map(drop)
+            .map_err(|_| RuntimeError::Gone(record.id.clone()))
+    }
+
+    /// Ends a sandbox and removes what it owned: processes, cgroup and its directory. Safe to
+    /// repeat.
+    pub fn destroy(&self, record: &LiveSandbox) {
+        live::destroy(&self.support.cgroups, &record.jail_record());
+        let _ = std::fs::remove_dir_all(&record.dir);
+    }
+
+    /// Ends and removes the cgroups of this owner's long-lived sandboxes (see
+    /// [`Runtime::set_owner`]) whose ids are not in `live_ids`; returns their ids. Other owners'
+    /// sandboxes are never touched.
+    pub fn sweep_orphans(&self, live_ids: &HashSet<String>) -> Vec<String> {
+        let prefix = format!("{}-", self.owner);
+        live::sweep(&self.support.cgroups, |name| {
+            name.strip_prefix(&prefix)
+                .is_none_or(|id| live_ids.contains(id))
+        })
+        .into_iter()
+        .filter_map(|name| name.strip_prefix(&prefix).map(str::to_owned))
+        .collect()
+    }
+
+    /// The cgroup name of this owner's long-lived sandbox `id`: for ending a sandbox whose
+    /// record was never stored.
+    pub fn cgroup_name(&self, id: &str) -> String {
+        format!("{}{}-{id}", live::CGROUP_PREFIX, self.owner)
+    }
+
+    /// Names whose long-lived sandboxes these are: one tag per daemon (state directory), so
+    /// that one daemon's sweep never ends another's sandboxes. 1 to 16 lower-case letters and
+    /// digits; `run` by default.
+    pub fn set_owner(&mut self, tag: &str) -> Result<(), RuntimeError> {
+        let valid = !tag.is_empty()
+            && tag.len() <= 16
+            && tag
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        if !valid {
+            return Err(RuntimeError::BadSandboxId(tag.to_owned()));
+        }
+        self.owner = tag.to_owned();
+        Ok(())
+    }
+}

@@ -1,0 +1,139 @@
+//! Long-lived sandboxes through the runtime API: the agent serves on the host socket from
+//! inside the sandbox, a sandbox not committed ends with its handle, and `destroy` leaves
+//! nothing behind. Needs root (cgroups) and the workspace's binaries built.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests: failing loudly is the point"
+)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use airlock_api::SandboxConfig;
+use airlock_runtime::{LiveSpec, Runtime};
+
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+fn runtime() -> Runtime {
+    let mut runtime = Runtime::with_helper(bin_dir().join("airlock-jail"));
+    runtime.set_owner("livetest").unwrap();
+    runtime
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("airlock-live-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn spec(id: &str, dir: &Path) -> LiveSpec {
+    LiveSpec {
+        id: id.into(),
+        dir: dir.to_path_buf(),
+        config: SandboxConfig::new(Vec::new()),
+    }
+}
+
+fn health(socket: &Path) -> String {
+    let mut stream = UnixStream::connect(socket).unwrap();
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+fn alive(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+fn cgroup_exists(name: &str) -> bool {
+    ["memory", "pids"]
+        .iter()
+        .any(|c| Path::new(&format!("/sys/fs/cgroup/{c}/{name}")).exists())
+}
+
+#[test]
+fn test_committed_sandbox_serves_until_destroyed() {
+    let runtime = runtime();
+    let dir = scratch("commit");
+    let pending = runtime.create_live(&spec("livecommit1", &dir)).unwrap();
+    let record = pending.commit().unwrap();
+    assert!(
+        health(&record.socket).starts_with("HTTP/1.1 204"),
+        "the agent answers from inside"
+    );
+    runtime.adopt(&record).unwrap();
+    let cgroup = record.cgroup.clone().expect("limits applied");
+    assert!(cgroup_exists(&cgroup));
+    runtime.destroy(&record);
+    assert!(!alive(record.helper_pid), "helper gone");
+    assert!(!cgroup_exists(&cgroup), "cgroup removed");
+    assert!(!dir.exists(), "directory removed");
+    assert!(
+        runtime.adopt(&record).is_err(),
+        "a destroyed sandbox cannot be adopted"
+    );
+    runtime.destroy(&record);
+}
+
+#[test]
+fn test_uncommitted_sandbox_ends_with_its_handle() {
+    let runtime = runtime();
+    let dir = scratch("drop");
+    let pending = runtime.create_live(&spec("livedrop1", &dir)).unwrap();
+    let record = pending.record().clone();
+    assert!(health(&record.socket).starts_with("HTTP/1.1 204"));
+    drop(pending);
+    assert!(!alive(record.helper_pid), "helper gone with the handle");
+    assert!(!cgroup_exists(record.cgroup.as_deref().unwrap()));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn test_sweep_removes_cgroups_of_unknown_sandboxes() {
+    let runtime = runtime();
+    let dir = scratch("sweep");
+    let record = runtime
+        .create_live(&spec("livesweep1", &dir))
+        .unwrap()
+        .commit()
+        .unwrap();
+    // The other tests' sandboxes run concurrently: they are known, not orphans.
+    let others = ["livecommit1", "livedrop1"].map(String::from);
+    let mut keep: std::collections::HashSet<String> = others.clone().into();
+    keep.insert("livesweep1".into());
+    assert!(
+        !runtime
+            .sweep_orphans(&keep)
+            .contains(&"livesweep1".to_string())
+    );
+    assert!(alive(record.helper_pid));
+    let swept = runtime.sweep_orphans(&others.into());
+    assert!(swept.contains(&"livesweep1".to_string()), "{swept:?}");
+    assert!(!cgroup_exists(record.cgroup.as_deref().unwrap()));
+    runtime.destroy(&record);
+    assert!(!alive(record.helper_pid));
+}
+
+#[test]
+fn test_bad_ids_are_refused() {
+    let runtime = runtime();
+    let dir = scratch("badid");
+    for id in ["", "UPPER", "a/b", "../x", &"x".repeat(33)] {
+        let err = runtime.create_live(&spec(id, &dir)).unwrap_err();
+        assert!(err.to_string().contains("is not a sandbox id"), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,334 @@
+//! A client for one sandbox's agent, which speaks envd's Connect protocol (JSON codec) over
+//! HTTP/1.1 on a Unix socket. One connection per call: connecting to a local socket costs
+//! microseconds, and it keeps each exec stream independent.
+
+use std::path::{Path, PathBuf};
+
+use airlock_api::v1::{ErrorCode, FileEntry, FileKind};
+use bytes::{Buf, Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_TYPE, HOST, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio::net::UnixStream;
+
+use crate::error::ApiError;
+use crate::http::{Body, full};
+
+/// The largest Connect message accepted from an agent (a big directory listing).
+const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+#[derive(Debug, Clone)]
+pub struct Agent {
+    socket: PathBuf,
+}
+
+impl Agent {
+    pub fn new(socket: &Path) -> Agent {
+        Agent {
+            socket: socket.to_owned(),
+        }
+    }
+
+    /// Sends one request on a fresh connection; the response body streams.
+    pub async fn send(&self, mut request: Request<Body>) -> Result<Response<Incoming>, ApiError> {
+        let unreachable = |what: &str, err: &dyn std::fmt::Display| {
+            ApiError::new(
+                ErrorCode::AgentError,
+                format!("the sandbox's agent is unreachable ({what}: {err})"),
+            )
+        };
+        let stream = UnixStream::connect(&self.socket)
+            .await
+            .map_err(|e| unreachable("connect", &e))?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| unreachable("handshake", &e))?;
+        tokio::spawn(async move {
+            // Ends when the response body is consumed or dropped.
+            let _ = connection.await;
+        });
+        request
+            .headers_mut()
+            .insert(HOST, HeaderValue::from_static("localhost"));
+        sender
+            .send_request(request)
+            .await
+            .map_err(|e| unreachable("request", &e))
+    }
+
+    /// A Connect unary call with the JSON codec.
+    pub async fn unary<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        message: &Value,
+    ) -> Result<T, ApiError> {
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(format!("/{method}"))
+            .header(CONTENT_TYPE, "application/json")
+            .header("connect-protocol-version", "1")
+            .body(full(serde_json::to_vec(message).unwrap_or_default()))
+            .map_err(|e| ApiError::internal(format!("cannot build the agent request: {e}")))?;
+        let response = self.send(request).await?;
+        let status = response.status();
+        let bytes = read_limited(response.into_body()).await?;
+        if status != StatusCode::OK {
+            return Err(connect_error(status, &bytes));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| {
+            ApiError::new(
+                ErrorCode::AgentError,
+                format!("the agent's answer to {method} is not valid JSON: {e}"),
+            )
+        })
+    }
+}
+
+async fn read_limited(body: Incoming) -> Result<Bytes, ApiError> {
+    http_body_util::Limited::new(body, MAX_MESSAGE_BYTES)
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .map_err(|e| {
+            ApiError::new(
+                ErrorCode::AgentError,
+                format!("cannot read the agent's answer: {e}"),
+            )
+        })
+}
+
+/// Maps a Connect (or plain envd HTTP) error to ours.
+pub fn connect_error(status: StatusCode, body: &[u8]) -> ApiError {
+    let parsed: Option<Value> = serde_json::from_slice(body).ok();
+    let code_name = parsed
+        .as_ref()
+        .and_then(|v| v.get("code"))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let message = parsed
+        .as_ref()
+        .and_then(|v| v.get("message"))
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned());
+    let code = match code_name.as_deref() {
+        Some(name) => connect_code(name),
+        None => match status.as_u16() {
+            400 => ErrorCode::InvalidRequest,
+            401 => ErrorCode::Unauthenticated,
+            403 => ErrorCode::PermissionDenied,
+            404 => ErrorCode::NotFound,
+            409 => ErrorCode::Conflict,
+            413 | 507 => ErrorCode::Unprocessable,
+            _ => ErrorCode::AgentError,
+        },
+    };
+    ApiError::new(code, message)
+}
+
+/// Connect error code names to ours.
+pub fn connect_code(name: &str) -> ErrorCode {
+    match name {
+        "not_found" => ErrorCode::NotFound,
+        "already_exists" => ErrorCode::Conflict,
+        "invalid_argument" | "failed_precondition" | "out_of_range" => ErrorCode::InvalidRequest,
+        "permission_denied" => ErrorCode::PermissionDenied,
+        "unauthenticated" => ErrorCode::Unauthenticated,
+        "deadline_exceeded" => ErrorCode::Timeout,
+        "resource_exhausted" => ErrorCode::Unprocessable,
+        _ => ErrorCode::AgentError,
+    }
+}
+
+/// Wraps a JSON message in a Connect envelope (flags 0, big-endian length).
+pub fn envelope(message: &Value) -> Bytes {
+    let json = serde_json::to_vec(message).unwrap_or_default();
+    let mut out = BytesMut::with_capacity(5 + json.len());
+    out.extend_from_slice(&[0]);
+    out.extend_from_slice(&u32::try_from(json.len()).unwrap_or(u32::MAX).to_be_bytes());
+    out.extend_from_slice(&json);
+    out.freeze()
+}
+
+/// One envelope of a Connect stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Envelope {
+    Message(Value),
+    /// The end-of-stream frame: `None` for success, or the error it carried.
+    End(Option<ApiError>),
+}
+
+/// Reads envelopes from a streaming response body.
+#[derive(Debug)]
+pub struct EnvelopeReader {
+    body: Incoming,
+    buffer: BytesMut,
+}
+
+impl EnvelopeReader {
+    pub fn new(body: Incoming) -> EnvelopeReader {
+        EnvelopeReader {
+            body,
+            buffer: BytesMut::new(),
+        }
+    }
+
+    /// The next envelope; `None` at a clean end of the body.
+    pub async fn next(&mut self) -> Result<Option<Envelope>, ApiError> {
+        loop {
+            if let Some(envelope) = self.parse()? {
+                return Ok(Some(envelope));
+            }
+            match self.body.frame().await {
+                None if self.buffer.is_empty() => return Ok(None),
+                None => return Err(broken("the stream ended inside a message")),
+                Some(Err(err)) => return Err(broken(&format!("the stream broke: {err}"))),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buffer.extend_from_slice(&data);
+                    }
+                }
+            }
+        }
+    }
+
+    fn parse(&mut self) -> Result<Option<Envelope>, ApiError> {
+        if self.buffer.len() < 5 {
+            return Ok(None);
+        }
+        let flags = self.buffer[0];
+        let len = u32::from_be_bytes([
+            self.buffer[1],
+            self.buffer[2],
+            self.buffer[3],
+            self.buffer[4],
+        ]);
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        if len > MAX_MESSAGE_BYTES {
+            return Err(broken("the agent sent an oversized message"));
+        }
+        if self.buffer.len() < 5 + len {
+            return Ok(None);
+        }
+        self.buffer.advance(5);
+        let payload = self.buffer.split_to(len);
+        if flags & 0x01 != 0 {
+            return Err(broken("the agent sent a compressed message"));
+        }
+        let value: Value = serde_json::from_slice(&payload)
+            .map_err(|e| broken(&format!("the agent sent invalid JSON: {e}")))?;
+        if flags & 0x02 != 0 {
+            let error = value.get("error").map(|err| {
+                let code = err.get("code").and_then(Value::as_str).unwrap_or("unknown");
+                let message = err.get("message").and_then(Value::as_str).unwrap_or(code);
+                ApiError::new(connect_code(code), message)
+            });
+            return Ok(Some(Envelope::End(error)));
+        }
+        Ok(Some(Envelope::Message(value)))
+    }
+}
+
+fn broken(message: &str) -> ApiError {
+    ApiError::new(ErrorCode::AgentError, message)
+}
+
+/// An envd `EntryInfo` (proto3 JSON: camelCase, 64-bit integers possibly as strings, enum
+/// names) as our `FileEntry`.
+pub fn file_entry(entry: &Value) -> FileEntry {
+    let text = |key: &str| {
+        entry
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
+    let number = |key: &str| match entry.get(key) {
+        Some(Value::Number(n)) => n.as_u64().unwrap_or(0),
+        Some(Value::String(s)) => s.parse().unwrap_or(0),
+        _ => 0,
+    };
+    let kind = match entry.get("type") {
+        Some(Value::String(s)) if s == "FILE_TYPE_FILE" => FileKind::File,
+        Some(Value::String(s)) if s == "FILE_TYPE_DIRECTORY" => FileKind::Directory,
+        Some(Value::String(s)) if s == "FILE_TYPE_SYMLINK" => FileKind::Symlink,
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(1) => FileKind::File,
+            Some(2) => FileKind::Directory,
+            Some(3) => FileKind::Symlink,
+            _ => FileKind::Other,
+        },
+        _ => FileKind::Other,
+    };
+    let optional = |a: &str, b: &str| {
+        entry
+            .get(a)
+            .or_else(|| entry.get(b))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    FileEntry {
+        name: text("name"),
+        path: text("path"),
+        kind,
+        size_bytes: number("size"),
+        mode: u32::try_from(number("mode")).unwrap_or(0),
+        permissions: text("permissions"),
+        owner: text("owner"),
+        group: text("group"),
+        modified_time: optional("modifiedTime", "modified_time"),
+        symlink_target: optional("symlinkTarget", "symlink_target"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_entries_accept_proto3_json_spellings() {
+        let entry = file_entry(&serde_json::json!({
+            "name": "a", "type": "FILE_TYPE_DIRECTORY", "path": "/workspace/a",
+            "size": "4096", "mode": 2147484141u64, "permissions": "drwxr-xr-x",
+            "owner": "root", "group": "root", "modifiedTime": "2026-01-01T00:00:00Z"
+        }));
+        assert_eq!(entry.kind, FileKind::Directory);
+        assert_eq!(entry.size_bytes, 4096);
+        assert_eq!(entry.modified_time.as_deref(), Some("2026-01-01T00:00:00Z"));
+        assert_eq!(
+            file_entry(&serde_json::json!({"type": 1})).kind,
+            FileKind::File
+        );
+    }
+
+    #[test]
+    fn test_connect_errors_map_to_stable_codes() {
+        let err = connect_error(
+            StatusCode::NOT_FOUND,
+            br#"{"code":"not_found","message":"no file"}"#,
+        );
+        assert_eq!(err, ApiError::new(ErrorCode::NotFound, "no file"));
+        let err = connect_error(
+            StatusCode::CONFLICT,
+            br#"{"code":"already_exists","message":"x"}"#,
+        );
+        assert_eq!(err.code, ErrorCode::Conflict);
+        let err = connect_error(StatusCode::NOT_FOUND, b"plain text");
+        assert_eq!(err, ApiError::new(ErrorCode::NotFound, "plain text"));
+        let err = connect_error(
+            StatusCode::BAD_REQUEST,
+            br#"{"code":400,"message":"is a dir"}"#,
+        );
+        assert_eq!(err, ApiError::new(ErrorCode::InvalidRequest, "is a dir"));
+    }
+
+    #[test]
+    fn test_envelope_layout() {
+        let bytes = envelope(&serde_json::json!({}));
+        assert_eq!(&bytes[..], &[0, 0, 0, 0, 2, b'{', b'}']);
+    }
+}

@@ -1,0 +1,64 @@
+//! `airlockd`, the Airlock daemon: long-lived sandboxes behind an HTTP API (`/v1`).
+//!
+//! # Layout
+//!
+//! - [`config`]: flags (`ServeArgs`, shared with `airlock serve`), defaults, the state directory.
+//! - [`store`]: one SQLite file (`<state>/airlock.db`, WAL): sandboxes, templates, hashed API
+//!   keys, events; versioned with `PRAGMA user_version`.
+//! - [`auth`]: API keys (`X-API-Key`) and per-sandbox access tokens (`X-Access-Token`), both
+//!   stored as SHA-256; ids. [`keys_cmd`]: `keys create|ls|revoke` on the store directly.
+//! - [`lifecycle`]: create, timeout, delete, watch, and the reconciliation after a restart
+//!   (its module docs give the crash-safety argument).
+//! - `routes`: the route table (also the source of the OpenAPI paths) and the handlers;
+//!   [`proxy`]: the streaming reverse proxy to a sandbox's agent; [`agent`]: the Connect client
+//!   for the agent's Unix socket.
+//! - [`openapi`]: generates `api/openapi.json`; [`client`]: the typed async client.
+//!
+//! # Decisions
+//!
+//! - **Defaults.** Listens on `127.0.0.1:3000`. State in `/var/lib/airlock` (root), else
+//!   `$XDG_STATE_HOME/airlock` or `~/.local/state/airlock`; per-sandbox directories are
+//!   `<state>/sandboxes/<id>` (0700) and hold the agent's socket and log. The state directory
+//!   is masked from every sandbox (`Runtime::set_state_dirs`). One daemon per state
+//!   directory (an exclusive lock on `airlockd.lock`).
+//! - **Errors.** Every error is `{"code", "message"}` with a stable code
+//!   ([`airlock_api::v1::ErrorCode`]): malformed input 400, bad credentials 401, unknown
+//!   sandbox/route/file 404, state conflicts 409 (file exists, sandbox still creating), body
+//!   caps 413, well-formed but impossible requests 422 (unknown template, unavailable tier with
+//!   the probe's reason, limits below the minimum, timeout out of range), capacity 503.
+//!   Templates are named in the body, so an unknown one is 422, not 404.
+//! - **Auth.** Control-plane routes need an API key; data-plane routes (exec, files, envd)
+//!   accept an API key or that sandbox's access token, shown once at create.
+//!   `--insecure-no-auth` is refused unless the listen address is loopback.
+//! - **Limits.** `--max-sandboxes` (1024) → 503 `capacity`; `--max-body-bytes` (1 MiB) for
+//!   JSON bodies → 413; `--max-upload-bytes` (10 GiB) for streamed uploads → 413, checked
+//!   against Content-Length first and then while streaming. Request headers must arrive
+//!   within 30 s. Unread request bodies are drained (up to the JSON cap) after an error.
+//! - **Lifetimes.** A sandbox has a deadline (default `--default-timeout`, 5 min; at most
+//!   `--max-timeout`, 24 h); a watcher task destroys it then, or as soon as its helper exits
+//!   (pidfd). Sandboxes outlive the daemon: SIGTERM/SIGINT stop the listener, give in-flight
+//!   requests up to 10 s, and leave every sandbox running for the next daemon to adopt.
+//! - **Exec.** `POST .../exec` answers `application/x-ndjson`: `start`, `stdout`/`stderr`
+//!   (base64), then one `exit` (or `error`). Semantics are envd's `Start`: `timeout_ms` kills
+//!   the command, a client disconnect does not.
+//! - **Files.** Paths resolve inside the sandbox's own view (the agent runs there), so
+//!   traversal reaches only what the sandbox sees, and writes outside `/workspace` and `/tmp`
+//!   fail. The edge rejects empty paths and NUL bytes.
+
+pub mod agent;
+pub mod auth;
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod http;
+pub mod keys_cmd;
+pub mod lifecycle;
+pub mod openapi;
+pub mod proxy;
+pub mod routes;
+pub mod server;
+pub mod store;
+
+pub use config::ServeArgs;
+pub use keys_cmd::KeysArgs;
+pub use server::{ServeError, run as serve};

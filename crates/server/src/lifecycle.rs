@@ -1,0 +1,755 @@
+//! Sandbox lifecycle: create, time out, delete, watch, and reconcile after a restart.
+//!
+//! The store is the durable truth and the `slots` map the in-memory view of what this daemon
+//! manages. The order of writes makes a crash at any point recoverable:
+//!
+//! 1. the row is inserted as `creating` before the runtime starts anything;
+//! 2. the runtime starts the sandbox (`create_live`, blocking until its agent serves);
+//! 3. the row becomes `committing` with the runtime's record (helper pid, start time, cgroup);
+//! 4. only then is the sandbox committed, which lets it outlive the daemon;
+//! 5. the row becomes `running`, and only then does the create answer 201.
+//!
+//! Until its commit, a sandbox dies with the daemon (the runtime's parent-death signal), but
+//! not at the same instant. So at start-up (`recover`), `creating`, `committing` and
+//! `deleting` rows are destroyed (through the stored record when there is one) and removed,
+//! whatever still runs; `running` rows whose helper is gone are destroyed, live ones are
+//! re-adopted with their stored deadline, and then stale cgroups and directories that no row owns are removed. Each of
+//! these is an event. Every running sandbox has a watcher task that ends it at its deadline or
+//! when its helper exits (the pidfd becomes readable), removing everything it owned.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use airlock_api::v1::{
+    CreateSandboxRequest, CreateSandboxResponse, ErrorCode, Sandbox, SandboxState, Workspace,
+};
+use airlock_api::{ResourceLimits, SandboxConfig, WorkspaceSource};
+use airlock_runtime::{LiveSandbox, LiveSpec, Runtime, RuntimeError};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::watch;
+
+use crate::agent::Agent;
+use crate::auth;
+use crate::config::{Config, ConfigError, LOCK_FILE, prepare_state_dir};
+use crate::error::ApiError;
+use crate::store::{BASE_TEMPLATE, RowState, SandboxRow, Store, StoreError, now_ms};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot open the lock file {0}")]
+    Lock(PathBuf, #[source] std::io::Error),
+    #[error("another airlockd already uses the state directory {0}")]
+    Busy(PathBuf),
+    #[error("cannot start the sandbox runtime")]
+    Runtime(#[source] RuntimeError),
+}
+
+/// A running sandbox's in-memory state.
+#[derive(Debug)]
+struct Live {
+    record: LiveSandbox,
+    /// The deadline (Unix ms); the watcher re-arms when it changes. `u64::MAX` stops it.
+    deadline: watch::Sender<u64>,
+}
+
+#[derive(Debug, Clone)]
+enum SlotState {
+    Creating,
+    Running(Arc<Live>),
+    Deleting,
+}
+
+#[derive(Debug, Clone)]
+struct Slot {
+    state: SlotState,
+    token_hash: String,
+}
+
+/// The daemon's core, shared by every request.
+#[derive(Debug)]
+pub struct Daemon {
+    pub config: Config,
+    pub store: Arc<Store>,
+    runtime: Arc<Runtime>,
+    slots: Mutex<HashMap<String, Slot>>,
+    /// Held (locked) for the daemon's whole life.
+    _lock: File,
+}
+
+impl Daemon {
+    /// Prepares the state directory, takes its lock, opens the store, finds the runtime and
+    /// reconciles what survived the previous daemon. Blocking.
+    pub fn open(config: Config) -> Result<Arc<Daemon>, LifecycleError> {
+        prepare_state_dir(&config.state_dir)?;
+        let lock_path = config.state_dir.join(LOCK_FILE);
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| LifecycleError::Lock(lock_path.clone(), e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(LifecycleError::Busy(config.state_dir.clone()));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(LifecycleError::Lock(lock_path, e)),
+        }
+        let store = Arc::new(Store::open(&config.store_path())?);
+        let mut runtime = Runtime::new().map_err(LifecycleError::Runtime)?;
+        runtime.set_state_dirs(vec![config.state_dir.clone()]);
+        runtime
+            .set_owner(&owner_tag(&config.state_dir))
+            .map_err(LifecycleError::Runtime)?;
+        let daemon = Arc::new(Daemon {
+            config,
+            store,
+            runtime: Arc::new(runtime),
+            slots: Mutex::new(HashMap::new()),
+            _lock: lock,
+        });
+        Ok(daemon)
+    }
+
+    fn slots(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
+        self.slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn event(&self, id: Option<&str>, kind: &str, message: &str) {
+        let _ = self.store.record_event(id, kind, message);
+    }
+
+    /// Reconciles the store with what runs (see the module docs). Call once, before serving,
+    /// from a blocking context.
+    ///
+    /// Only this daemon's sandboxes are touched: the runtime tags their cgroups with an owner
+    /// derived from the state directory, so that daemons sharing a host leave each other alone.
+    pub fn recover(self: &Arc<Self>) -> Result<(), LifecycleError> {
+        let mut adopted = Vec::new();
+        for row in self.store.list_sandboxes()? {
+            let live: Option<LiveSandbox> = row
+                .live
+                .as_deref()
+                .and_then(|json| serde_json::from_str(json).ok());
+            let reason = match (row.state, live) {
+                (RowState::Running, Some(record)) => {
+                    if self.runtime.adopt(&record).is_ok() && agent_answers(&record.socket) {
+                        adopted.push((row, record));
+                        continue;
+                    }
+                    self.runtime.destroy(&record);
+                    "its agent died while the daemon was down"
+                }
+                (state, live) => {
+                    let record = live.unwrap_or_else(|| self.unrecorded(&row.id));
+                    self.runtime.destroy(&record);
+                    match state {
+                        RowState::Creating | RowState::Committing => {
+                            "a daemon crash interrupted its creation"
+                        }
+                        RowState::Deleting => "a daemon crash interrupted its removal",
+                        RowState::Running => "its stored record is unreadable",
+                    }
+                }
+            };
+            let _ = std::fs::remove_dir_all(self.config.sandboxes_dir().join(&row.id));
+            self.store.delete_sandbox(&row.id)?;
+            self.event(Some(&row.id), "orphan_destroyed", reason);
+        }
+        let live_ids: HashSet<String> = adopted.iter().map(|(row, _)| row.id.clone()).collect();
+        if let Ok(entries) = std::fs::read_dir(self.config.sandboxes_dir()) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if live_ids.contains(&name) {
+                    continue;
+                }
+                if plausible_id(&name) {
+                    self.runtime.destroy(&self.unrecorded(&name));
+                }
+                let _ = std::fs::remove_dir_all(entry.path());
+                self.event(
+                    Some(&name),
+                    "orphan_destroyed",
+                    "stale directory of an unknown sandbox",
+                );
+            }
+        }
+        for id in self.runtime.sweep_orphans(&live_ids) {
+            self.event(
+                Some(&id),
+                "orphan_destroyed",
+                "stale cgroup of an unknown sandbox",
+            );
+        }
+        for (row, record) in adopted {
+            self.event(
+                Some(&row.id),
+                "adopted",
+                "re-adopted after a daemon restart",
+            );
+            self.install_running(&row.id, &row.token_hash, record, row.deadline_ms);
+        }
+        Ok(())
+    }
+
+    /// A record for a sandbox whose runtime record was never stored (its create was cut
+    /// short): no helper to signal (its parent-death signal ended it with the old daemon), but
+    /// possibly a cgroup and a directory.
+    fn unrecorded(&self, id: &str) -> LiveSandbox {
+        let dir = self.config.sandboxes_dir().join(id);
+        LiveSandbox {
+            id: id.to_owned(),
+            socket: dir.join("agent.sock"),
+            helper_pid: 0,
+            helper_start_ticks: 0,
+            cgroup: Some(self.runtime.cgroup_name(id)),
+            dir,
+        }
+    }
+
+    /// Registers a running sandbox and starts its watcher.
+    fn install_running(
+        self: &Arc<Self>,
+        id: &str,
+        token_hash: &str,
+        record: LiveSandbox,
+        deadline_ms: u64,
+    ) {
+        let (deadline, receiver) = watch::channel(deadline_ms);
+        let live = Arc::new(Live { record, deadline });
+        self.slots().insert(
+            id.to_owned(),
+            Slot {
+                state: SlotState::Running(live.clone()),
+                token_hash: token_hash.to_owned(),
+            },
+        );
+        tokio::spawn(self.clone().watch(id.to_owned(), live, receiver));
+    }
+
+    async fn watch(
+        self: Arc<Self>,
+        id: String,
+        live: Arc<Live>,
+        mut deadline: watch::Receiver<u64>,
+    ) {
+        #[allow(
+            deprecated,
+            reason = "the safe constructor: the OwnedFd owns its descriptor for the AsyncFd's whole \
+                      life, which is the I/O-safety condition the unsafe replacement asks for"
+        )]
+        let pidfd = live.record.pidfd().and_then(AsyncFd::new);
+        let Ok(pidfd) = pidfd else {
+            self.end(&id, "ended", "the sandbox was gone when its watch began")
+                .await;
+            return;
+        };
+        loop {
+            let deadline_ms = *deadline.borrow_and_update();
+            if deadline_ms == u64::MAX {
+                return;
+            }
+            let remaining = Duration::from_millis(deadline_ms.saturating_sub(now_ms()));
+            tokio::select! {
+                () = tokio::time::sleep(remaining) => {
+                    if *deadline.borrow() == deadline_ms {
+                        self.end(&id, "timeout", "the sandbox reached its timeout").await;
+                        return;
+                    }
+                }
+                _ = pidfd.readable() => {
+                    self.end(&id, "ended", "the sandbox's agent exited").await;
+                    return;
+                }
+                changed = deadline.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends a running sandbox: marks it deleting, destroys it, drops its row, records why.
+    /// Returns false if it was not running (unknown, still creating, already ending).
+    async fn end(self: &Arc<Self>, id: &str, kind: &str, message: &str) -> bool {
+        let live = {
+            let mut slots = self.slots();
+            let Some(slot) = slots.get_mut(id) else {
+                return false;
+            };
+            let SlotState::Running(live) = &slot.state else {
+                return false;
+            };
+            let live = live.clone();
+            slot.state = SlotState::Deleting;
+            live
+        };
+        live.deadline.send_replace(u64::MAX);
+        let _ = self.store.set_state(id, RowState::Deleting);
+        let runtime = self.runtime.clone();
+        let record = live.record.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            runtime.destroy(&record);
+            record.reap();
+        })
+        .await;
+        let _ = self.store.delete_sandbox(id);
+        self.slots().remove(id);
+        self.event(Some(id), kind, message);
+        true
+    }
+
+    /// Creates a sandbox and returns once it is usable.
+    pub async fn create(
+        self: &Arc<Self>,
+        request: CreateSandboxRequest,
+    ) -> Result<CreateSandboxResponse, ApiError> {
+        let (request, config) = self.normalize(request)?;
+        let id =
+            auth::new_sandbox_id().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
+        let token =
+            auth::new_access_token().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
+        let token_hash = auth::hash_secret(&token);
+        {
+            let mut slots = self.slots();
+            if slots.len() >= self.config.max_sandboxes {
+                return Err(ApiError::new(
+                    ErrorCode::Capacity,
+                    format!(
+                        "the daemon already has {} sandboxes, its limit (--max-sandboxes)",
+                        self.config.max_sandboxes
+                    ),
+                ));
+            }
+            slots.insert(
+                id.clone(),
+                Slot {
+                    state: SlotState::Creating,
+                    token_hash: token_hash.clone(),
+                },
+            );
+        }
+        let timeout_ms = request.timeout_ms.unwrap_or(self.config.default_timeout_ms);
+        let row = SandboxRow {
+            id: id.clone(),
+            state: RowState::Creating,
+            request,
+            token_hash: token_hash.clone(),
+            live: None,
+            created_ms: now_ms(),
+            deadline_ms: now_ms().saturating_add(timeout_ms),
+        };
+        let daemon = self.clone();
+        let started =
+            tokio::task::spawn_blocking(move || daemon.create_blocking(row, config, timeout_ms))
+                .await;
+        let started = match started {
+            Ok(result) => result,
+            Err(join) => Err(ApiError::internal(format!(
+                "the create task failed: {join}"
+            ))),
+        };
+        match started {
+            Ok((row, record)) => {
+                self.install_running(&id, &token_hash, record, row.deadline_ms);
+                self.event(Some(&id), "ready", "the sandbox's agent serves");
+                Ok(CreateSandboxResponse {
+                    sandbox: view(&row, SandboxState::Running),
+                    access_token: token,
+                })
+            }
+            Err(err) => {
+                self.slots().remove(&id);
+                Err(err)
+            }
+        }
+    }
+
+    /// Steps 1 to 4 of the module docs, in the blocking pool. On failure nothing is left.
+    fn create_blocking(
+        &self,
+        mut row: SandboxRow,
+        config: SandboxConfig,
+        timeout_ms: u64,
+    ) -> Result<(SandboxRow, LiveSandbox), ApiError> {
+        let id = row.id.clone();
+        let dir = self.config.sandboxes_dir().join(&id);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", dir.display())))?;
+        let fail = |err: ApiError| {
+            let _ = std::fs::remove_dir_all(&dir);
+            let _ = self.store.delete_sandbox(&id);
+            self.event(Some(&id), "create_failed", &err.message);
+            err
+        };
+        if let Err(err) = self.store.insert_sandbox(&row) {
+            return Err(fail(err.into()));
+        }
+        self.event(
+            Some(&id),
+            "create",
+            &format!(
+                "template {}",
+                row.request.template.as_deref().unwrap_or(BASE_TEMPLATE)
+            ),
+        );
+        let spec = LiveSpec {
+            id: id.clone(),
+            dir: dir.clone(),
+            config,
+        };
+        let pending = match self.runtime.create_live(&spec) {
+            Ok(pending) => pending,
+            Err(err) => return Err(fail(runtime_error(&err))),
+        };
+        for warning in pending.warnings() {
+            self.event(Some(&id), "warning", warning);
+        }
+        let live_json = serde_json::to_string(pending.record())
+            .map_err(|e| ApiError::internal(format!("cannot encode the sandbox record: {e}")));
+        row.deadline_ms = now_ms().saturating_add(timeout_ms);
+        let stored = live_json.and_then(|json| {
+            let ok = self.store.set_started(&id, &json, row.deadline_ms)?;
+            row.live = Some(json);
+            if ok {
+                Ok(())
+            } else {
+                Err(ApiError::internal("the sandbox's row vanished"))
+            }
+        });
+        if let Err(err) = stored {
+            drop(pending);
+            return Err(fail(err));
+        }
+        let record = pending.record().clone();
+        match pending.commit() {
+            Ok(record) => {
+                if let Err(err) = self.store.set_state(&id, RowState::Running) {
+                    self.runtime.destroy(&record);
+                    return Err(fail(err.into()));
+                }
+                row.state = RowState::Running;
+                Ok((row, record))
+            }
+            Err(err) => {
+                self.runtime.destroy(&record);
+                Err(fail(runtime_error(&err)))
+            }
+        }
+    }
+
+    /// Fills defaults in and checks a create request; returns it and the runtime config.
+    fn normalize(
+        &self,
+        mut request: CreateSandboxRequest,
+    ) -> Result<(CreateSandboxRequest, SandboxConfig), ApiError> {
+        let unavailable = self
+            .runtime
+            .backends()
+            .into_iter()
+            .find(|b| b.tier == request.tier)
+            .map_or_else(
+                || Some("not supported by this daemon".to_owned()),
+                |b| b.unavailable,
+            );
+        if let Some(reason) = unavailable {
+            return Err(ApiError::unprocessable(format!(
+                "the {} tier is unavailable: {reason}",
+                request.tier.as_str()
+            )));
+        }
+        let template_name = request
+            .template
+            .clone()
+            .unwrap_or_else(|| BASE_TEMPLATE.to_owned());
+        let Some(template) = self.store.get_template(&template_name)? else {
+            return Err(ApiError::unprocessable(format!(
+                "unknown template {template_name:?}"
+            )));
+        };
+        request.template = Some(template_name);
+        let timeout_ms = request.timeout_ms.unwrap_or(self.config.default_timeout_ms);
+        self.check_timeout(timeout_ms)?;
+        request.timeout_ms = Some(timeout_ms);
+        let defaults = ResourceLimits::default();
+        let r = &mut request.resources;
+        r.memory_bytes = Some(r.memory_bytes.or(defaults.memory_bytes).unwrap_or(2 << 30));
+        r.pids_max = Some(r.pids_max.or(defaults.pids_max).unwrap_or(1024));
+        r.disk_bytes = Some(r.disk_bytes.unwrap_or(defaults.disk_bytes));
+        check_min("resources.memory_bytes", r.memory_bytes, 16 << 20)?;
+        check_min("resources.pids_max", r.pids_max, 4)?;
+        check_min("resources.disk_bytes", r.disk_bytes, 1 << 20)?;
+        check_min("resources.cpu_millis", r.cpu_millis.map(u64::from), 10)?;
+        check_map("env", &request.env, 256, |key| {
+            !key.is_empty() && !key.contains('=') && !key.contains('\0')
+        })?;
+        check_map("metadata", &request.metadata, 64, |key| {
+            !key.is_empty() && key.len() <= 256
+        })?;
+        let workspace = match &request.workspace {
+            Workspace::Fresh => WorkspaceSource::Fresh,
+            Workspace::Host { path } => WorkspaceSource::Host {
+                path: self.host_workspace(path)?,
+            },
+        };
+        let mut config = SandboxConfig::new(Vec::new());
+        config.tier = request.tier;
+        config.rootfs = template.rootfs.as_ref().map(PathBuf::from);
+        config.workspace = workspace;
+        config.resources = ResourceLimits {
+            memory_bytes: r.memory_bytes,
+            pids_max: r.pids_max,
+            cpu_milli: r.cpu_millis,
+            disk_bytes: r.disk_bytes.unwrap_or(defaults.disk_bytes),
+        };
+        config.env = request
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        Ok((request, config))
+    }
+
+    fn check_timeout(&self, timeout_ms: u64) -> Result<(), ApiError> {
+        if timeout_ms == 0 || timeout_ms > self.config.max_timeout_ms {
+            return Err(ApiError::unprocessable(format!(
+                "timeout_ms must be between 1 and {} (--max-timeout), got {timeout_ms}",
+                self.config.max_timeout_ms
+            )));
+        }
+        Ok(())
+    }
+
+    /// A listed sandbox (creating or running), or 404.
+    pub fn get(&self, id: &str) -> Result<Sandbox, ApiError> {
+        match self.store.get_sandbox(id)? {
+            Some(row) if row.state != RowState::Deleting => Ok(view(&row, row_state(row.state))),
+            _ => Err(ApiError::no_sandbox(id)),
+        }
+    }
+
+    /// Sandboxes in `states` (all listed states when empty) whose metadata has every pair.
+    pub fn list(
+        &self,
+        states: &[SandboxState],
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Vec<Sandbox>, ApiError> {
+        Ok(self
+            .store
+            .list_sandboxes()?
+            .into_iter()
+            .filter(|row| row.state != RowState::Deleting)
+            .map(|row| view(&row, row_state(row.state)))
+            .filter(|s| states.is_empty() || states.contains(&s.state))
+            .filter(|s| metadata.iter().all(|(k, v)| s.metadata.get(k) == Some(v)))
+            .collect())
+    }
+
+    /// Deletes a running sandbox; 409 while it is still being created.
+    pub async fn delete(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
+        self.running(id)?;
+        if self.end(id, "delete", "deleted through the API").await {
+            Ok(())
+        } else {
+            Err(ApiError::no_sandbox(id))
+        }
+    }
+
+    /// Moves a running sandbox's deadline to `timeout_ms` from now.
+    pub fn set_timeout(&self, id: &str, timeout_ms: u64) -> Result<Sandbox, ApiError> {
+        self.check_timeout(timeout_ms)?;
+        let live = self.running(id)?;
+        let deadline_ms = now_ms().saturating_add(timeout_ms);
+        if !self.store.set_deadline(id, deadline_ms)? {
+            return Err(ApiError::no_sandbox(id));
+        }
+        live.deadline.send_replace(deadline_ms);
+        self.event(Some(id), "timeout_set", &format!("ends in {timeout_ms} ms"));
+        self.get(id)
+    }
+
+    fn running(&self, id: &str) -> Result<Arc<Live>, ApiError> {
+        match self.slots().get(id).map(|slot| &slot.state) {
+            Some(SlotState::Running(live)) => Ok(live.clone()),
+            Some(SlotState::Creating) => Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!("sandbox {id} is still being created"),
+            )),
+            Some(SlotState::Deleting) => Err(ApiError::new(
+                ErrorCode::Unavailable,
+                format!("sandbox {id} is being removed"),
+            )),
+            None => Err(ApiError::no_sandbox(id)),
+        }
+    }
+
+    /// The agent of a running sandbox.
+    pub fn agent(&self, id: &str) -> Result<Agent, ApiError> {
+        Ok(Agent::new(&self.running(id)?.record.socket))
+    }
+
+    /// The stored hash of a sandbox's access token, if the daemon knows the sandbox.
+    pub fn token_hash(&self, id: &str) -> Option<String> {
+        self.slots().get(id).map(|slot| slot.token_hash.clone())
+    }
+
+    /// The environment every command of the sandbox gets (from its create request).
+    pub fn sandbox_env(&self, id: &str) -> Result<BTreeMap<String, String>, ApiError> {
+        Ok(self
+            .store
+            .get_sandbox(id)?
+            .map(|row| row.request.env)
+            .unwrap_or_default())
+    }
+
+    /// The sandbox's events and the tail of its agent's log. Events outlive the sandbox.
+    pub fn logs(&self, id: &str) -> Result<(Vec<airlock_api::v1::Event>, String), ApiError> {
+        let events = self.store.events(Some(id), 1000)?;
+        let agent_log = match self.slots().get(id).map(|slot| &slot.state) {
+            Some(SlotState::Running(live)) => live.record.agent_log(64 << 10).unwrap_or_default(),
+            _ => String::new(),
+        };
+        if events.is_empty() && agent_log.is_empty() && self.token_hash(id).is_none() {
+            return Err(ApiError::no_sandbox(id));
+        }
+        Ok((events, agent_log))
+    }
+}
+
+/// Whether the agent behind `socket` answers `GET /health` with a success status.
+/// Blocking, with a short timeout: used once per sandbox at start-up.
+impl Daemon {
+    /// A host workspace is allowed only beneath `--workspace-root`, checked after resolving
+    /// symlinks, so that no API key opens the rest of the host.
+    fn host_workspace(&self, path: &str) -> Result<PathBuf, ApiError> {
+        let Some(root) = &self.config.workspace_root else {
+            return Err(ApiError::unprocessable(
+                "host workspaces are disabled; start airlockd with --workspace-root DIR to allow directories beneath DIR",
+            ));
+        };
+        let requested = PathBuf::from(path);
+        let resolved = std::fs::canonicalize(&requested)
+            .ok()
+            .filter(|p| requested.is_absolute() && p.is_dir());
+        match resolved {
+            Some(resolved) if resolved.starts_with(root) => Ok(resolved),
+            Some(_) => Err(ApiError::unprocessable(format!(
+                "workspace {path} is not beneath the daemon's --workspace-root {}",
+                root.display()
+            ))),
+            None => Err(ApiError::unprocessable(format!(
+                "workspace {path} is not an absolute path to a host directory"
+            ))),
+        }
+    }
+}
+
+/// Tags this daemon's sandboxes (their cgroups) by its state directory, so that daemons
+/// sharing a host never sweep each other's.
+fn owner_tag(state_dir: &std::path::Path) -> String {
+    let canonical = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    auth::hash_secret(&canonical.to_string_lossy())[..12].to_owned()
+}
+
+fn agent_answers(socket: &std::path::Path) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::os::unix::net::UnixStream::connect(socket) else {
+        return false;
+    };
+    let timeout = Some(Duration::from_secs(3));
+    if stream.set_read_timeout(timeout).is_err() || stream.set_write_timeout(timeout).is_err() {
+        return false;
+    }
+    let request = b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    let mut head = [0u8; 12];
+    stream.write_all(request).is_ok()
+        && stream.read_exact(&mut head).is_ok()
+        && head.starts_with(b"HTTP/1.1 2")
+}
+
+fn plausible_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
+fn row_state(state: RowState) -> SandboxState {
+    match state {
+        RowState::Creating | RowState::Committing => SandboxState::Creating,
+        RowState::Running | RowState::Deleting => SandboxState::Running,
+    }
+}
+
+fn view(row: &SandboxRow, state: SandboxState) -> Sandbox {
+    Sandbox {
+        id: row.id.clone(),
+        state,
+        tier: row.request.tier,
+        template: row
+            .request
+            .template
+            .clone()
+            .unwrap_or_else(|| BASE_TEMPLATE.to_owned()),
+        resources: row.request.resources,
+        workspace: row.request.workspace.clone(),
+        metadata: row.request.metadata.clone(),
+        created_at_ms: row.created_ms,
+        expires_at_ms: row.deadline_ms,
+    }
+}
+
+fn check_min(name: &str, value: Option<u64>, min: u64) -> Result<(), ApiError> {
+    match value {
+        Some(v) if v < min => Err(ApiError::unprocessable(format!(
+            "{name} must be at least {min}, got {v}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn check_map(
+    name: &str,
+    map: &BTreeMap<String, String>,
+    max_entries: usize,
+    key_ok: impl Fn(&str) -> bool,
+) -> Result<(), ApiError> {
+    if map.len() > max_entries {
+        return Err(ApiError::unprocessable(format!(
+            "{name} has more than {max_entries} entries"
+        )));
+    }
+    for (key, value) in map {
+        if !key_ok(key) || value.contains('\0') || value.len() > 32 << 10 {
+            return Err(ApiError::unprocessable(format!(
+                "{name} entry {key:?} is not allowed"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn runtime_error(err: &RuntimeError) -> ApiError {
+    let code = match err {
+        RuntimeError::TierUnavailable { .. }
+        | RuntimeError::WorkspaceMissing(_)
+        | RuntimeError::RootfsMissing(_)
+        | RuntimeError::Compile(_) => ErrorCode::Unprocessable,
+        _ => ErrorCode::Internal,
+    };
+    ApiError::from_chain(code, err)
+}

@@ -1,0 +1,196 @@
+//! `api/openapi.json`, generated from the route table and the wire types' JSON Schemas.
+//!
+//! Regenerate with `airlockd openapi > api/openapi.json`, or run the drift test with
+//! `AIRLOCK_UPDATE_OPENAPI=1`. The test fails whenever the committed file differs.
+
+use airlock_api::v1::ErrorBody;
+use schemars::SchemaGenerator;
+use schemars::generate::SchemaSettings;
+use serde_json::{Map, Value, json};
+
+use crate::routes::{Access, Handler, Payload, ROUTES, Route};
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        201 => "Created",
+        204 => "No content",
+        400 => "Malformed request (`invalid_request`)",
+        401 => "Missing or wrong credentials (`unauthenticated`)",
+        403 => "The sandbox refused the operation (`permission_denied`)",
+        404 => "No such sandbox, route or file (`not_found`)",
+        405 => "Method not allowed (`method_not_allowed`)",
+        409 => "Conflicts with the current state (`conflict`)",
+        413 => "Body larger than the configured cap (`payload_too_large`)",
+        422 => "Well-formed but impossible (`unprocessable`)",
+        500 => "Daemon or host failure (`internal`)",
+        502 => "The sandbox's agent failed (`agent_error`)",
+        503 => "At capacity (`capacity`) or going away (`unavailable`)",
+        _ => "Other",
+    }
+}
+
+fn operation_id(handler: Handler) -> String {
+    let name = format!("{handler:?}");
+    let mut out = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn content(payload: Payload, generator: &mut SchemaGenerator) -> Option<Value> {
+    match payload {
+        Payload::None => None,
+        Payload::Json(schema) => {
+            Some(json!({ "application/json": { "schema": schema(generator) } }))
+        }
+        Payload::Ndjson(schema) => Some(json!({
+            "application/x-ndjson": {
+                "schema": schema(generator),
+                "description": "One JSON value of this schema per line."
+            }
+        })),
+        Payload::Octets => Some(json!({
+            "application/octet-stream": { "schema": { "type": "string", "contentMediaType": "application/octet-stream" } }
+        })),
+        Payload::Any => Some(json!({ "*/*": {} })),
+    }
+}
+
+fn operation(
+    route: &Route,
+    suffix: &str,
+    generator: &mut SchemaGenerator,
+    error_ref: &Value,
+) -> Value {
+    let mut op = Map::new();
+    op.insert(
+        "operationId".into(),
+        json!(format!("{}{suffix}", operation_id(route.handler))),
+    );
+    op.insert("summary".into(), json!(route.summary));
+    let mut parameters = Vec::new();
+    if route.path.contains("{id}") {
+        parameters.push(json!({
+            "name": "id", "in": "path", "required": true,
+            "description": "The sandbox id.", "schema": { "type": "string" }
+        }));
+    }
+    if route.path.contains("{rest}") {
+        parameters.push(json!({
+            "name": "rest", "in": "path", "required": true,
+            "description": "The agent's path, e.g. `process.Process/Start` or `files`.",
+            "schema": { "type": "string" }
+        }));
+    }
+    for (name, required, description) in route.query {
+        parameters.push(json!({
+            "name": name, "in": "query", "required": required,
+            "description": description, "schema": { "type": "string" }
+        }));
+    }
+    if !parameters.is_empty() {
+        op.insert("parameters".into(), Value::Array(parameters));
+    }
+    let security = match route.access {
+        Access::Public => json!([]),
+        Access::ApiKey => json!([{ "apiKey": [] }]),
+        Access::Sandbox => json!([{ "apiKey": [] }, { "accessToken": [] }]),
+    };
+    op.insert("security".into(), security);
+    if let Some(body) = content(route.request, generator) {
+        op.insert(
+            "requestBody".into(),
+            json!({ "required": true, "content": body }),
+        );
+    }
+    let mut responses = Map::new();
+    let mut success = Map::new();
+    success.insert("description".into(), json!(reason(route.success)));
+    if let Some(body) = content(route.response, generator) {
+        success.insert("content".into(), body);
+    }
+    responses.insert(route.success.to_string(), Value::Object(success));
+    let mut errors: Vec<u16> = route.errors.to_vec();
+    if route.access != Access::Public {
+        errors.push(401);
+    }
+    if matches!(route.access, Access::Sandbox) {
+        errors.push(502);
+    }
+    errors.push(500);
+    errors.sort_unstable();
+    errors.dedup();
+    for status in errors {
+        responses.insert(
+            status.to_string(),
+            json!({ "description": reason(status), "content": { "application/json": { "schema": error_ref } } }),
+        );
+    }
+    op.insert("responses".into(), Value::Object(responses));
+    Value::Object(op)
+}
+
+/// The whole OpenAPI 3.1 document.
+pub fn document() -> Value {
+    let mut settings = SchemaSettings::draft2020_12();
+    settings.definitions_path = "/components/schemas".into();
+    settings.meta_schema = None;
+    let mut generator = settings.into_generator();
+    let error_ref = generator.subschema_for::<ErrorBody>().to_value();
+    let mut paths = Map::new();
+    for route in &ROUTES {
+        let item = paths
+            .entry(route.path.to_owned())
+            .or_insert_with(|| Value::Object(Map::new()));
+        let Value::Object(item) = item else { continue };
+        match &route.method {
+            Some(method) => {
+                let op = operation(route, "", &mut generator, &error_ref);
+                item.insert(method.as_str().to_ascii_lowercase(), op);
+            }
+            None => {
+                for method in ["get", "post", "put", "delete"] {
+                    let op = operation(route, &format!("_{method}"), &mut generator, &error_ref);
+                    item.insert(method.to_owned(), op);
+                }
+            }
+        }
+    }
+    let schemas = generator.take_definitions(true);
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Airlock daemon API",
+            "version": "1",
+            "description": "The native API of airlockd. Every error is a JSON body {code, message} with a stable code."
+        },
+        "servers": [{ "url": "http://127.0.0.1:3000" }],
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {
+                "apiKey": { "type": "apiKey", "in": "header", "name": "X-API-Key" },
+                "accessToken": {
+                    "type": "apiKey", "in": "header", "name": "X-Access-Token",
+                    "description": "A sandbox's own token, returned by its create; valid for its exec, files and envd routes."
+                }
+            }
+        }
+    })
+}
+
+/// The document as committed: pretty-printed with a final newline.
+pub fn document_json() -> String {
+    let mut text = serde_json::to_string_pretty(&document()).unwrap_or_default();
+    text.push('\n');
+    text
+}

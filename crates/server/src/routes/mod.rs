@@ -1,0 +1,572 @@
+//! The route table and the dispatcher.
+//!
+//! [`ROUTES`] is the single list of endpoints: the dispatcher matches requests against it and
+//! `openapi` documents it, so the two cannot drift. Each route names its access level, and the
+//! dispatcher authenticates before any handler runs. A body that a handler did not consume
+//! (an early error) is drained up to the JSON cap before the answer, so that a keep-alive
+//! connection stays usable.
+
+mod exec;
+mod files;
+mod sandboxes;
+
+use std::sync::Arc;
+
+use airlock_api::v1::{self, ErrorCode};
+use hyper::body::Incoming;
+use hyper::header::{ALLOW, HeaderValue};
+use hyper::http::request::Parts;
+use hyper::{Method, Request, Response};
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+
+use crate::auth;
+use crate::error::ApiError;
+use crate::http::{Body, content_length, drain, error_response, linger};
+use crate::lifecycle::Daemon;
+
+/// Who may call a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Anyone (health).
+    Public,
+    /// An API key.
+    ApiKey,
+    /// An API key or the access token of the sandbox named by `{id}`.
+    Sandbox,
+}
+
+/// What travels in a request or response body, for the OpenAPI document.
+#[derive(Debug, Clone, Copy)]
+pub enum Payload {
+    None,
+    Json(fn(&mut SchemaGenerator) -> Schema),
+    /// Newline-delimited JSON, one value of this schema per line.
+    Ndjson(fn(&mut SchemaGenerator) -> Schema),
+    Octets,
+    /// Whatever the agent speaks (the envd pass-through).
+    Any,
+}
+
+/// A query parameter: name, required, description.
+pub type QueryDoc = (&'static str, bool, &'static str);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handler {
+    Health,
+    ListTemplates,
+    CreateSandbox,
+    ListSandboxes,
+    GetSandbox,
+    DeleteSandbox,
+    SetTimeout,
+    Logs,
+    Exec,
+    FileGet,
+    FilePut,
+    FileRemove,
+    FileList,
+    FileStat,
+    FileMkdir,
+    FileMove,
+    Envd,
+}
+
+#[derive(Debug)]
+pub struct Route {
+    /// `None` matches every method (the envd pass-through).
+    pub method: Option<Method>,
+    /// Segments in braces are parameters; `{rest}` at the end takes the remaining path.
+    pub path: &'static str,
+    pub handler: Handler,
+    pub access: Access,
+    pub summary: &'static str,
+    pub query: &'static [QueryDoc],
+    pub request: Payload,
+    pub success: u16,
+    pub response: Payload,
+    /// Error statuses this route can answer besides 401 (and 500/502).
+    pub errors: &'static [u16],
+}
+
+fn schema<T: JsonSchema>(generator: &mut SchemaGenerator) -> Schema {
+    generator.subschema_for::<T>()
+}
+
+const PATH_Q: &[QueryDoc] = &[("path", true, "Path inside the sandbox.")];
+
+macro_rules! route {
+    ($method:expr, $path:expr, $handler:ident, $access:ident, $summary:expr, $query:expr, $request:expr, $success:expr, $response:expr, $errors:expr) => {
+        Route {
+            method: $method,
+            path: $path,
+            handler: Handler::$handler,
+            access: Access::$access,
+            summary: $summary,
+            query: $query,
+            request: $request,
+            success: $success,
+            response: $response,
+            errors: $errors,
+        }
+    };
+}
+
+/// Every endpoint of the daemon.
+pub static ROUTES: [Route; 17] = [
+    route!(
+        Some(Method::GET),
+        "/v1/health",
+        Health,
+        Public,
+        "Liveness of the daemon.",
+        &[],
+        Payload::None,
+        200,
+        Payload::Json(schema::<v1::Health>),
+        &[]
+    ),
+    route!(
+        Some(Method::GET),
+        "/v1/templates",
+        ListTemplates,
+        ApiKey,
+        "List templates.",
+        &[],
+        Payload::None,
+        200,
+        Payload::Json(schema::<v1::TemplateList>),
+        &[]
+    ),
+    route!(
+        Some(Method::POST),
+        "/v1/sandboxes",
+        CreateSandbox,
+        ApiKey,
+        "Create a sandbox; returns once it is usable, with its access token.",
+        &[],
+        Payload::Json(schema::<v1::CreateSandboxRequest>),
+        201,
+        Payload::Json(schema::<v1::CreateSandboxResponse>),
+        &[400, 413, 422, 503]
+    ),
+    route!(
+        Some(Method::GET),
+        "/v1/sandboxes",
+        ListSandboxes,
+        ApiKey,
+        "List sandboxes.",
+        &[
+            (
+                "state",
+                false,
+                "Comma-separated states to keep (creating, running)."
+            ),
+            (
+                "metadata.{key}",
+                false,
+                "Keep sandboxes whose metadata has key = value; repeatable."
+            )
+        ],
+        Payload::None,
+        200,
+        Payload::Json(schema::<v1::SandboxList>),
+        &[400]
+    ),
+    route!(
+        Some(Method::GET),
+        "/v1/sandboxes/{id}",
+        GetSandbox,
+        ApiKey,
+        "Get a sandbox.",
+        &[],
+        Payload::None,
+        200,
+        Payload::Json(schema::<v1::Sandbox>),
+        &[404]
+    ),
+    route!(
+        Some(Method::DELETE),
+        "/v1/sandboxes/{id}",
+        DeleteSandbox,
+        ApiKey,
+        "Destroy a sandbox and everything it owned.",
+        &[],
+        Payload::None,
+        204,
+        Payload::None,
+        &[404, 409, 503]
+    ),
+    route!(
+        Some(Method::POST),
+        "/v1/sandboxes/{id}/timeout",
+        SetTimeout,
+        ApiKey,
+        "Make the sandbox end timeout_ms from now.",
+        &[],
+        Payload::Json(schema::<v1::SetTimeoutRequest>),
+        200,
+        Payload::Json(schema::<v1::Sandbox>),
+        &[400, 404, 409, 413, 422]
+    ),
+    route!(
+        Some(Method::GET),
+        "/v1/sandboxes/{id}/logs",
+        Logs,
+        ApiKey,
+        "The sandbox's events and the tail of its agent's log.",
+        &[],
+        Payload::None,
+        200,
+        Payload::Json(schema::<v1::SandboxLogs>),
+        &[404]
+    ),
+    route!(
+        Some(Method::POST),
+        "/v1/sandboxes/{id}/exec",
+        Exec,
+        Sandbox,
+        "Run a command; streams start, stdout, stderr and exit events as NDJSON.",
+        &[],
+        Payload::Json(schema::<v1::ExecRequest>),
+        200,
+        Payload::Ndjson(schema::<v1::ExecEvent>),
+        &[400, 404, 409, 413, 422, 503]
+    ),
+    route!(
+        Some(Method::GET),
+        "/v1/sandboxes/{id}/files",
+        FileGet,
+        Sandbox,
+        "Download a file (streamed).",
+        PATH_Q,
+        Payload::None,
+        200,
+        Payload::Octets,
+        &[400, 404, 409]
+    ),
+    route!(
+        Some(Method::PUT),
+        "/v1/sandboxes/{id}/files",
+        FilePut,
+        Sandbox,
+        "Upload a file (streamed); creates parent directories, replaces the file.",
+        PATH_Q,
+        Payload::Octets,
+        200,
+        Payload::Json(schema::<v1::FileEntry>),
+        &[400, 403, 404, 409, 413]
+    ),
+    route!(
+        Some(Method::DELETE),
+        "/v1/sandboxes/{id}/files",
+        FileRemove,
+        Sandbox,
+        "Remove a file or a directory tree.",
+        PATH_Q,
+        Payload::None,
+        204,
+        Payload::None,
+        &[400, 403, 404, 409]
+    ),
+    route!(
+        Some(Method::GET),
+        "/v1/sandboxes/{id}/files/list",
+        FileList,
+        Sandbox,
+        "List a directory.",
+        &[
+            ("path", true, "Directory inside the sandbox."),
+            ("depth", false, "Levels to descend (default 1).")
+        ],
+        Payload::None,
+        200,
+        Payload::Json(schema::<v1::FileList>),
+        &[400, 404, 409]
+    ),
+    route!(
+        Some(Method::GET),
+        "/v1/sandboxes/{id}/files/stat",
+        FileStat,
+        Sandbox,
+        "Describe a file.",
+        PATH_Q,
+        Payload::None,
+        200,
+        Payload::Json(schema::<v1::FileEntry>),
+        &[400, 404, 409]
+    ),
+    route!(
+        Some(Method::POST),
+        "/v1/sandboxes/{id}/files/mkdir",
+        FileMkdir,
+        Sandbox,
+        "Create a directory and its parents; 409 if it exists.",
+        &[],
+        Payload::Json(schema::<v1::MkdirRequest>),
+        201,
+        Payload::Json(schema::<v1::FileEntry>),
+        &[400, 403, 404, 409, 413]
+    ),
+    route!(
+        Some(Method::POST),
+        "/v1/sandboxes/{id}/files/move",
+        FileMove,
+        Sandbox,
+        "Rename or move a file.",
+        &[],
+        Payload::Json(schema::<v1::MoveRequest>),
+        200,
+        Payload::Json(schema::<v1::FileEntry>),
+        &[400, 403, 404, 409, 413]
+    ),
+    route!(
+        None,
+        "/v1/sandboxes/{id}/envd/{rest}",
+        Envd,
+        Sandbox,
+        "Pass-through to the sandbox's envd-compatible agent (Connect RPCs, /files, /health).",
+        &[],
+        Payload::Any,
+        200,
+        Payload::Any,
+        &[404, 409]
+    ),
+];
+
+/// A request being handled: the handler takes the body if it reads it.
+#[derive(Debug)]
+pub struct Ctx {
+    pub daemon: Arc<Daemon>,
+    pub parts: Parts,
+    pub body: Option<Incoming>,
+    /// The `{id}` parameter, validated as a possible sandbox id.
+    pub id: String,
+    /// The `{rest}` parameter.
+    pub rest: String,
+}
+
+impl Ctx {
+    pub fn take_body(&mut self) -> Result<Incoming, ApiError> {
+        self.body
+            .take()
+            .ok_or_else(|| ApiError::internal("the request body was already read"))
+    }
+
+    pub async fn json<T: serde::de::DeserializeOwned>(&mut self) -> Result<T, ApiError> {
+        let body = self.take_body()?;
+        crate::http::read_json(body, &self.parts.headers, self.daemon.config.max_body_bytes).await
+    }
+
+    pub fn query(&self) -> Vec<(String, String)> {
+        crate::http::query_pairs(&self.parts.uri)
+    }
+}
+
+struct Matched {
+    route: &'static Route,
+    id: String,
+    rest: String,
+}
+
+fn match_path(pattern: &str, path: &str) -> Option<(String, String)> {
+    let segments: Vec<&str> = path.strip_prefix('/')?.split('/').collect();
+    let patterns: Vec<&str> = pattern.trim_start_matches('/').split('/').collect();
+    let mut id = String::new();
+    for (i, pattern) in patterns.iter().enumerate() {
+        if *pattern == "{rest}" {
+            return (i < segments.len()).then(|| (id, segments[i..].join("/")));
+        }
+        let segment = segments.get(i)?;
+        if *pattern == "{id}" {
+            id = (*segment).to_owned();
+        } else if pattern != segment {
+            return None;
+        }
+    }
+    (segments.len() == patterns.len()).then_some((id, String::new()))
+}
+
+/// The methods a path allows (for 405 and its `Allow` header).
+fn allowed_methods(path: &str) -> Vec<&'static str> {
+    ROUTES
+        .iter()
+        .filter(|route| match_path(route.path, path).is_some())
+        .filter_map(|route| route.method.as_ref().map(Method::as_str))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+fn find(method: &Method, path: &str) -> Result<Matched, ApiError> {
+    for route in &ROUTES {
+        if let Some((id, rest)) = match_path(route.path, path)
+            && route.method.as_ref().is_none_or(|m| m == method)
+        {
+            return Ok(Matched { route, id, rest });
+        }
+    }
+    let allowed = allowed_methods(path);
+    if allowed.is_empty() {
+        Err(ApiError::new(
+            ErrorCode::NotFound,
+            format!("no route for {path}"),
+        ))
+    } else {
+        Err(ApiError::new(
+            ErrorCode::MethodNotAllowed,
+            format!("{path} allows {}, not {method}", allowed.join(", ")),
+        ))
+    }
+}
+
+/// Whether a path parameter can be a sandbox id at all.
+fn plausible_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
+/// Serves one request.
+pub async fn dispatch(daemon: Arc<Daemon>, request: Request<Incoming>) -> Response<Body> {
+    let (parts, body) = request.into_parts();
+    let max_drain = daemon.config.max_body_bytes;
+    let mut ctx = Ctx {
+        daemon,
+        parts,
+        body: Some(body),
+        id: String::new(),
+        rest: String::new(),
+    };
+    let result = route(&mut ctx).await;
+    let mut response = match result {
+        Ok(response) => response,
+        Err(err) => {
+            let mut response = error_response(&err);
+            if err.code == ErrorCode::MethodNotAllowed
+                && let Ok(allow) =
+                    HeaderValue::from_str(&allowed_methods(ctx.parts.uri.path()).join(", "))
+            {
+                response.headers_mut().insert(ALLOW, allow);
+            }
+            response
+        }
+    };
+    if let Some(body) = ctx.body.take() {
+        // A small leftover body is read before answering, so the connection stays usable; a
+        // large one is read (within bounds) while and after the answer goes out.
+        if content_length(&ctx.parts.headers).is_some_and(|len| len <= max_drain) {
+            drain(body, max_drain).await;
+        } else {
+            linger(body);
+        }
+    }
+    response
+        .headers_mut()
+        .insert("cache-control", HeaderValue::from_static("no-store"));
+    response
+}
+
+async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
+    let Matched { route, id, rest } = find(&ctx.parts.method, ctx.parts.uri.path())?;
+    let daemon = &ctx.daemon;
+    let no_auth = daemon.config.no_auth;
+    match route.access {
+        Access::Public => {}
+        Access::ApiKey => {
+            auth::check_api_key(&daemon.store, &ctx.parts.headers, no_auth)?;
+        }
+        Access::Sandbox => {
+            let token_hash = daemon.token_hash(&id);
+            auth::check_sandbox_access(
+                &daemon.store,
+                &ctx.parts.headers,
+                no_auth,
+                token_hash.as_deref(),
+            )?;
+        }
+    }
+    if route.path.contains("{id}") && !plausible_id(&id) {
+        return Err(ApiError::no_sandbox(&id));
+    }
+    ctx.id = id;
+    ctx.rest = rest;
+    match route.handler {
+        Handler::Health => Ok(sandboxes::health()),
+        Handler::ListTemplates => sandboxes::list_templates(ctx),
+        Handler::CreateSandbox => sandboxes::create(ctx).await,
+        Handler::ListSandboxes => sandboxes::list(ctx),
+        Handler::GetSandbox => sandboxes::get(ctx),
+        Handler::DeleteSandbox => sandboxes::delete(ctx).await,
+        Handler::SetTimeout => sandboxes::set_timeout(ctx).await,
+        Handler::Logs => sandboxes::logs(ctx),
+        Handler::Exec => exec::exec(ctx).await,
+        Handler::FileGet => files::get(ctx).await,
+        Handler::FilePut => files::put(ctx).await,
+        Handler::FileRemove => files::remove(ctx).await,
+        Handler::FileList => files::list(ctx).await,
+        Handler::FileStat => files::stat(ctx).await,
+        Handler::FileMkdir => files::mkdir(ctx).await,
+        Handler::FileMove => files::rename(ctx).await,
+        Handler::Envd => {
+            let agent = ctx.daemon.agent(&ctx.id)?;
+            let body = ctx.take_body()?;
+            let path = crate::proxy::agent_path(&ctx.rest, ctx.parts.uri.query());
+            crate::proxy::forward(&agent, &ctx.parts, body, &path).await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_paths_match_with_parameters() {
+        assert_eq!(
+            match_path("/v1/sandboxes", "/v1/sandboxes"),
+            Some((String::new(), String::new()))
+        );
+        assert_eq!(match_path("/v1/sandboxes", "/v1/sandboxes/"), None);
+        assert_eq!(
+            match_path("/v1/sandboxes/{id}", "/v1/sandboxes/abc"),
+            Some(("abc".into(), String::new()))
+        );
+        assert_eq!(
+            match_path("/v1/sandboxes/{id}", "/v1/sandboxes/abc/files"),
+            None
+        );
+        assert_eq!(
+            match_path("/v1/sandboxes/{id}/files", "/v1/sandboxes/abc"),
+            None
+        );
+        assert_eq!(
+            match_path(
+                "/v1/sandboxes/{id}/envd/{rest}",
+                "/v1/sandboxes/abc/envd/process.Process/Start"
+            ),
+            Some(("abc".into(), "process.Process/Start".into()))
+        );
+        assert_eq!(
+            match_path("/v1/sandboxes/{id}/envd/{rest}", "/v1/sandboxes/abc/envd"),
+            None
+        );
+    }
+
+    #[test]
+    fn test_find_distinguishes_404_and_405() {
+        assert_eq!(
+            find(&Method::GET, "/v1/nope").err().map(|e| e.code),
+            Some(ErrorCode::NotFound)
+        );
+        assert_eq!(
+            find(&Method::PATCH, "/v1/sandboxes").err().map(|e| e.code),
+            Some(ErrorCode::MethodNotAllowed)
+        );
+        let matched = find(&Method::DELETE, "/v1/sandboxes/x1/files")
+            .ok()
+            .map(|m| m.route.handler);
+        assert_eq!(matched, Some(Handler::FileRemove));
+    }
+}

@@ -1,0 +1,86 @@
+//! The control plane of `/v1`: health, templates, and sandbox create, list, get, delete,
+//! timeout and logs.
+
+use std::collections::BTreeMap;
+
+use airlock_api::v1::{
+    CreateSandboxRequest, Health, SandboxList, SandboxLogs, SandboxState, SetTimeoutRequest,
+    TemplateList,
+};
+use hyper::{Response, StatusCode};
+
+use super::Ctx;
+use crate::error::ApiError;
+use crate::http::{Body, json_response, no_content};
+
+pub fn health() -> Response<Body> {
+    json_response(
+        StatusCode::OK,
+        &Health {
+            status: "ok".to_owned(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+        },
+    )
+}
+
+pub fn list_templates(ctx: &Ctx) -> Result<Response<Body>, ApiError> {
+    let templates = ctx.daemon.store.list_templates()?;
+    Ok(json_response(StatusCode::OK, &TemplateList { templates }))
+}
+
+pub async fn create(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
+    let request: CreateSandboxRequest = ctx.json().await?;
+    let created = ctx.daemon.create(request).await?;
+    Ok(json_response(StatusCode::CREATED, &created))
+}
+
+pub fn list(ctx: &Ctx) -> Result<Response<Body>, ApiError> {
+    let mut states = Vec::new();
+    let mut metadata = BTreeMap::new();
+    for (key, value) in ctx.query() {
+        if key == "state" {
+            for state in value.split(',').filter(|s| !s.is_empty()) {
+                states.push(match state {
+                    "creating" => SandboxState::Creating,
+                    "running" => SandboxState::Running,
+                    other => {
+                        return Err(ApiError::invalid(format!(
+                            "unknown state {other:?} (creating, running)"
+                        )));
+                    }
+                });
+            }
+        } else if let Some(meta_key) = key.strip_prefix("metadata.") {
+            metadata.insert(meta_key.to_owned(), value);
+        } else {
+            return Err(ApiError::invalid(format!(
+                "unknown query parameter {key:?} (state, metadata.KEY)"
+            )));
+        }
+    }
+    let sandboxes = ctx.daemon.list(&states, &metadata)?;
+    Ok(json_response(StatusCode::OK, &SandboxList { sandboxes }))
+}
+
+pub fn get(ctx: &Ctx) -> Result<Response<Body>, ApiError> {
+    Ok(json_response(StatusCode::OK, &ctx.daemon.get(&ctx.id)?))
+}
+
+pub async fn delete(ctx: &Ctx) -> Result<Response<Body>, ApiError> {
+    ctx.daemon.delete(&ctx.id).await?;
+    Ok(no_content())
+}
+
+pub async fn set_timeout(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
+    let request: SetTimeoutRequest = ctx.json().await?;
+    let sandbox = ctx.daemon.set_timeout(&ctx.id, request.timeout_ms)?;
+    Ok(json_response(StatusCode::OK, &sandbox))
+}
+
+pub fn logs(ctx: &Ctx) -> Result<Response<Body>, ApiError> {
+    let (events, agent_log) = ctx.daemon.logs(&ctx.id)?;
+    Ok(json_response(
+        StatusCode::OK,
+        &SandboxLogs { events, agent_log },
+    ))
+}

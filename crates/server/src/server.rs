@@ -1,0 +1,144 @@
+//! The listener: accepts connections, serves each with hyper's HTTP/1.1, and shuts down
+//! gracefully on SIGTERM or SIGINT (stop accepting, let in-flight requests finish for a
+//! while, leave every sandbox running for the next daemon to adopt).
+
+use std::convert::Infallible;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::{mpsc, watch};
+
+use crate::config::{Config, ConfigError, ServeArgs};
+use crate::lifecycle::{Daemon, LifecycleError};
+
+/// How long in-flight requests may run after a shutdown signal.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// A client must send its request headers within this time.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Lifecycle(#[from] LifecycleError),
+    #[error("cannot start the async runtime")]
+    Runtime(#[source] std::io::Error),
+    #[error("cannot listen on {addr}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot install the signal handlers")]
+    Signals(#[source] std::io::Error),
+    #[error("a start-up task failed: {0}")]
+    Join(String),
+}
+
+/// Runs the daemon until SIGTERM or SIGINT. Prints `airlockd listening on http://ADDR` on
+/// stdout once it accepts connections.
+pub fn run(args: &ServeArgs) -> Result<(), ServeError> {
+    let config = Config::from_args(args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(ServeError::Runtime)?;
+    let result = runtime.block_on(serve(config));
+    // Creates still blocking in the pool belong to a daemon that is going away; their rows
+    // say `creating`, and the next daemon cleans them up.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    result
+}
+
+async fn serve(config: Config) -> Result<(), ServeError> {
+    let mut terminate = signal(SignalKind::terminate()).map_err(ServeError::Signals)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(ServeError::Signals)?;
+    let listen = config.listen;
+    let daemon = tokio::task::spawn_blocking(move || {
+        let daemon = Daemon::open(config)?;
+        daemon.recover()?;
+        Ok::<_, LifecycleError>(daemon)
+    })
+    .await
+    .map_err(|e| ServeError::Join(e.to_string()))??;
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|source| ServeError::Listen {
+            addr: listen,
+            source,
+        })?;
+    let local = listener.local_addr().map_err(|source| ServeError::Listen {
+        addr: listen,
+        source,
+    })?;
+    let _ = daemon
+        .store
+        .record_event(None, "daemon_start", &format!("listening on {local}"));
+    let mut stdout = std::io::stdout();
+    let _ = writeln!(stdout, "airlockd listening on http://{local}");
+    let _ = stdout.flush();
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    // Every connection task holds a clone; `recv` returns None once all have finished.
+    let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    tokio::spawn(connection(daemon.clone(), stream, stop_rx.clone(), done_tx.clone()));
+                }
+                Err(err) => {
+                    // Out of descriptors or a reset during accept: wait a little, keep serving.
+                    eprintln!("airlockd: accept failed: {err}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            _ = terminate.recv() => break,
+            _ = interrupt.recv() => break,
+        }
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    drop(done_tx);
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, done_rx.recv()).await;
+    let _ = daemon.store.record_event(
+        None,
+        "daemon_stop",
+        "stopped by a signal; sandboxes keep running",
+    );
+    Ok(())
+}
+
+async fn connection(
+    daemon: Arc<Daemon>,
+    stream: tokio::net::TcpStream,
+    mut stop: watch::Receiver<bool>,
+    _done: mpsc::Sender<()>,
+) {
+    let service = service_fn(move |request| {
+        let daemon = daemon.clone();
+        async move { Ok::<_, Infallible>(crate::routes::dispatch(daemon, request).await) }
+    });
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT);
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = stop.changed() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}

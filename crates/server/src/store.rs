@@ -1,0 +1,527 @@
+//! The daemon's durable state: one SQLite file, `<state>/airlock.db`.
+//!
+//! Tables: `sandboxes` (one row per sandbox that exists or is being created or removed),
+//! `templates`, `api_keys` (SHA-256 of each key, never the key) and `events` (an append-only
+//! log). The schema version is `PRAGMA user_version`. WAL with `synchronous=NORMAL` keeps each
+//! write one `write(2)`; a crash can lose the last transactions but never corrupts the file,
+//! and start-up reconciles rows with what really runs (see `lifecycle`).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use airlock_api::v1::{CreateSandboxRequest, Event, Template};
+use rusqlite::{Connection, OptionalExtension, params};
+
+/// The schema this build writes.
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id          TEXT PRIMARY KEY,
+    state       TEXT NOT NULL CHECK (state IN ('creating', 'committing', 'running', 'deleting')),
+    request     TEXT NOT NULL,
+    token_hash  TEXT NOT NULL,
+    live        TEXT,
+    created_ms  INTEGER NOT NULL,
+    deadline_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS templates (
+    name        TEXT PRIMARY KEY,
+    description TEXT NOT NULL,
+    rootfs      TEXT,
+    builtin     INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS api_keys (
+    id          TEXT PRIMARY KEY,
+    name        TEXT NOT NULL,
+    hash        TEXT NOT NULL UNIQUE,
+    created_ms  INTEGER NOT NULL,
+    revoked_ms  INTEGER
+);
+CREATE TABLE IF NOT EXISTS events (
+    seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+    at_ms       INTEGER NOT NULL,
+    sandbox_id  TEXT,
+    kind        TEXT NOT NULL,
+    message     TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_sandbox ON events (sandbox_id, seq);
+";
+
+/// Events kept when a store is opened.
+const MAX_EVENTS: i64 = 100_000;
+
+/// The built-in template every store starts with.
+pub const BASE_TEMPLATE: &str = "base";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open the store {path}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("store query failed")]
+    Sql(#[from] rusqlite::Error),
+    #[error("the store has schema version {found}; this airlockd knows up to {SCHEMA_VERSION}")]
+    TooNew { found: i64 },
+    #[error("the stored request of sandbox {id} is unreadable")]
+    Corrupt {
+        id: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("unknown sandbox state `{0}` in the store")]
+    BadState(String),
+}
+
+/// Where a sandbox's row stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowState {
+    /// Inserted before the runtime starts anything; a row still in this state at start-up
+    /// belongs to a create that a crash interrupted.
+    Creating,
+    /// The runtime's record (`live`) is durable, the commit has not been confirmed: at
+    /// start-up such a sandbox is destroyed (its create never answered).
+    Committing,
+    /// Committed: the sandbox outlives the daemon and is, or was, usable.
+    Running,
+    /// Being destroyed.
+    Deleting,
+}
+
+impl RowState {
+    fn as_str(self) -> &'static str {
+        match self {
+            RowState::Creating => "creating",
+            RowState::Committing => "committing",
+            RowState::Running => "running",
+            RowState::Deleting => "deleting",
+        }
+    }
+
+    fn parse(value: &str) -> Result<RowState, StoreError> {
+        match value {
+            "creating" => Ok(RowState::Creating),
+            "committing" => Ok(RowState::Committing),
+            "running" => Ok(RowState::Running),
+            "deleting" => Ok(RowState::Deleting),
+            other => Err(StoreError::BadState(other.to_owned())),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxRow {
+    pub id: String,
+    pub state: RowState,
+    /// The request with every default filled in: what the sandbox really got.
+    pub request: CreateSandboxRequest,
+    pub token_hash: String,
+    /// The runtime's `LiveSandbox` as JSON, once the sandbox is running.
+    pub live: Option<String>,
+    pub created_ms: u64,
+    pub deadline_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRow {
+    pub id: String,
+    pub name: String,
+    pub created_ms: u64,
+    pub revoked_ms: Option<u64>,
+}
+
+/// The store. One connection behind a mutex: every statement is short, and SQLite serialises
+/// writers anyway.
+#[derive(Debug)]
+pub struct Store {
+    conn: Mutex<Connection>,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `path`, migrates it and seeds the `base`
+    /// template.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let open_err = |source| StoreError::Open {
+            path: path.to_owned(),
+            source,
+        };
+        let conn = Connection::open(path).map_err(open_err)?;
+        conn.busy_timeout(Duration::from_secs(5))
+            .map_err(open_err)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(open_err)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(open_err)?;
+        let found: i64 = conn
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .map_err(open_err)?;
+        if found > SCHEMA_VERSION {
+            return Err(StoreError::TooNew { found });
+        }
+        conn.execute_batch(SCHEMA)?;
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+        // The event log is for operators, not an archive: keep its last 100 000 entries.
+        conn.execute(
+            "DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?1",
+            params![MAX_EVENTS],
+        )?;
+        conn.execute(
+            "INSERT OR IGNORE INTO templates (name, description, rootfs, builtin)
+             VALUES (?1, 'The host root, read-only', NULL, 1)",
+            params![BASE_TEMPLATE],
+        )?;
+        Ok(Store {
+            conn: Mutex::new(conn),
+            path: path.to_owned(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock cannot leave a half-done SQL transaction behind
+        // (SQLite rolls it back), so the connection stays usable.
+        self.conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    // --- sandboxes ---
+
+    pub fn insert_sandbox(&self, row: &SandboxRow) -> Result<(), StoreError> {
+        let request =
+            serde_json::to_string(&row.request).map_err(|source| StoreError::Corrupt {
+                id: row.id.clone(),
+                source,
+            })?;
+        self.conn().execute(
+            "INSERT INTO sandboxes (id, state, request, token_hash, live, created_ms, deadline_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                row.id,
+                row.state.as_str(),
+                request,
+                row.token_hash,
+                row.live,
+                to_sql(row.created_ms),
+                to_sql(row.deadline_ms)
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Stores the runtime's record of a started sandbox (state `committing`). Returns false if
+    /// the row is gone.
+    pub fn set_started(&self, id: &str, live: &str, deadline_ms: u64) -> Result<bool, StoreError> {
+        let changed = self.conn().execute(
+            "UPDATE sandboxes SET state = 'committing', live = ?2, deadline_ms = ?3 WHERE id = ?1",
+            params![id, live, to_sql(deadline_ms)],
+        )?;
+        Ok(changed == 1)
+    }
+
+    pub fn set_state(&self, id: &str, state: RowState) -> Result<bool, StoreError> {
+        let changed = self.conn().execute(
+            "UPDATE sandboxes SET state = ?2 WHERE id = ?1",
+            params![id, state.as_str()],
+        )?;
+        Ok(changed == 1)
+    }
+
+    pub fn set_deadline(&self, id: &str, deadline_ms: u64) -> Result<bool, StoreError> {
+        let changed = self.conn().execute(
+            "UPDATE sandboxes SET deadline_ms = ?2 WHERE id = ?1",
+            params![id, to_sql(deadline_ms)],
+        )?;
+        Ok(changed == 1)
+    }
+
+    pub fn delete_sandbox(&self, id: &str) -> Result<(), StoreError> {
+        self.conn()
+            .execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
+        Ok(())
+    }
+
+    pub fn get_sandbox(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
+        let raw = self
+            .conn()
+            .query_row(
+                "SELECT id, state, request, token_hash, live, created_ms, deadline_ms
+                 FROM sandboxes WHERE id = ?1",
+                params![id],
+                raw_row,
+            )
+            .optional()?;
+        raw.map(RawRow::parse).transpose()
+    }
+
+    /// Every row, oldest first.
+    pub fn list_sandboxes(&self) -> Result<Vec<SandboxRow>, StoreError> {
+        let raws = {
+            let conn = self.conn();
+            let mut stmt = conn.prepare(
+                "SELECT id, state, request, token_hash, live, created_ms, deadline_ms
+                 FROM sandboxes ORDER BY created_ms, id",
+            )?;
+            let rows = stmt.query_map([], raw_row)?;
+            rows.collect::<Result<Vec<_>, _>>()?
+        };
+        raws.into_iter().map(RawRow::parse).collect()
+    }
+
+    // --- events ---
+
+    /// Appends an event. Failing to log must not fail the operation it describes, so callers
+    /// usually ignore the error.
+    pub fn record_event(
+        &self,
+        sandbox_id: Option<&str>,
+        kind: &str,
+        message: &str,
+    ) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
+            params![to_sql(now_ms()), sandbox_id, kind, message],
+        )?;
+        Ok(())
+    }
+
+    /// The last `limit` events of one sandbox (or, with `None`, of the daemon), oldest first.
+    pub fn events(&self, sandbox_id: Option<&str>, limit: u32) -> Result<Vec<Event>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT seq, at_ms, sandbox_id, kind, message FROM events
+             WHERE (?1 IS NULL OR sandbox_id = ?1) ORDER BY seq DESC LIMIT ?2",
+        )?;
+        let rows = stmt.query_map(params![sandbox_id, limit], |row| {
+            Ok(Event {
+                seq: row.get(0)?,
+                at_ms: from_sql(row.get(1)?),
+                sandbox_id: row.get(2)?,
+                kind: row.get(3)?,
+                message: row.get(4)?,
+            })
+        })?;
+        let mut events = rows.collect::<Result<Vec<_>, _>>()?;
+        events.reverse();
+        Ok(events)
+    }
+
+    // --- templates ---
+
+    pub fn get_template(&self, name: &str) -> Result<Option<Template>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT name, description, rootfs, builtin FROM templates WHERE name = ?1",
+                params![name],
+                template_row,
+            )
+            .optional()?)
+    }
+
+    pub fn list_templates(&self) -> Result<Vec<Template>, StoreError> {
+        let conn = self.conn();
+        let mut stmt =
+            conn.prepare("SELECT name, description, rootfs, builtin FROM templates ORDER BY name")?;
+        let rows = stmt.query_map([], template_row)?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    // --- API keys ---
+
+    pub fn insert_key(&self, id: &str, name: &str, hash: &str) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT INTO api_keys (id, name, hash, created_ms) VALUES (?1, ?2, ?3, ?4)",
+            params![id, name, hash, to_sql(now_ms())],
+        )?;
+        Ok(())
+    }
+
+    pub fn list_keys(&self) -> Result<Vec<KeyRow>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT id, name, created_ms, revoked_ms FROM api_keys ORDER BY created_ms, id",
+        )?;
+        let rows = stmt.query_map([], |row| {
+            Ok(KeyRow {
+                id: row.get(0)?,
+                name: row.get(1)?,
+                created_ms: from_sql(row.get(2)?),
+                revoked_ms: row.get::<_, Option<i64>>(3)?.map(from_sql),
+            })
+        })?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    /// Revokes the active keys whose id or name is `id_or_name`; returns how many.
+    pub fn revoke_key(&self, id_or_name: &str) -> Result<usize, StoreError> {
+        Ok(self.conn().execute(
+            "UPDATE api_keys SET revoked_ms = ?2
+             WHERE (id = ?1 OR name = ?1) AND revoked_ms IS NULL",
+            params![id_or_name, to_sql(now_ms())],
+        )?)
+    }
+
+    /// Whether an unrevoked key has this hash.
+    pub fn key_hash_is_active(&self, hash: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT 1 FROM api_keys WHERE hash = ?1 AND revoked_ms IS NULL",
+                params![hash],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+    }
+}
+
+struct RawRow {
+    id: String,
+    state: String,
+    request: String,
+    token_hash: String,
+    live: Option<String>,
+    created_ms: i64,
+    deadline_ms: i64,
+}
+
+fn raw_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
+    Ok(RawRow {
+        id: row.get(0)?,
+        state: row.get(1)?,
+        request: row.get(2)?,
+        token_hash: row.get(3)?,
+        live: row.get(4)?,
+        created_ms: row.get(5)?,
+        deadline_ms: row.get(6)?,
+    })
+}
+
+impl RawRow {
+    fn parse(self) -> Result<SandboxRow, StoreError> {
+        let request =
+            serde_json::from_str(&self.request).map_err(|source| StoreError::Corrupt {
+                id: self.id.clone(),
+                source,
+            })?;
+        Ok(SandboxRow {
+            state: RowState::parse(&self.state)?,
+            id: self.id,
+            request,
+            token_hash: self.token_hash,
+            live: self.live,
+            created_ms: from_sql(self.created_ms),
+            deadline_ms: from_sql(self.deadline_ms),
+        })
+    }
+}
+
+fn template_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Template> {
+    Ok(Template {
+        name: row.get(0)?,
+        description: row.get(1)?,
+        rootfs: row.get(2)?,
+        builtin: row.get::<_, i64>(3)? != 0,
+    })
+}
+
+/// SQLite integers are signed; times and deadlines in ms fit comfortably.
+fn to_sql(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn from_sql(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+/// Unix time in milliseconds.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_store() -> (Store, PathBuf) {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("airlock-store-test-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        (Store::open(&dir.join("airlock.db")).unwrap(), dir)
+    }
+
+    #[test]
+    fn test_sandbox_rows_round_trip_through_states() {
+        let (store, dir) = temp_store();
+        let mut row = SandboxRow {
+            id: "abc".into(),
+            state: RowState::Creating,
+            request: CreateSandboxRequest::default(),
+            token_hash: "h".into(),
+            live: None,
+            created_ms: 5,
+            deadline_ms: 10,
+        };
+        store.insert_sandbox(&row).unwrap();
+        assert!(store.insert_sandbox(&row).is_err(), "ids are unique");
+        assert!(store.set_started("abc", "{}", 20).unwrap());
+        assert!(store.set_state("abc", RowState::Running).unwrap());
+        row.state = RowState::Running;
+        row.live = Some("{}".into());
+        row.deadline_ms = 20;
+        assert_eq!(store.get_sandbox("abc").unwrap(), Some(row.clone()));
+        assert_eq!(store.list_sandboxes().unwrap(), vec![row]);
+        store.delete_sandbox("abc").unwrap();
+        assert_eq!(store.get_sandbox("abc").unwrap(), None);
+        assert!(!store.set_deadline("abc", 1).unwrap());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn test_reopen_keeps_data_and_seeds_base_once() {
+        let (store, dir) = temp_store();
+        store.insert_key("k1", "ci", "hash1").unwrap();
+        store.record_event(Some("s1"), "create", "hello").unwrap();
+        store.record_event(None, "start", "daemon").unwrap();
+        drop(store);
+        let store = Store::open(&dir.join("airlock.db")).unwrap();
+        assert!(store.key_hash_is_active("hash1").unwrap());
+        assert_eq!(store.revoke_key("ci").unwrap(), 1);
+        assert_eq!(store.revoke_key("ci").unwrap(), 0);
+        assert!(!store.key_hash_is_active("hash1").unwrap());
+        let events = store.events(Some("s1"), 10).unwrap();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].kind, "create");
+        let templates = store.list_templates().unwrap();
+        assert_eq!(templates.len(), 1);
+        assert_eq!(templates[0].name, BASE_TEMPLATE);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn test_newer_schema_is_refused() {
+        let (store, dir) = temp_store();
+        store
+            .conn()
+            .pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
+        drop(store);
+        let err = Store::open(&dir.join("airlock.db")).unwrap_err();
+        assert!(matches!(err, StoreError::TooNew { .. }), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

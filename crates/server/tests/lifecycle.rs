@@ -1,0 +1,178 @@
+//! Lifetimes: timeouts, sandboxes that die by themselves, and a daemon restart that re-adopts
+//! live sandboxes and destroys the rest. Needs root and the sandbox binaries.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests: failing loudly is the point"
+)]
+
+mod common;
+
+use std::time::Duration;
+
+use airlock_api::v1::{CreateSandboxRequest, ErrorCode, ExecRequest, SandboxState};
+use airlock_server::client::Client;
+use airlock_server::store::now_ms;
+use common::TestDaemon;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn helper_of(daemon: &TestDaemon, id: &str) -> (i32, u64) {
+    common::stored_helpers(&daemon.state_dir)
+        .into_iter()
+        .find(|(row, _)| row == id)
+        .and_then(|(_, helper)| helper)
+        .unwrap_or_else(|| panic!("no stored helper for {id}"))
+}
+
+async fn is_gone(client: &Client, id: &str) -> bool {
+    client.get(id).await.err().and_then(|e| e.code()) == Some(ErrorCode::NotFound)
+}
+
+async fn has_event(client: &Client, id: &str, kind: &str) -> bool {
+    client
+        .logs(id)
+        .await
+        .map(|logs| logs.events.iter().any(|e| e.kind == kind))
+        .unwrap_or(false)
+}
+
+fn kill9(pid: i32) {
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn test_timeout_and_self_ending_sandboxes_are_swept() {
+    common::require_binaries();
+    let daemon = TestDaemon::start("timeout", &[]);
+    let client = daemon.client();
+    let short = client
+        .create(&CreateSandboxRequest {
+            timeout_ms: Some(1500),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .sandbox;
+    let short_helper = helper_of(&daemon, &short.id);
+    let doomed = client
+        .create(&CreateSandboxRequest::default())
+        .await
+        .unwrap()
+        .sandbox;
+    let doomed_helper = helper_of(&daemon, &doomed.id);
+    assert!(common::process_alive(
+        doomed_helper.0,
+        Some(doomed_helper.1)
+    ));
+
+    // The agent (and so the sandbox) dies on its own: the daemon notices and cleans up.
+    kill9(doomed_helper.0);
+    assert!(common::eventually(LIMIT, || is_gone(&client, &doomed.id)).await);
+    assert!(has_event(&client, &doomed.id, "ended").await);
+    common::assert_sandbox_gone(&daemon.state_dir, &doomed.id, Some(doomed_helper));
+
+    assert!(common::eventually(LIMIT, || is_gone(&client, &short.id)).await);
+    assert!(
+        now_ms() >= short.expires_at_ms,
+        "removed before its deadline"
+    );
+    assert!(has_event(&client, &short.id, "timeout").await);
+    common::assert_sandbox_gone(&daemon.state_dir, &short.id, Some(short_helper));
+}
+
+#[tokio::test]
+async fn test_restart_readopts_live_sandboxes_and_destroys_the_rest() {
+    common::require_binaries();
+    let mut first = TestDaemon::start("restart", &[]);
+    first.keep_state = true;
+    let client = first.client();
+    let kept = client
+        .create(&CreateSandboxRequest::default())
+        .await
+        .unwrap();
+    let kept_id = kept.sandbox.id.clone();
+    client
+        .write_file(&kept_id, "/workspace/note", &b"survives"[..])
+        .await
+        .unwrap();
+    let expiring = client
+        .create(&CreateSandboxRequest {
+            timeout_ms: Some(2000),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .sandbox;
+    let dying = client
+        .create(&CreateSandboxRequest::default())
+        .await
+        .unwrap()
+        .sandbox;
+    let kept_helper = helper_of(&first, &kept_id);
+    let expiring_helper = helper_of(&first, &expiring.id);
+    let dying_helper = helper_of(&first, &dying.id);
+
+    // A graceful stop leaves every sandbox running.
+    assert!(first.terminate(), "airlockd exits cleanly on SIGTERM");
+    for (pid, ticks) in [kept_helper, expiring_helper, dying_helper] {
+        assert!(
+            common::process_alive(pid, Some(ticks)),
+            "sandbox died with the daemon"
+        );
+    }
+    // While the daemon is down: one sandbox dies, one passes its deadline, and a stray
+    // directory appears.
+    kill9(dying_helper.0);
+    let stray = first.state_dir.join("sandboxes").join("strayleftover");
+    std::fs::create_dir_all(&stray).unwrap();
+    while now_ms() <= expiring.expires_at_ms {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let second = TestDaemon::start_in(&first.state_dir, &first.key, &[]);
+    let client = second.client();
+    // Re-adopted: listed, and both its token and its files still work.
+    let listed = client.get(&kept_id).await.unwrap();
+    assert_eq!(listed.state, SandboxState::Running);
+    let token = second
+        .anonymous()
+        .with_access_token(Some(kept.access_token.clone()));
+    assert_eq!(
+        token.read_file(&kept_id, "/workspace/note").await.unwrap(),
+        b"survives"
+    );
+    let out = token
+        .exec_collect(
+            &kept_id,
+            &ExecRequest {
+                argv: Some(vec!["cat".into(), "/workspace/note".into()]),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, b"survives");
+    assert!(has_event(&client, &kept_id, "adopted").await);
+
+    // The one that died while the daemon was down is destroyed and recorded, before serving.
+    assert!(is_gone(&client, &dying.id).await);
+    assert!(has_event(&client, &dying.id, "orphan_destroyed").await);
+    common::assert_sandbox_gone(&second.state_dir, &dying.id, Some(dying_helper));
+    assert!(!stray.exists(), "stray directory kept");
+    assert!(has_event(&client, "strayleftover", "orphan_destroyed").await);
+
+    // The expired one ends at once, from its stored deadline.
+    assert!(common::eventually(LIMIT, || is_gone(&client, &expiring.id)).await);
+    assert!(has_event(&client, &expiring.id, "timeout").await);
+    common::assert_sandbox_gone(&second.state_dir, &expiring.id, Some(expiring_helper));
+
+    client.delete(&kept_id).await.unwrap();
+    common::assert_sandbox_gone(&second.state_dir, &kept_id, Some(kept_helper));
+    drop(first);
+}
