@@ -460,10 +460,13 @@ pub fn start(
     );
 
     if let Some(timeout) = options.timeout {
-        let proc = proc.clone();
+        // Weak: an ended process's descriptors must not wait for its timer.
+        let weak = Arc::downgrade(&proc);
         tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
-            if !proc.exited.load(Ordering::SeqCst) {
+            if let Some(proc) = weak.upgrade()
+                && !proc.exited.load(Ordering::SeqCst)
+            {
                 eprintln!(
                     "airlock-agent: pid {} reached its Connect-Timeout-Ms, killing its group",
                     proc.pid

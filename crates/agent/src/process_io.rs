@@ -199,14 +199,19 @@ pub(crate) async fn run_process(
     };
     // Everything the process wrote before it exited is in the pipe (or terminal) buffers now.
     let mut budget = DRAIN_AFTER_EXIT_BYTES;
-    for (fd, make) in [
-        (outputs.stdout.as_ref(), Event::Stdout as fn(Bytes) -> Event),
-        (outputs.stderr.as_ref(), Event::Stderr),
-        (outputs.pty.as_ref(), Event::Pty),
+    for (rx, make) in [
+        (outputs.stdout.take(), Event::Stdout as fn(Bytes) -> Event),
+        (outputs.stderr.take(), Event::Stderr),
+        (outputs.pty.take(), Event::Pty),
     ] {
-        let Some(fd) = fd else { continue };
+        let Some(Ok(fd)) = rx.map(pipe::Receiver::into_nonblocking_fd) else {
+            continue;
+        };
+        let mut file = std::fs::File::from(fd);
         while budget > 0 {
-            let Some(data) = read_ready(fd) else { break };
+            let Some(data) = read_ready(&mut file) else {
+                break;
+            };
             budget = budget.saturating_sub(data.len());
             broadcast(&mut subscribers, make(data)).await;
         }
