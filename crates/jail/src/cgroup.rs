@@ -314,6 +314,49 @@ impl SandboxCgroup {
         cgroup
     }
 
+    /// Every directory of this cgroup, each once: what a record must keep to find it again
+    /// from another cgroup (a restarted daemon may run elsewhere in the hierarchy).
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        for (_, dir) in &self.dirs {
+            if !dirs.contains(dir) {
+                dirs.push(dir.clone());
+            }
+        }
+        dirs
+    }
+
+    /// A cgroup from directories a record kept. Each must be an Airlock sandbox cgroup inside
+    /// a cgroup filesystem; anything else is ignored rather than killed or removed.
+    pub fn from_dirs(dirs: &[PathBuf]) -> SandboxCgroup {
+        let mut cgroup = SandboxCgroup {
+            dirs: Vec::new(),
+            v2_dir: None,
+            leave: Vec::new(),
+        };
+        for dir in dirs {
+            let named = dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(NAME_PREFIX));
+            if !named || !dir.is_absolute() || !dir.join("cgroup.procs").is_file() {
+                continue;
+            }
+            let controller = if dir.join("pids.max").exists() {
+                Controller::Pids
+            } else if dir.join("cpu.max").exists() || dir.join("cpu.cfs_quota_us").exists() {
+                Controller::Cpu
+            } else {
+                Controller::Memory
+            };
+            if dir.join("cgroup.controllers").exists() {
+                cgroup.v2_dir = Some(dir.clone());
+            }
+            cgroup.dirs.push((controller, dir.clone()));
+        }
+        cgroup
+    }
+
     fn dir(&self, controller: Controller) -> Option<&PathBuf> {
         self.dirs
             .iter()
@@ -539,6 +582,64 @@ pub fn parents(layout: &Layout) -> Vec<PathBuf> {
         }
     }
     parents
+}
+
+/// The roots of the hierarchies that carry Airlock's controllers: a v1 hierarchy's root is the
+/// highest ancestor of our own cgroup that is still a cgroup.
+fn hierarchy_roots(layout: &Layout) -> Vec<PathBuf> {
+    let mut roots: Vec<PathBuf> = Vec::new();
+    for home in [&layout.memory, &layout.pids, &layout.cpu]
+        .into_iter()
+        .flatten()
+    {
+        let root = match home {
+            Home::V1 { own_dir } => {
+                let mut root = own_dir.clone();
+                while let Some(parent) = root.parent() {
+                    if !parent.join("cgroup.procs").is_file() {
+                        break;
+                    }
+                    root = parent.to_path_buf();
+                }
+                root
+            }
+            Home::V2 { mount, .. } => mount.join("airlock"),
+        };
+        if !roots.contains(&root) {
+            roots.push(root);
+        }
+    }
+    roots
+}
+
+/// Every cgroup directory whose name starts with `prefix`, in every hierarchy Airlock uses,
+/// down to a few levels (daemons may run in nested cgroups). Sandbox cgroups themselves are
+/// not descended into.
+pub fn find_named(layout: &Layout, prefix: &str) -> Vec<PathBuf> {
+    const MAX_DEPTH: usize = 6;
+    let mut found = Vec::new();
+    let mut pending: Vec<(PathBuf, usize)> = hierarchy_roots(layout)
+        .into_iter()
+        .map(|r| (r, 0))
+        .collect();
+    while let Some((dir, depth)) = pending.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with(prefix) {
+                found.push(entry.path());
+            } else if depth < MAX_DEPTH && !name.starts_with(NAME_PREFIX) {
+                pending.push((entry.path(), depth + 1));
+            }
+        }
+    }
+    found
 }
 
 /// `airlock-<pid>-<n>` → `pid`.

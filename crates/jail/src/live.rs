@@ -11,6 +11,7 @@
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use airlock_policy::Plan;
@@ -38,6 +39,9 @@ pub struct LiveRecord {
     pub helper_start_ticks: u64,
     /// The cgroup's name, when limits were applied.
     pub cgroup: Option<String>,
+    /// The cgroup's directories, one per hierarchy.
+    #[serde(default)]
+    pub cgroup_dirs: Vec<PathBuf>,
 }
 
 /// A sandbox whose agent serves, not yet committed: dropping it ends the sandbox.
@@ -88,6 +92,7 @@ pub fn start(
     let record = LiveRecord {
         helper_pid: pid,
         helper_start_ticks,
+        cgroup_dirs: sandbox.cgroup_dirs(),
         cgroup: sandbox.has_cgroup().then_some(name),
     };
     Ok(Starting {
@@ -156,38 +161,48 @@ pub fn destroy(layout: &Layout, record: &LiveRecord) {
     }
     // Also when the helper had already ended: it may be our unreaped child.
     reap(record);
-    if let Some(name) = &record.cgroup {
-        let cgroup = SandboxCgroup::existing(layout, name);
-        cgroup.kill_all();
-        let _ = cgroup.remove();
+    let mut dirs = record.cgroup_dirs.clone();
+    if dirs.is_empty()
+        && let Some(name) = &record.cgroup
+    {
+        // A record cut short before it held directories: look for the name everywhere.
+        dirs = cgroup::find_named(layout, name)
+            .into_iter()
+            .filter(|dir| dir.file_name().is_some_and(|n| n == name.as_str()))
+            .collect();
     }
+    let cgroup = SandboxCgroup::from_dirs(&dirs);
+    cgroup.kill_all();
+    let _ = cgroup.remove();
 }
 
 /// Removes the cgroups of long-lived sandboxes whose name (after `airlock-sbx-`) `keep` does
 /// not accept, killing what is left in them. Returns those names.
 pub fn sweep(layout: &Layout, keep: impl Fn(&str) -> bool) -> Vec<String> {
-    let mut swept = Vec::new();
-    for parent in cgroup::parents(layout) {
-        let Ok(entries) = std::fs::read_dir(&parent) else {
+    let mut doomed: Vec<(String, Vec<PathBuf>)> = Vec::new();
+    for dir in cgroup::find_named(layout, CGROUP_PREFIX) {
+        let Some(name) = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix(CGROUP_PREFIX))
+            .map(str::to_owned)
+        else {
             continue;
         };
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(id) = name.to_str().and_then(|n| n.strip_prefix(CGROUP_PREFIX)) else {
-                continue;
-            };
-            if keep(id) {
-                continue;
-            }
-            let cgroup = SandboxCgroup::existing(layout, &format!("{CGROUP_PREFIX}{id}"));
-            cgroup.kill_all();
-            let _ = cgroup.remove();
-            if !swept.iter().any(|s| s == id) {
-                swept.push(id.to_owned());
-            }
+        if keep(&name) {
+            continue;
+        }
+        match doomed.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, dirs)) => dirs.push(dir),
+            None => doomed.push((name, vec![dir])),
         }
     }
-    swept
+    for (_, dirs) in &doomed {
+        let cgroup = SandboxCgroup::from_dirs(dirs);
+        cgroup.kill_all();
+        let _ = cgroup.remove();
+    }
+    doomed.into_iter().map(|(name, _)| name).collect()
 }
 
 /// Waits until `pidfd`'s process exits or `deadline` passes; returns whether it exited.

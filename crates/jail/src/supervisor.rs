@@ -263,6 +263,13 @@ impl Sandbox {
         self.cgroup.is_some()
     }
 
+    pub(crate) fn cgroup_dirs(&self) -> Vec<PathBuf> {
+        self.cgroup
+            .as_ref()
+            .map(SandboxCgroup::dirs)
+            .unwrap_or_default()
+    }
+
     pub(crate) fn take_warnings(&mut self) -> Vec<String> {
         std::mem::take(&mut self.warnings)
     }

@@ -35,6 +35,9 @@ pub struct LiveSandbox {
     pub helper_pid: i32,
     pub helper_start_ticks: u64,
     pub cgroup: Option<String>,
+    /// The cgroup's directories, so that a process elsewhere in the hierarchy finds them.
+    #[serde(default)]
+    pub cgroup_dirs: Vec<PathBuf>,
     pub dir: PathBuf,
 }
 
@@ -44,6 +47,7 @@ impl LiveSandbox {
             helper_pid: self.helper_pid,
             helper_start_ticks: self.helper_start_ticks,
             cgroup: self.cgroup.clone(),
+            cgroup_dirs: self.cgroup_dirs.clone(),
         }
     }
 
@@ -154,6 +158,7 @@ impl Runtime {
             helper_pid: jail.helper_pid,
             helper_start_ticks: jail.helper_start_ticks,
             cgroup: jail.cgroup.clone(),
+            cgroup_dirs: jail.cgroup_dirs.clone(),
             dir: spec.dir.clone(),
         };
         Ok(Pending { starting, record })

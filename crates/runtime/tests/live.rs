@@ -13,7 +13,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use airlock_api::SandboxConfig;
-use airlock_runtime::{LiveSpec, Runtime};
+use airlock_runtime::{LiveSandbox, LiveSpec, Runtime};
 
 fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -58,10 +58,8 @@ fn alive(pid: i32) -> bool {
             .contains(") Z ")
 }
 
-fn cgroup_exists(name: &str) -> bool {
-    ["memory", "pids"]
-        .iter()
-        .any(|c| Path::new(&format!("/sys/fs/cgroup/{c}/{name}")).exists())
+fn cgroup_exists(record: &LiveSandbox) -> bool {
+    record.cgroup_dirs.iter().any(|dir| dir.exists())
 }
 
 #[test]
@@ -75,11 +73,11 @@ fn test_committed_sandbox_serves_until_destroyed() {
         "the agent answers from inside"
     );
     runtime.adopt(&record).unwrap();
-    let cgroup = record.cgroup.clone().expect("limits applied");
-    assert!(cgroup_exists(&cgroup));
+    assert_eq!(record.cgroup_dirs.len(), 2, "memory and pids: {record:?}");
+    assert!(cgroup_exists(&record));
     runtime.destroy(&record);
     assert!(!alive(record.helper_pid), "helper gone");
-    assert!(!cgroup_exists(&cgroup), "cgroup removed");
+    assert!(!cgroup_exists(&record), "cgroup removed");
     assert!(!dir.exists(), "directory removed");
     assert!(
         runtime.adopt(&record).is_err(),
@@ -97,7 +95,7 @@ fn test_uncommitted_sandbox_ends_with_its_handle() {
     assert!(health(&record.socket).starts_with("HTTP/1.1 204"));
     drop(pending);
     assert!(!alive(record.helper_pid), "helper gone with the handle");
-    assert!(!cgroup_exists(record.cgroup.as_deref().unwrap()));
+    assert!(!cgroup_exists(&record));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -122,7 +120,7 @@ fn test_sweep_removes_cgroups_of_unknown_sandboxes() {
     assert!(alive(record.helper_pid));
     let swept = runtime.sweep_orphans(&others.into());
     assert!(swept.contains(&"livesweep1".to_string()), "{swept:?}");
-    assert!(!cgroup_exists(record.cgroup.as_deref().unwrap()));
+    assert!(!cgroup_exists(&record));
     runtime.destroy(&record);
     assert!(!alive(record.helper_pid));
 }

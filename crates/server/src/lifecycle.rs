@@ -213,6 +213,7 @@ impl Daemon {
             helper_pid: 0,
             helper_start_ticks: 0,
             cgroup: Some(self.runtime.cgroup_name(id)),
+            cgroup_dirs: Vec::new(),
             dir,
         }
     }
@@ -363,7 +364,6 @@ impl Daemon {
         match started {
             Ok((row, record)) => {
                 self.install_running(&id, &token_hash, record, row.deadline_ms);
-                self.event(Some(&id), "ready", "the sandbox's agent serves");
                 Ok(CreateSandboxResponse {
                     sandbox: view(&row, SandboxState::Running),
                     access_token: token,
@@ -395,17 +395,16 @@ impl Daemon {
             self.event(Some(&id), "create_failed", &err.message);
             err
         };
-        if let Err(err) = self.store.insert_sandbox(&row) {
+        let created = format!(
+            "template {}",
+            row.request.template.as_deref().unwrap_or(BASE_TEMPLATE)
+        );
+        if let Err(err) = self
+            .store
+            .insert_sandbox_noting(&row, Some(("create", &created)))
+        {
             return Err(fail(err.into()));
         }
-        self.event(
-            Some(&id),
-            "create",
-            &format!(
-                "template {}",
-                row.request.template.as_deref().unwrap_or(BASE_TEMPLATE)
-            ),
-        );
         let spec = LiveSpec {
             id: id.clone(),
             dir: dir.clone(),
@@ -437,7 +436,8 @@ impl Daemon {
         let record = pending.record().clone();
         match pending.commit() {
             Ok(record) => {
-                if let Err(err) = self.store.set_state(&id, RowState::Running) {
+                let ready = Some(("ready", "the sandbox's agent serves"));
+                if let Err(err) = self.store.set_state_noting(&id, RowState::Running, ready) {
                     self.runtime.destroy(&record);
                     return Err(fail(err.into()));
                 }

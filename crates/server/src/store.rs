@@ -196,12 +196,29 @@ impl Store {
     // --- sandboxes ---
 
     pub fn insert_sandbox(&self, row: &SandboxRow) -> Result<(), StoreError> {
+        self.insert_sandbox_noting(row, None)
+    }
+
+    /// [`Store::insert_sandbox`] with an event `(kind, message)` in the same transaction.
+    pub fn insert_sandbox_noting(
+        &self,
+        row: &SandboxRow,
+        event: Option<(&str, &str)>,
+    ) -> Result<(), StoreError> {
         let request =
             serde_json::to_string(&row.request).map_err(|source| StoreError::Corrupt {
                 id: row.id.clone(),
                 source,
             })?;
-        self.conn().execute(
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        if let Some((kind, message)) = event {
+            tx.execute(
+                "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
+                params![to_sql(now_ms()), row.id, kind, message],
+            )?;
+        }
+        tx.execute(
             "INSERT INTO sandboxes (id, state, request, token_hash, live, created_ms, deadline_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             params![
@@ -214,6 +231,7 @@ impl Store {
                 to_sql(row.deadline_ms)
             ],
         )?;
+        tx.commit()?;
         Ok(())
     }
 
@@ -228,10 +246,30 @@ impl Store {
     }
 
     pub fn set_state(&self, id: &str, state: RowState) -> Result<bool, StoreError> {
-        let changed = self.conn().execute(
+        self.set_state_noting(id, state, None)
+    }
+
+    /// [`Store::set_state`] and, in the same transaction (one write on the create path),
+    /// an event `(kind, message)` for the sandbox.
+    pub fn set_state_noting(
+        &self,
+        id: &str,
+        state: RowState,
+        event: Option<(&str, &str)>,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let changed = tx.execute(
             "UPDATE sandboxes SET state = ?2 WHERE id = ?1",
             params![id, state.as_str()],
         )?;
+        if let Some((kind, message)) = event {
+            tx.execute(
+                "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
+                params![to_sql(now_ms()), id, kind, message],
+            )?;
+        }
+        tx.commit()?;
         Ok(changed == 1)
     }
 

@@ -458,6 +458,11 @@ async fn test_sandbox_control_plane_and_capacity() {
     );
 
     // Delete: 204, then 404; the events outlive the sandbox.
+    assert_eq!(
+        common::sandbox_cgroups(&b.id).len(),
+        2,
+        "a live sandbox has memory and pids cgroups (so the leftover check can see them)"
+    );
     client.delete(&b.id).await.unwrap();
     assert_eq!(code_of(client.get(&b.id).await), ErrorCode::NotFound);
     assert_eq!(code_of(client.delete(&b.id).await), ErrorCode::NotFound);

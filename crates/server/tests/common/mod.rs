@@ -204,9 +204,10 @@ pub fn create_key(state_dir: &Path, name: &str) -> String {
     String::from_utf8(output.stdout).unwrap().trim().to_owned()
 }
 
-/// The cgroup directories named after a sandbox, anywhere in the first levels of the hierarchy.
+/// The cgroup directories named after a sandbox (`airlock-sbx-<owner>-<id>`), anywhere in the
+/// first levels of every hierarchy.
 pub fn sandbox_cgroups(id: &str) -> Vec<PathBuf> {
-    let name = format!("airlock-sbx-{id}");
+    let suffix = format!("-{id}");
     let mut found = Vec::new();
     let mut dirs = vec![(PathBuf::from("/sys/fs/cgroup"), 0)];
     while let Some((dir, depth)) = dirs.pop() {
@@ -217,9 +218,11 @@ pub fn sandbox_cgroups(id: &str) -> Vec<PathBuf> {
             if !entry.file_type().is_ok_and(|t| t.is_dir()) {
                 continue;
             }
-            if entry.file_name().to_str() == Some(name.as_str()) {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with("airlock-sbx-") && name.ends_with(&suffix) {
                 found.push(entry.path());
-            } else if depth < 3 {
+            } else if depth < 4 {
                 dirs.push((entry.path(), depth + 1));
             }
         }
