@@ -33,7 +33,7 @@ pub enum ClientError {
     Connect(String, #[source] std::io::Error),
     #[error("HTTP exchange with airlockd failed")]
     Http(#[source] hyper::Error),
-    #[error("airlockd answered {status}: {code:?}: {message}")]
+    #[error("airlockd answered {status} {}: {message}", code.as_str())]
     Api {
         status: u16,
         code: ErrorCode,
