@@ -46,6 +46,9 @@ fn listener(listen: Listen) -> anyhow::Result<std::os::unix::net::UnixListener> 
 }
 
 fn main() -> anyhow::Result<()> {
+    // The workload shares the agent's uid; exec made the agent dumpable again, so the workload
+    // could otherwise read its memory and environment and take its descriptors.
+    airlock_jail::procctl::set_non_dumpable().context("PR_SET_DUMPABLE")?;
     let listener = listener(parse_args()?)?;
     listener
         .set_nonblocking(true)

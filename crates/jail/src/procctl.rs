@@ -49,6 +49,13 @@ pub fn pidfd_exited(pidfd: &OwnedFd, timeout_ms: libc::c_int) -> io::Result<bool
         .unwrap_or(false))
 }
 
+/// Makes this process non-dumpable: processes of the same uid without `CAP_SYS_PTRACE` can no
+/// longer read its memory, environment or descriptors through `/proc` or `pidfd_getfd`. An
+/// exec resets the flag, so a program that needs it sets it itself, first thing.
+pub fn set_non_dumpable() -> io::Result<()> {
+    crate::sys::prctl(libc::PR_SET_DUMPABLE, 0).map(drop)
+}
+
 /// Starts a new session, leaving the caller's terminal and process group.
 pub fn setsid() -> io::Result<()> {
     // SAFETY: setsid takes no arguments.

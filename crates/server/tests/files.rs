@@ -186,3 +186,45 @@ async fn test_200_mb_round_trip_keeps_the_checksum() {
     assert!(inside.starts_with(&hex), "{inside}");
     let _ = std::fs::remove_dir_all(source.parent().unwrap());
 }
+
+/// The agent is the sandbox's pid 1 and shares the workload's uid: the workload must still not
+/// reach its memory, environment or descriptors (the agent's listening socket among them).
+#[tokio::test]
+async fn test_workload_cannot_reach_into_the_agent() {
+    let daemon = TestDaemon::start("agentpeek", &[]);
+    let client = daemon.client();
+    let id = client
+        .create(&CreateSandboxRequest::default())
+        .await
+        .unwrap()
+        .sandbox
+        .id;
+    let output = client
+        .exec_collect(
+            &id,
+            &shell(
+                "for f in /proc/1/environ /proc/1/mem /proc/1/fd/3; do \
+                   if head -c1 $f >/dev/null 2>&1; then echo open:$f; else echo denied:$f; fi; \
+                 done; readlink /proc/1/fd/3 >/dev/null 2>&1 && echo linked || echo unlinked",
+            ),
+        )
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        text,
+        "denied:/proc/1/environ\ndenied:/proc/1/mem\ndenied:/proc/1/fd/3\nunlinked\n",
+        "stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // The control: the workload's own process is open to itself.
+    let own = client
+        .exec_collect(
+            &id,
+            &shell("head -c1 /proc/self/environ >/dev/null && readlink /proc/self/fd/0 >/dev/null && echo ok"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(own.stdout, b"ok\n");
+    client.delete(&id).await.unwrap();
+}
