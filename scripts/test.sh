@@ -24,6 +24,13 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # Integration tests run the airlock, airlock-jail and airlock-probe binaries: build them all.
 cargo build --workspace --locked
+# The E2B compatibility suite: the unmodified Python SDKs (newest and 2.45.1) and the npm SDK
+# against a fresh airlockd (installs its venvs and node_modules on first use).
+scripts/e2b-tests.sh
 # The benchmark must keep working; its figures are printed, never asserted.
 cargo run --quiet --locked --bin airlock -- bench start --iterations 20 --phases
 cargo test --workspace --locked
+# Bounded fuzzing of the policy parser. A deterministic mutation run on stable (same invariants
+# as the cargo-fuzz target crates/policy/fuzz, which also runs here with `cargo fuzz run
+# --sanitizer none` but needs cargo-fuzz installed and its own build: see its Cargo.toml).
+AIRLOCK_FUZZ_ITERATIONS=50000 cargo test --locked -p airlock-policy --test fuzz_policy

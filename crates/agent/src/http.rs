@@ -24,7 +24,7 @@ use crate::connect::{
 use crate::files::{self, drain, http_error};
 use crate::process::{self, StreamOptions};
 use crate::user::{self, User};
-use crate::{filesystem, watch};
+use crate::{filesystem, tunnel, watch};
 
 /// Largest accepted RPC request message.
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
@@ -49,6 +49,7 @@ pub async fn serve(listener: UnixListener, agent: Arc<Agent>) {
             if let Err(e) = http1::Builder::new()
                 .keep_alive(true)
                 .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades()
                 .await
                 && !e.is_incomplete_message()
             {
@@ -97,6 +98,9 @@ fn query_param(query: Option<&str>, key: &str) -> Result<Option<String>, String>
 }
 
 async fn handle(agent: &Agent, request: Request<Incoming>) -> HttpResponse {
+    if request.method() == Method::GET && request.uri().path() == tunnel::PATH {
+        return tunnel::open(request).await;
+    }
     let (parts, mut body) = request.into_parts();
     let path = parts.uri.path().to_string();
     let query = parts.uri.query();

@@ -1,7 +1,9 @@
 //! `airlock-agent`: the in-sandbox agent. It runs as PID 1 of a sandbox's pid namespace,
 //! already confined, and serves E2B's envd protocol (Connect RPCs for processes and the
 //! filesystem, plain-HTTP file transfer, health) over HTTP/1.1 on a Unix socket, so that the
-//! unmodified E2B SDKs work through the daemon's proxy.
+//! unmodified E2B SDKs work through the daemon's proxy. It also opens byte tunnels to TCP ports
+//! on the sandbox's loopback for the daemon ([`tunnel`]), which carry the E2B data plane to
+//! servers that the sandbox's programs start.
 //!
 //! Everything runs on one thread (a current-thread tokio runtime): idle memory matters with
 //! hundreds of sandboxes. The kernel-facing parts (fork/exec, ptys, reaping, inotify) are in
@@ -14,6 +16,8 @@ pub mod http;
 pub mod multipart;
 pub mod process;
 mod process_io;
+pub mod relay;
+pub mod tunnel;
 pub mod user;
 pub mod watch;
 pub mod wire;

@@ -1,8 +1,11 @@
 //! `airlock-agent --listen-fd N` (an inherited, listening AF_UNIX stream socket) or
-//! `airlock-agent --listen PATH` (binds PATH; for tests and development).
+//! `airlock-agent --listen PATH` (binds PATH; for tests and development), optionally with
+//! `--egress-relay PORT:SOCKET` (see `relay`); or `--egress-relay PORT:SOCKET` alone, for a
+//! sandbox whose pid 1 is not the agent.
 
 use std::os::unix::fs::FileTypeExt;
 
+use airlock_agent::relay::RelaySpec;
 use anyhow::{Context, bail};
 
 enum Listen {
@@ -10,17 +13,31 @@ enum Listen {
     Path(std::path::PathBuf),
 }
 
-fn parse_args() -> anyhow::Result<Listen> {
+const USAGE: &str = "usage: airlock-agent (--listen-fd N | --listen PATH) [--egress-relay PORT:SOCKET] | --egress-relay PORT:SOCKET";
+
+fn parse_args() -> anyhow::Result<(Option<Listen>, Option<RelaySpec>)> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.as_slice() {
-        [flag, fd] if flag == "--listen-fd" => {
-            Ok(Listen::Fd(fd.parse().with_context(|| {
-                format!("--listen-fd needs a descriptor number, got '{fd}'")
-            })?))
+    let (mut listen, mut relay) = (None, None);
+    let mut rest = args.as_slice();
+    while let [flag, value, tail @ ..] = rest {
+        match flag.as_str() {
+            "--listen-fd" if listen.is_none() => {
+                listen = Some(Listen::Fd(value.parse().with_context(|| {
+                    format!("--listen-fd needs a descriptor number, got '{value}'")
+                })?));
+            }
+            "--listen" if listen.is_none() => listen = Some(Listen::Path(value.into())),
+            "--egress-relay" if relay.is_none() => {
+                relay = Some(RelaySpec::parse(value).map_err(anyhow::Error::msg)?);
+            }
+            _ => bail!("{USAGE}"),
         }
-        [flag, path] if flag == "--listen" => Ok(Listen::Path(path.into())),
-        _ => bail!("usage: airlock-agent --listen-fd N | --listen PATH"),
+        rest = tail;
     }
+    if !rest.is_empty() || (listen.is_none() && relay.is_none()) {
+        bail!("{USAGE}");
+    }
+    Ok((listen, relay))
 }
 
 fn listener(listen: Listen) -> anyhow::Result<std::os::unix::net::UnixListener> {
@@ -49,16 +66,36 @@ fn main() -> anyhow::Result<()> {
     // The workload shares the agent's uid; exec made the agent dumpable again, so the workload
     // could otherwise read its memory and environment and take its descriptors.
     airlock_jail::procctl::set_non_dumpable().context("PR_SET_DUMPABLE")?;
-    let listener = listener(parse_args()?)?;
-    listener
-        .set_nonblocking(true)
-        .context("making the listener non-blocking")?;
+    let (listen, relay) = parse_args()?;
+    let listener = listen.map(listener).transpose()?;
+    if let Some(listener) = &listener {
+        listener
+            .set_nonblocking(true)
+            .context("making the listener non-blocking")?;
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
         .build()
         .context("starting the runtime")?;
     runtime.block_on(async {
+        if let Some(relay) = relay {
+            let port = relay.port;
+            let relaying = airlock_agent::relay::serve(relay);
+            if listener.is_none() {
+                return relaying
+                    .await
+                    .with_context(|| format!("the egress relay on port {port}"));
+            }
+            tokio::spawn(async move {
+                if let Err(err) = relaying.await {
+                    eprintln!("airlock-agent: the egress relay on port {port} stopped: {err}");
+                }
+            });
+        }
+        let Some(listener) = listener else {
+            return Ok(());
+        };
         let listener =
             tokio::net::UnixListener::from_std(listener).context("registering the listener")?;
         eprintln!("airlock-agent: serving (pid {})", std::process::id());

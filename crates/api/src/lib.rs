@@ -3,6 +3,7 @@
 //! Everything here is plain data: strict (`deny_unknown_fields`), with units in field names, and
 //! free of I/O. Parsing of human-written values (`512MiB`, `30s`, `1.5`) lives in [`units`].
 
+pub mod policy;
 pub mod sandbox;
 pub mod units;
 pub mod v1;

@@ -27,6 +27,15 @@ impl Tier {
             Tier::Microvm => "microvm",
         }
     }
+
+    /// Isolation strength: process < container < microvm.
+    pub fn strength(self) -> u8 {
+        match self {
+            Tier::Process => 0,
+            Tier::Container => 1,
+            Tier::Microvm => 2,
+        }
+    }
 }
 
 /// What to do when a confinement layer cannot be applied on this host.
@@ -140,6 +149,11 @@ pub struct SandboxConfig {
     pub compat: Compat,
     /// The program and its arguments.
     pub command: Vec<String>,
+    /// A policy document whose filesystem, syscall and network sections the compiler applies.
+    /// Its resources, user, tier and timeout are settings the caller merges into the fields
+    /// above first (`airlock_policy::Policy::settings`), since explicit flags win over them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<Box<crate::policy::PolicyDocument>>,
 }
 
 impl SandboxConfig {
@@ -156,6 +170,7 @@ impl SandboxConfig {
             user: UserSpec::default(),
             compat: Compat::Strict,
             command,
+            policy: None,
         }
     }
 }

@@ -170,6 +170,11 @@ pub struct CreateSandboxRequest {
     pub metadata: BTreeMap<String, String>,
     #[serde(default)]
     pub workspace: Workspace,
+    /// A policy document (the YAML format's JSON form, `api/policy.schema.json`). Its
+    /// resources, user and timeout apply where the request leaves them out; the sandbox runs
+    /// on at least its tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<Box<crate::policy::PolicyDocument>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -31,6 +31,18 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 100)]
         file_mib: u64,
     },
+    /// The E2B Python SDK's cycle: Sandbox.create() + commands.run("true") + kill().
+    E2b {
+        /// A running daemon to measure (default: start a private one); needs E2B_API_KEY.
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+        /// Measured cycles (after 5 warm-up cycles).
+        #[arg(long, default_value_t = 100)]
+        iterations: usize,
+        /// The Python that has the e2b SDK [default: target/e2b-venv-latest/bin/python].
+        #[arg(long, value_name = "PATH")]
+        python: Option<std::path::PathBuf>,
+    },
     /// Host memory per idle sandbox.
     Density {
         /// A running daemon to measure (default: start a private one).
@@ -64,6 +76,11 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             file_mib,
         } => crate::bench_api::api(url, iterations, file_mib),
         BenchCommand::Density { url, count } => crate::bench_api::density(url, count),
+        BenchCommand::E2b {
+            url,
+            iterations,
+            python,
+        } => crate::bench_e2b::e2b(url, iterations, python),
     }
 }
 

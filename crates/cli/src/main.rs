@@ -2,7 +2,9 @@
 
 mod bench;
 mod bench_api;
+mod bench_e2b;
 mod daemon_cmds;
+mod policy_cmds;
 mod run;
 mod sandbox_cmds;
 
@@ -46,6 +48,11 @@ enum Command {
         #[command(subcommand)]
         which: sandbox_cmds::SandboxCommand,
     },
+    /// Check, explain and compare policy documents.
+    Policy {
+        #[command(subcommand)]
+        which: policy_cmds::PolicyCommand,
+    },
     /// Run a command in a daemon's sandbox (`airlock sandbox exec`).
     Exec {
         #[command(flatten)]
@@ -75,6 +82,7 @@ fn main() -> ExitCode {
         Command::Keys(args) => daemon_cmds::keys(&args),
         Command::Sandbox { daemon, which } => sandbox_cmds::sandbox(&daemon, which),
         Command::Exec { daemon, args } => sandbox_cmds::exec(&daemon, args),
+        Command::Policy { which } => policy_cmds::policy(which),
     };
     match result {
         Ok(code) => code,

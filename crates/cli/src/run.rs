@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use airlock_api::{
-    Compat, SandboxConfig, Tier, UserSpec, WorkspaceSource, parse_cpus_milli, parse_duration_ms,
+    Compat, SandboxConfig, UserSpec, WorkspaceSource, parse_cpus_milli, parse_duration_ms,
     parse_size_bytes,
 };
 use airlock_runtime::{Ending, Runtime, Signals};
@@ -21,6 +21,16 @@ pub enum TierArg {
     Process,
     Container,
     Microvm,
+}
+
+impl TierArg {
+    pub fn tier(self) -> airlock_api::Tier {
+        match self {
+            TierArg::Process => airlock_api::Tier::Process,
+            TierArg::Container => airlock_api::Tier::Container,
+            TierArg::Microvm => airlock_api::Tier::Microvm,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -58,9 +68,13 @@ pub struct RunArgs {
     /// What to do when a confinement layer is unavailable.
     #[arg(long, value_enum, default_value = "strict")]
     compat: CompatArg,
-    /// Isolation tier.
-    #[arg(long, value_enum, default_value = "process")]
-    tier: TierArg,
+    /// Isolation tier (default: process, or the policy's minimum; a weaker one is refused).
+    #[arg(long, value_enum)]
+    tier: Option<TierArg>,
+    /// A policy file (see `airlock policy`). Flags given explicitly override its resources,
+    /// user and timeout.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
     /// The command and its arguments.
     #[arg(required = true, last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -104,11 +118,21 @@ fn apply_limit(slot: &mut Option<u64>, limit: Option<Limit>) {
 /// Builds the sandbox configuration from the command line.
 pub fn config(args: RunArgs) -> anyhow::Result<SandboxConfig> {
     let mut config = SandboxConfig::new(args.command);
-    config.tier = match args.tier {
-        TierArg::Process => Tier::Process,
-        TierArg::Container => Tier::Container,
-        TierArg::Microvm => Tier::Microvm,
-    };
+    if let Some(path) = &args.policy {
+        let policy = crate::policy_cmds::load(path)?;
+        policy.settings().apply(&mut config);
+        config.policy = Some(Box::new(policy.document().clone()));
+    }
+    if let Some(tier) = args.tier.map(TierArg::tier) {
+        if tier.strength() < config.tier.strength() {
+            anyhow::bail!(
+                "--tier {} is weaker than the policy's minimum tier, {}",
+                tier.as_str(),
+                config.tier.as_str()
+            );
+        }
+        config.tier = tier;
+    }
     config.rootfs = args.rootfs;
     if let Some(path) = args.workspace {
         let path = std::path::absolute(&path)?;
@@ -122,7 +146,9 @@ pub fn config(args: RunArgs) -> anyhow::Result<SandboxConfig> {
     if let Some(disk) = args.disk {
         config.resources.disk_bytes = disk;
     }
-    config.timeout_ms = args.timeout;
+    if args.timeout.is_some() {
+        config.timeout_ms = args.timeout;
+    }
     if let Ok(term) = std::env::var("TERM") {
         config.env.push(("TERM".into(), term));
     }
@@ -139,7 +165,9 @@ pub fn config(args: RunArgs) -> anyhow::Result<SandboxConfig> {
         config.env.push((name, value));
     }
     config.cwd = args.cwd;
-    config.user = args.user.unwrap_or_default();
+    if let Some(user) = args.user {
+        config.user = user;
+    }
     config.compat = match args.compat {
         CompatArg::Strict => Compat::Strict,
         CompatArg::BestEffort => Compat::BestEffort,

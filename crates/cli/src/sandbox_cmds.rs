@@ -114,6 +114,9 @@ pub struct CreateArgs {
     /// Host directory mounted read-write at /workspace (default: a fresh one).
     #[arg(long, value_name = "DIR")]
     workspace: Option<PathBuf>,
+    /// A policy file, checked here and sent with its profiles merged in.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
     /// Print the whole answer, access token included, as JSON.
     #[arg(long)]
     json: bool,
@@ -235,6 +238,10 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<ExitCode> {
         env: pairs(&args.env, "--env")?,
         metadata: pairs(&args.metadata, "--meta")?,
         workspace,
+        policy: match &args.policy {
+            Some(path) => Some(Box::new(crate::policy_cmds::load(path)?.document().clone())),
+            None => None,
+        },
     };
     let created = client.create(&request).await?;
     if args.json {

@@ -19,7 +19,7 @@ use airlock_policy::{IdMap, Plan, RlimitResource, WorkspacePlan};
 
 use crate::helper_live::{self, AgentFds};
 use crate::report::{self, CONTROL_FD, Phase, REPORT_FD, Report, SPEC_FD, mark};
-use crate::spec::HelperSpec;
+use crate::spec::{Evaluation, HelperSpec};
 use crate::sys::{self, Forked};
 use crate::{landlock, seccomp, view};
 
@@ -105,7 +105,7 @@ fn start() -> Result<(), Failure> {
             })
         })
         .transpose()?;
-    run(&spec.plan, &spec.cgroup_leave, agent)
+    run(&spec.plan, &spec.cgroup_leave, agent, spec.evaluation)
 }
 
 fn read_spec() -> Result<HelperSpec, Failure> {
@@ -133,6 +133,7 @@ fn run(
     plan: &Plan,
     cgroup_leave: &[std::path::PathBuf],
     agent: Option<AgentFds>,
+    evaluation: Evaluation,
 ) -> Result<(), Failure> {
     // The supervisor ends a sandbox with SIGTERM to the helper; it waits here until the relay.
     let terminate = sys::block_signals(&[libc::SIGTERM])
@@ -147,7 +148,8 @@ fn run(
         Forked::Child => {
             drop(helper_end);
             drop(terminate);
-            let code = init(plan, init_end, agent.as_ref()).unwrap_or_else(report_failure);
+            let code =
+                init(plan, init_end, agent.as_ref(), evaluation).unwrap_or_else(report_failure);
             sys::exit_now(code)
         }
         Forked::Parent(init_pid) => {
@@ -324,7 +326,12 @@ fn idmap_workspace(
 }
 
 /// The sandbox's init: pid 1 in the new pid namespace.
-fn init(plan: &Plan, socket: OwnedFd, agent: Option<&AgentFds>) -> Result<i32, Failure> {
+fn init(
+    plan: &Plan,
+    socket: OwnedFd,
+    agent: Option<&AgentFds>,
+    evaluation: Evaluation,
+) -> Result<i32, Failure> {
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
     let (message, idmapped) = sys::recv_with_fd(&socket).unwrap_or_default();
     if message != b"go" {
@@ -390,11 +397,14 @@ fn init(plan: &Plan, socket: OwnedFd, agent: Option<&AgentFds>) -> Result<i32, F
     }
     sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).map_err(|e| with_source("no_new_privs", &e))?;
     mark(Phase::PrivilegesDropped);
-    if let Err(e) = landlock::apply(&plan.landlock) {
+    if !evaluation.skip_landlock
+        && let Err(e) = landlock::apply(&plan.landlock)
+    {
         warn_or_fail(plan.compat, format!("Landlock: {}", crate::error_chain(&e)))?;
     }
     mark(Phase::LandlockApplied);
-    let program = seccomp::compile(&plan.seccomp).map_err(|e| with_source("seccomp", &e))?;
+    let program = seccomp::compile_tagged(&plan.seccomp, evaluation.seccomp_tag)
+        .map_err(|e| with_source("seccomp", &e))?;
     seccomp::install(&program).map_err(|e| with_source("seccomp", &e))?;
     mark(Phase::SeccompInstalled);
     match agent {

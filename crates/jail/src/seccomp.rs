@@ -113,7 +113,8 @@ pub fn syscall_number(name: &str) -> Option<u32> {
         "mknodat" => libc::SYS_mknodat,
         "open" => libc::SYS_open,
         "openat" => libc::SYS_openat,
-        _ => return None,
+        // A policy's `deny_extra` may name any syscall: the policy crate's table has them all.
+        _ => return airlock_policy::syscalls::x86_64_number(name),
     };
     u32::try_from(number).ok()
 }
@@ -131,10 +132,11 @@ const fn jump(code: u16, k: u32, jt: u8, jf: u8) -> Insn {
     Insn { code, jt, jf, k }
 }
 
-fn ret_for(action: SyscallAction) -> u32 {
-    match action {
-        SyscallAction::Eperm => RET_ERRNO | libc::EPERM as u32,
-        SyscallAction::Enosys => RET_ERRNO | libc::ENOSYS as u32,
+fn ret_for(action: SyscallAction, tag: Option<u16>) -> u32 {
+    match (action, tag) {
+        (SyscallAction::Eperm, Some(tag)) => RET_ERRNO | u32::from(tag),
+        (SyscallAction::Eperm, None) => RET_ERRNO | libc::EPERM as u32,
+        (SyscallAction::Enosys, _) => RET_ERRNO | libc::ENOSYS as u32,
     }
 }
 
@@ -143,7 +145,11 @@ fn check_len(check: &ArgCheck) -> usize {
 }
 
 /// Emits one rule: its checks, each jumping past the rule's `ret` when it fails.
-fn emit_rule(rule: &SeccompRule, out: &mut Vec<Insn>) -> Result<(), SeccompError> {
+fn emit_rule(
+    rule: &SeccompRule,
+    tag: Option<u16>,
+    out: &mut Vec<Insn>,
+) -> Result<(), SeccompError> {
     let total: usize = rule.checks.iter().map(check_len).sum::<usize>() + 1;
     let mut emitted = 0;
     for check in &rule.checks {
@@ -161,12 +167,18 @@ fn emit_rule(rule: &SeccompRule, out: &mut Vec<Insn>) -> Result<(), SeccompError
         let (jt, jf) = if check.equal { (0, skip) } else { (skip, 0) };
         out.push(jump(BPF_JEQ_K, check.value, jt, jf));
     }
-    out.push(stmt(BPF_RET_K, ret_for(rule.action)));
+    out.push(stmt(BPF_RET_K, ret_for(rule.action, tag)));
     Ok(())
 }
 
 /// Compiles `rules` into a BPF program.
 pub fn compile(rules: &[SeccompRule]) -> Result<Vec<Insn>, SeccompError> {
+    compile_tagged(rules, None)
+}
+
+/// Compiles `rules`, answering every `EPERM` rule with the errno `tag` instead when one is
+/// given (a security evaluation's marker; see `spec::Evaluation`).
+pub fn compile_tagged(rules: &[SeccompRule], tag: Option<u16>) -> Result<Vec<Insn>, SeccompError> {
     let mut program = vec![
         stmt(BPF_LD_W_ABS, OFFSET_ARCH),
         jump(BPF_JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
@@ -187,7 +199,7 @@ pub fn compile(rules: &[SeccompRule]) -> Result<Vec<Insn>, SeccompError> {
             syscall_number(name).ok_or_else(|| SeccompError::UnknownSyscall(name.to_owned()))?;
         let mut block = Vec::new();
         for rule in rules.iter().filter(|r| r.syscall == name) {
-            emit_rule(rule, &mut block)?;
+            emit_rule(rule, tag, &mut block)?;
         }
         block.push(stmt(BPF_RET_K, RET_ALLOW));
         let skip =

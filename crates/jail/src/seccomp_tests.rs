@@ -244,3 +244,15 @@ fn test_bpf_every_default_rule_names_a_known_syscall() {
         assert!(syscall_number(&rule.syscall).is_some(), "{}", rule.syscall);
     }
 }
+
+#[test]
+fn test_a_tagged_program_answers_eperm_rules_with_the_tag_and_keeps_the_rest() {
+    let tag = 133u16;
+    let tagged = compile_tagged(&default_rules(), Some(tag)).unwrap();
+    let tagged_errno = RET_ERRNO | u32::from(tag);
+    assert_eq!(run(&tagged, &call(libc::SYS_ptrace, &[])), tagged_errno);
+    assert_eq!(run(&tagged, &call(libc::SYS_mount, &[])), tagged_errno);
+    assert_eq!(run(&tagged, &call(libc::SYS_clone3, &[])), ENOSYS);
+    assert_eq!(run(&tagged, &call(libc::SYS_getpid, &[])), RET_ALLOW);
+    assert_eq!(compile_tagged(&default_rules(), None).unwrap(), program());
+}

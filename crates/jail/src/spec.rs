@@ -17,6 +17,28 @@ pub struct HelperSpec {
     pub trace: bool,
     /// Set for a long-lived sandbox: init execs the agent instead of a workload.
     pub agent: Option<AgentSpec>,
+    /// Layers switched off or marked for a security evaluation; the default changes nothing.
+    #[serde(default, skip_serializing_if = "Evaluation::is_default")]
+    pub evaluation: Evaluation,
+}
+
+/// Changes to the confinement that only `airlock seceval` makes, one run at a time, to prove
+/// which layer stops an attack (docs/seceval.md). Reached only through
+/// `Runtime::start_for_evaluation`; `airlock run` and airlockd always send the default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Evaluation {
+    /// Apply no Landlock ruleset at all.
+    pub skip_landlock: bool,
+    /// Answer every `EPERM` rule of the seccomp filter with this errno instead, so that an
+    /// answer can be traced to the filter. `ENOSYS` rules keep theirs: libc relies on it.
+    pub seccomp_tag: Option<u16>,
+}
+
+impl Evaluation {
+    pub fn is_default(&self) -> bool {
+        *self == Evaluation::default()
+    }
 }
 
 /// Where a long-lived sandbox's agent comes from and how it is reached, in host paths.
@@ -57,6 +79,7 @@ mod tests {
             cgroup_leave: vec!["/sys/fs/cgroup/pids/tasks".into()],
             trace: false,
             agent: None,
+            evaluation: Evaluation::default(),
         }
     }
 

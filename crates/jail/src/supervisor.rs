@@ -126,6 +126,8 @@ pub struct SpawnOptions {
     pub cgroups: Layout,
     /// Time each phase of the sandbox's life ([`Outcome::phases`]).
     pub trace: bool,
+    /// Security evaluation only (`airlock seceval`); the default changes nothing.
+    pub evaluation: crate::spec::Evaluation,
 }
 
 /// A running sandbox.
@@ -232,6 +234,7 @@ impl Sandbox {
             cgroup_leave,
             trace: options.trace,
             agent,
+            evaluation: options.evaluation,
         };
         let bytes = serde_json::to_vec(&spec).map_err(|e| JailError::SendSpec(e.into()))?;
         File::from(spec_w)

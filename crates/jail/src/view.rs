@@ -150,6 +150,7 @@ pub fn build(
         ),
     )?;
     mount_workspace(stage, workspace, uid, gid)?;
+    protect_read_only(stage, &plan.read_only_paths)?;
     step(|| "entering the new root".into(), sys::chdir(stage))?;
     step(|| "pivot_root".into(), sys::pivot_root_here())?;
     step(
@@ -451,6 +452,76 @@ fn mount_workspace(
             )
         }
     }
+}
+
+/// A policy's protected paths inside the writable filesystems (`.git/hooks`, say): each one
+/// that exists gets a read-only bind over itself. Its parent directories below the top level
+/// are first bound onto themselves, because a mount point cannot be renamed: otherwise the
+/// workload could rename `.git` away and create a writable one. A symbolic link on the way is
+/// refused, since the link itself could be swapped after the mount. A path created later is
+/// not protected; `airlock policy explain` says so.
+fn protect_read_only(stage: &Path, paths: &[PathBuf]) -> Result<(), ViewError> {
+    if paths.is_empty() {
+        return Ok(());
+    }
+    let root = step(|| "opening the staging root".into(), sys::open_path(stage))?;
+    let mut pins: Vec<PathBuf> = Vec::new();
+    let mut existing: Vec<&Path> = Vec::new();
+    'paths: for path in paths {
+        let relative = path.strip_prefix("/").unwrap_or(path);
+        let mut prefix = PathBuf::new();
+        for component in relative.components() {
+            prefix.push(component);
+            match fs::symlink_metadata(stage.join(&prefix)) {
+                Ok(meta) if meta.file_type().is_symlink() => {
+                    return Err(ViewError {
+                        step: format!(
+                            "protecting {}: /{} is a symbolic link",
+                            path.display(),
+                            prefix.display()
+                        ),
+                        source: io::Error::from_raw_os_error(libc::ELOOP),
+                    });
+                }
+                Ok(_) => {}
+                // Missing, or out of init's reach and so of the workload's too.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::ENOENT | libc::ENOTDIR | libc::EACCES)
+                    ) =>
+                {
+                    continue 'paths;
+                }
+                Err(e) => return step(|| format!("protecting {}", path.display()), Err(e)),
+            }
+        }
+        let parents: Vec<&Path> = relative.ancestors().skip(1).collect();
+        for parent in parents.into_iter().rev() {
+            if parent.components().count() >= 2 && !pins.iter().any(|p| p == parent) {
+                pins.push(parent.to_path_buf());
+            }
+        }
+        existing.push(relative);
+    }
+    // Pins first: a later, non-recursive view of a parent would hide the read-only binds.
+    for (path, read_only) in pins
+        .iter()
+        .map(|p| (p.as_path(), false))
+        .chain(existing.into_iter().map(|p| (p, true)))
+    {
+        let shown = || format!("protecting /{}", path.display());
+        let target = step(shown, sys::open_in_root(&root, path))?;
+        let tree = step(shown, sys::open_tree_clone(Some(&root), path, true))?;
+        if read_only {
+            step(
+                shown,
+                sys::mount_setattr(&tree, true, MOUNT_ATTR_RDONLY, None),
+            )?;
+        }
+        step(shown, sys::move_mount_onto(&tree, &target))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 
 use airlock_api::{SandboxConfig, Tier, WorkspaceSource};
 
+use crate::document::Policy;
+use crate::document_compile;
 use crate::plan::{
     CgroupLimits, IdMap, IdentityPlan, LandlockPlan, Mask, MaskKind, Plan, ProcessPlan, Rlimit,
     RlimitResource, ViewPlan, WorkspacePlan,
@@ -51,6 +53,15 @@ pub enum CompileError {
     },
     #[error("{what} must be an absolute path, got `{path}`")]
     RelativePath { what: &'static str, path: String },
+    #[error("invalid policy")]
+    InvalidPolicy(#[source] crate::document::PolicyError),
+    #[error("the policy's `{rule}` cannot be enforced: {reason}")]
+    PolicyUnsupported { rule: String, reason: String },
+    #[error("the policy needs at least the {required} tier, not {requested}")]
+    PolicyTier {
+        required: &'static str,
+        requested: &'static str,
+    },
 }
 
 /// Dot-directories and files in a home directory that hold keys or credentials.
@@ -99,13 +110,14 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
             idmap: privileged_caller,
         },
     };
-    Ok(Plan {
+    let mut plan = Plan {
         identity: identity(config, host),
         view: ViewPlan {
             rootfs,
             workspace,
             tmp_size_bytes: config.resources.disk_bytes,
             masks: masks(&host.state_dirs),
+            read_only_paths: Vec::new(),
             hostname: "airlock".to_owned(),
         },
         landlock: LandlockPlan {
@@ -157,7 +169,12 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
         },
         compat: config.compat,
         timeout_ms: config.timeout_ms,
-    })
+    };
+    if let Some(document) = &config.policy {
+        let policy = Policy::from_document(document).map_err(CompileError::InvalidPolicy)?;
+        document_compile::apply(&policy, config, &mut plan)?;
+    }
+    Ok(plan)
 }
 
 fn validate_process(config: &SandboxConfig) -> Result<(), CompileError> {

@@ -67,6 +67,12 @@ pub struct ViewPlan {
     pub workspace: WorkspacePlan,
     pub tmp_size_bytes: u64,
     pub masks: Vec<Mask>,
+    /// Paths inside the writable filesystems (`/workspace`, `/tmp`) made read-only by a bind
+    /// mount over themselves, if they exist when the sandbox starts; shallower paths first.
+    /// Their parent directories below the top level are pinned (bound onto themselves) so
+    /// that they cannot be renamed away and replaced.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_only_paths: Vec<PathBuf>,
     pub hostname: String,
 }
 

@@ -8,6 +8,10 @@
 //! This binary is test equipment, not part of the runtime. It needs raw syscalls to attempt
 //! attacks, which is why it is the one crate besides `jail` allowed `unsafe`.
 
+mod files;
+mod kernel;
+mod net;
+
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
@@ -44,6 +48,39 @@ fn main() {
         "x32" => x32_syscall(),
         "socket" => open_socket(number(1), number(2), number(3)),
         "chmod-setuid" => chmod_setuid(&arg(1)),
+        "open-write" => files::open_write(&arg(1)),
+        "stat" => files::stat(&arg(1)),
+        "symlink-write" => files::symlink_write(&arg(1), &arg(2)),
+        "symlink-read" => files::symlink_read(&arg(1), &arg(2)),
+        "hardlink" => files::hard_link(&arg(1), &arg(2)),
+        "rename" => files::rename(&arg(1), &arg(2)),
+        "mknod-char" => files::mknod_char(&arg(1)),
+        "truncate" => files::truncate(&arg(1)),
+        "setxattr" => files::set_xattr(&arg(1)),
+        "create-setuid" => files::create_setuid(&arg(1)),
+        "fill" => files::fill(&arg(1), number(2)),
+        "sparse" => files::sparse(&arg(1), number(2)),
+        "fd-exhaust" => files::exhaust_descriptors(),
+        "rename-race" => files::rename_race(&arg(1), &arg(2), number(3)),
+        "kallsyms" => files::kallsyms(),
+        "exec" => files::exec(&arg(1), args.get(2..).unwrap_or_default()),
+        "syscall" => kernel::syscall(&arg(1)),
+        "tiocsti" => kernel::tiocsti(),
+        "tioclinux" => kernel::tioclinux(),
+        "process-vm-readv" => kernel::process_vm_read(),
+        "pidfd-getfd" => kernel::pidfd_getfd(number(1), number(2)),
+        "clone-newuser" => kernel::clone_newuser(),
+        "clone3" => kernel::clone3(),
+        "kill" => kernel::kill(number(1), number(2)),
+        "status" => kernel::status_summary(),
+        "threadbomb" => kernel::thread_bomb(number(1)),
+        "getenv" => kernel::getenv(&arg(1)),
+        "connect-unix" => net::connect_unix(&arg(1)),
+        "udp-echo" => net::udp_echo(&arg(1)),
+        "dns" => net::dns_query(&arg(1), &arg(2)),
+        "icmp-ping" => net::icmp_ping(&arg(1)),
+        "listen-wait" => net::listen_wait(number(1), number(2)),
+        "fake-servers" => net::fake_servers(&arg(1), args.get(2..).unwrap_or_default()),
         other => {
             eprintln!("airlock-probe: unknown action `{other}`");
             std::process::exit(2);
@@ -74,8 +111,41 @@ fn errno_name(errno: i32) -> &'static str {
         libc::ENETUNREACH => "ENETUNREACH",
         libc::EAFNOSUPPORT => "EAFNOSUPPORT",
         libc::EINVAL => "EINVAL",
+        libc::EIO => "EIO",
+        libc::ENXIO => "ENXIO",
+        libc::EBADF => "EBADF",
+        libc::EEXIST => "EEXIST",
+        libc::EXDEV => "EXDEV",
+        libc::ENOTDIR => "ENOTDIR",
+        libc::EISDIR => "EISDIR",
+        libc::EMFILE => "EMFILE",
+        libc::EFBIG => "EFBIG",
+        libc::ENOSPC => "ENOSPC",
+        libc::EBUSY => "EBUSY",
+        libc::ENOTTY => "ENOTTY",
+        libc::ENOTSUP => "EOPNOTSUPP",
+        libc::EPROTONOSUPPORT => "EPROTONOSUPPORT",
+        libc::ETIMEDOUT => "ETIMEDOUT",
+        libc::EHOSTUNREACH => "EHOSTUNREACH",
+        libc::EADDRNOTAVAIL => "EADDRNOTAVAIL",
+        libc::ELOOP => "ELOOP",
+        libc::ENOMEM => "ENOMEM",
+        libc::EHWPOISON => "EHWPOISON",
         _ => "other",
     }
+}
+
+/// `Err(errno)` for a raw syscall's -1 return, the value otherwise.
+fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn cstr(text: &str) -> io::Result<std::ffi::CString> {
+    std::ffi::CString::new(text).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 /// Runs a libc call that returns -1 on error.
@@ -92,7 +162,7 @@ fn sys(call: impl FnOnce() -> io::Result<libc::c_long>) -> Outcome {
     call().map(|_| String::new())
 }
 
-fn read_file(path: &str) -> Outcome {
+pub(crate) fn read_file(path: &str) -> Outcome {
     let mut contents = Vec::new();
     std::fs::File::open(path)?.read_to_end(&mut contents)?;
     Ok(contents.len().to_string())
@@ -108,7 +178,7 @@ fn write_file(path: &str) -> Outcome {
     Ok(String::new())
 }
 
-fn fork() -> io::Result<libc::pid_t> {
+pub(crate) fn fork() -> io::Result<libc::pid_t> {
     // SAFETY: the probe is single-threaded, so the child may keep running Rust code.
     let pid = unsafe { libc::fork() };
     if pid == -1 {
@@ -118,7 +188,7 @@ fn fork() -> io::Result<libc::pid_t> {
     }
 }
 
-fn child_that_sleeps() -> io::Result<libc::pid_t> {
+pub(crate) fn child_that_sleeps() -> io::Result<libc::pid_t> {
     let pid = fork()?;
     if pid == 0 {
         std::thread::sleep(Duration::from_secs(30));
@@ -128,7 +198,7 @@ fn child_that_sleeps() -> io::Result<libc::pid_t> {
     Ok(pid)
 }
 
-fn reap(pid: libc::pid_t) {
+pub(crate) fn reap(pid: libc::pid_t) {
     // SAFETY: kill and waitpid on our own child, with a valid status pointer.
     unsafe {
         libc::kill(pid, libc::SIGKILL);

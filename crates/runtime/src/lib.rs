@@ -12,6 +12,7 @@
 //! ```
 
 mod backend;
+mod evaluation;
 mod live;
 
 use std::path::PathBuf;
@@ -24,6 +25,7 @@ use airlock_policy::{CompileError, HostFacts};
 pub use airlock_jail::report::Phase;
 pub use airlock_jail::{Ending, TerminationSignals as Signals};
 pub use backend::{Backend, BackendSupport};
+pub use evaluation::{Ablation, SECCOMP_TAG_ERRNO};
 pub use live::{LiveSandbox, LiveSpec, Pending, find_agent};
 
 /// Why a sandbox could not be run.
@@ -106,6 +108,16 @@ impl Runtime {
         &self,
         config: &SandboxConfig,
     ) -> Result<(Sandbox, Option<Instant>), RuntimeError> {
+        self.start_with(config, |_, _| {})
+    }
+
+    /// Starts a sandbox after `adjust` has seen its plan and spawn options (security
+    /// evaluation only; see `evaluation.rs`).
+    fn start_with(
+        &self,
+        config: &SandboxConfig,
+        adjust: impl FnOnce(&mut airlock_policy::Plan, &mut SpawnOptions),
+    ) -> Result<(Sandbox, Option<Instant>), RuntimeError> {
         let backend = Backend::for_tier(config.tier);
         let support = backend.probe(&self.support);
         if let Some(reason) = support.unavailable {
@@ -115,8 +127,10 @@ impl Runtime {
             });
         }
         check_paths(config)?;
-        let plan = airlock_policy::compile(config, &self.facts())?;
-        let sandbox = backend.start(&plan, &self.spawn_options())?;
+        let mut plan = airlock_policy::compile(config, &self.facts())?;
+        let mut options = self.spawn_options();
+        adjust(&mut plan, &mut options);
+        let sandbox = backend.start(&plan, &options)?;
         let deadline = config
             .timeout_ms
             .map(|ms| Instant::now() + Duration::from_millis(ms));
@@ -139,6 +153,7 @@ impl Runtime {
             helper: self.helper.clone(),
             cgroups: self.support.cgroups.clone(),
             trace: self.trace,
+            evaluation: airlock_jail::spec::Evaluation::default(),
         }
     }
 

@@ -33,6 +33,11 @@ impl Agent {
         }
     }
 
+    /// The agent's Unix socket (the E2B data plane opens TCP tunnels through it).
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
     /// Sends one request on a fresh connection; the response body streams.
     pub async fn send(&self, mut request: Request<Body>) -> Result<Response<Incoming>, ApiError> {
         let unreachable = |what: &str, err: &dyn std::fmt::Display| {

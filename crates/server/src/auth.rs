@@ -5,6 +5,7 @@
 //! The key management functions work on the store directly, so `airlock keys ...` needs no
 //! running daemon; a daemon that is running sees the change on its next request.
 
+use std::borrow::Cow;
 use std::io::Read;
 use std::path::Path;
 
@@ -21,6 +22,25 @@ pub const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 /// Prefix of API keys, so that a leaked one is recognisable in logs and scanners.
 const API_KEY_PREFIX: &str = "ak_";
 const ACCESS_TOKEN_PREFIX: &str = "at_";
+/// The E2B SDKs accept only keys of the form `e2b_<hex>`: the same secret, E2B's prefix.
+pub const E2B_KEY_PREFIX: &str = "e2b_";
+
+/// A presented API key as it is stored (hashed): `e2b_<hex>` is another spelling of
+/// `ak_<hex>`, so one key works with the native API and with the E2B SDKs.
+pub fn canonical_key(key: &str) -> Cow<'_, str> {
+    match key.strip_prefix(E2B_KEY_PREFIX) {
+        Some(hex) => Cow::Owned(format!("{API_KEY_PREFIX}{hex}")),
+        None => Cow::Borrowed(key),
+    }
+}
+
+/// The E2B spelling (`e2b_<hex>`) of a native key (`ak_<hex>`); other text is kept.
+pub fn e2b_key(key: &str) -> String {
+    match key.strip_prefix(API_KEY_PREFIX) {
+        Some(hex) => format!("{E2B_KEY_PREFIX}{hex}"),
+        None => key.to_owned(),
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
@@ -159,7 +179,7 @@ pub fn check_api_key(
         ));
     };
     let key = key.to_str().unwrap_or_default();
-    if store.key_hash_is_active(&hash_secret(key))? {
+    if store.key_hash_is_active(&hash_secret(&canonical_key(key)))? {
         Ok(Caller::Operator)
     } else {
         Err(ApiError::new(
@@ -218,5 +238,16 @@ mod tests {
         assert!(constant_time_eq("abc", "abc"));
         assert!(!constant_time_eq("abc", "abd"));
         assert!(!constant_time_eq("abc", "ab"));
+    }
+
+    #[test]
+    fn test_e2b_spelling_maps_to_the_native_key() {
+        assert_eq!(canonical_key("e2b_00ff"), "ak_00ff");
+        assert_eq!(canonical_key("ak_00ff"), "ak_00ff");
+        assert_eq!(canonical_key("at_00ff"), "at_00ff");
+        assert_eq!(canonical_key("e2b"), "e2b");
+        assert_eq!(e2b_key("ak_00ff"), "e2b_00ff");
+        assert_eq!(canonical_key(&e2b_key("ak_1234")), "ak_1234");
+        assert_eq!(e2b_key("other"), "other");
     }
 }

@@ -33,6 +33,10 @@ pub enum KeysCommand {
         /// A name to recognise the key by.
         #[arg(default_value = "default")]
         name: String,
+        /// Print the key as `e2b_<hex>`, the form the E2B SDKs require (E2B_API_KEY). Both
+        /// spellings of a key work with both APIs.
+        #[arg(long)]
+        e2b: bool,
     },
     /// List keys (id, name, creation and revocation times); never the keys themselves.
     Ls,
@@ -50,9 +54,14 @@ pub fn run(args: &KeysArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
     let write =
         |w: &mut dyn Write, text: String| w.write_all(text.as_bytes()).map_err(KeysError::Output);
     match &args.command {
-        KeysCommand::Create { name } => {
+        KeysCommand::Create { name, e2b } => {
             let key = auth::create_key(&store, name)?;
-            write(out, format!("{}\n", key.key))?;
+            let shown = if *e2b {
+                auth::e2b_key(&key.key)
+            } else {
+                key.key.clone()
+            };
+            write(out, format!("{shown}\n"))?;
             write(
                 err,
                 format!(

@@ -13,6 +13,8 @@
 //!   [`proxy`]: the streaming reverse proxy to a sandbox's agent; [`agent`]: the Connect client
 //!   for the agent's Unix socket.
 //! - [`openapi`]: generates `api/openapi.json`; [`client`]: the typed async client.
+//! - [`e2b`]: the E2B-compatible API on the same port (control plane, data plane, the routing
+//!   between them and `/v1`); its module docs give the routing rules.
 //!
 //! # Decisions
 //!
@@ -49,6 +51,7 @@ pub mod agent;
 pub mod auth;
 pub mod client;
 pub mod config;
+pub mod e2b;
 pub mod error;
 pub mod http;
 pub mod keys_cmd;

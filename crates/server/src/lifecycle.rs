@@ -28,6 +28,7 @@ use airlock_api::v1::{
     CreateSandboxRequest, CreateSandboxResponse, ErrorCode, Sandbox, SandboxState, Workspace,
 };
 use airlock_api::{ResourceLimits, SandboxConfig, WorkspaceSource};
+use airlock_policy::{Limit, Policy};
 use airlock_runtime::{LiveSandbox, LiveSpec, Runtime, RuntimeError};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
@@ -305,9 +306,10 @@ impl Daemon {
             record.reap();
         })
         .await;
+        // The event first: whoever sees the sandbox gone must also find why.
+        self.event(Some(id), kind, message);
         let _ = self.store.delete_sandbox(id);
         self.slots().remove(id);
-        self.event(Some(id), kind, message);
         true
     }
 
@@ -456,6 +458,25 @@ impl Daemon {
         &self,
         mut request: CreateSandboxRequest,
     ) -> Result<(CreateSandboxRequest, SandboxConfig), ApiError> {
+        // A policy fills in what the request leaves out and sets the weakest tier.
+        let policy = match &request.policy {
+            Some(document) => Some(
+                Policy::from_document(document)
+                    .map_err(|e| ApiError::unprocessable(format!("invalid policy: {e}")))?,
+            ),
+            None => None,
+        };
+        let settings = policy.as_ref().map(Policy::settings).unwrap_or_default();
+        if settings.memory == Some(Limit::Max) || settings.pids == Some(Limit::Max) {
+            return Err(ApiError::unprocessable(
+                "invalid policy: the daemon does not lift limits; give resources.memory and resources.pids as values, not max",
+            ));
+        }
+        if let Some(tier) = settings.tier
+            && tier.strength() > request.tier.strength()
+        {
+            request.tier = tier;
+        }
         let unavailable = self
             .runtime
             .backends()
@@ -481,14 +502,25 @@ impl Daemon {
             )));
         };
         request.template = Some(template_name);
-        let timeout_ms = request.timeout_ms.unwrap_or(self.config.default_timeout_ms);
+        let timeout_ms = request
+            .timeout_ms
+            .or(settings.timeout_ms)
+            .unwrap_or(self.config.default_timeout_ms);
         self.check_timeout(timeout_ms)?;
         request.timeout_ms = Some(timeout_ms);
         let defaults = ResourceLimits::default();
         let r = &mut request.resources;
-        r.memory_bytes = Some(r.memory_bytes.or(defaults.memory_bytes).unwrap_or(2 << 30));
-        r.pids_max = Some(r.pids_max.or(defaults.pids_max).unwrap_or(1024));
-        r.disk_bytes = Some(r.disk_bytes.unwrap_or(defaults.disk_bytes));
+        let policy_or = |limit: Option<Limit>, default| limit.map_or(default, Limit::as_option);
+        r.memory_bytes = r
+            .memory_bytes
+            .or(policy_or(settings.memory, defaults.memory_bytes));
+        r.pids_max = r.pids_max.or(policy_or(settings.pids, defaults.pids_max));
+        r.cpu_millis = r.cpu_millis.or(settings.cpu_milli);
+        r.disk_bytes = Some(
+            r.disk_bytes
+                .or(settings.disk_bytes)
+                .unwrap_or(defaults.disk_bytes),
+        );
         check_min("resources.memory_bytes", r.memory_bytes, 16 << 20)?;
         check_min("resources.pids_max", r.pids_max, 4)?;
         check_min("resources.disk_bytes", r.disk_bytes, 1 << 20)?;
@@ -520,6 +552,10 @@ impl Daemon {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        if let Some(policy) = &policy {
+            config.user = settings.user.unwrap_or_default();
+            config.policy = Some(Box::new(policy.document().clone()));
+        }
         Ok((request, config))
     }
 

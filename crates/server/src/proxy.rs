@@ -1,8 +1,8 @@
 //! A reverse proxy from any request to a sandbox's agent: the method, path and end-to-end
 //! headers pass through, both bodies stream, credentials for the daemon are stripped.
 //!
-//! `/v1/sandboxes/{id}/envd/{rest}` mounts it today; an E2B-compatible front (header routing
-//! on `E2b-Sandbox-Id`) can call [`forward`] with its own path.
+//! It serves `/v1/sandboxes/{id}/envd/{rest}` and the envd port of the E2B data plane
+//! ([`crate::e2b::data`]).
 
 use hyper::body::Incoming;
 use hyper::header::{HOST, HeaderName};
@@ -15,7 +15,7 @@ use crate::error::ApiError;
 use crate::http::{Body, boxed};
 
 /// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus ours.
-fn is_hop_by_hop(name: &HeaderName) -> bool {
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
     matches!(
         name.as_str(),
         "connection"

@@ -126,13 +126,16 @@ async fn connection(
 ) {
     let service = service_fn(move |request| {
         let daemon = daemon.clone();
-        async move { Ok::<_, Infallible>(crate::routes::dispatch(daemon, request).await) }
+        async move { Ok::<_, Infallible>(crate::e2b::serve(daemon, request).await) }
     });
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT);
-    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    // Upgrades carry WebSockets to servers inside sandboxes (the E2B data plane).
+    let conn = builder
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
     tokio::pin!(conn);
     tokio::select! {
         _ = conn.as_mut() => {}

@@ -1,0 +1,65 @@
+//! `airlock bench e2b`: what a user of the E2B Python SDK pays for a throwaway sandbox,
+//! `Sandbox.create()` + `commands.run("true")` + `kill()`, measured through the real SDK.
+//!
+//! The driver is `tests/e2b/bench_e2b.py` (compiled in); it runs under the Python of the SDK's
+//! venv (`scripts/e2b-tests.sh` makes it) against a private daemon, or the one at `--url`, and
+//! prints p50 and p95 of each step. It never asserts a timing.
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+use anyhow::Context;
+
+use crate::bench_api::BenchDaemon;
+
+const DRIVER: &str = include_str!("../../../tests/e2b/bench_e2b.py");
+/// The venv `scripts/e2b-tests.sh` installs the newest SDK into.
+const DEFAULT_PYTHON: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../target/e2b-venv-latest/bin/python"
+);
+
+pub fn e2b(
+    url: Option<String>,
+    iterations: usize,
+    python: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(iterations >= 10, "--iterations must be at least 10");
+    let python = python.unwrap_or_else(|| PathBuf::from(DEFAULT_PYTHON));
+    anyhow::ensure!(
+        python.is_file(),
+        "no Python with the e2b SDK at {}: run scripts/e2b-tests.sh --install-only, or pass --python",
+        python.display()
+    );
+    let key = match &url {
+        Some(_) => std::env::var("E2B_API_KEY")
+            .context("--url needs E2B_API_KEY: an Airlock API key in E2B's e2b_<hex> form")?,
+        // The private daemon runs with --insecure-no-auth, so any key of E2B's form passes.
+        None => format!("e2b_{}", "0".repeat(32)),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut daemon = BenchDaemon::start(url, 64)?;
+    runtime.block_on(daemon.wait_ready())?;
+    let base_url = daemon.client.base_url();
+    let status = Command::new(&python)
+        .arg("-c")
+        .arg(DRIVER)
+        .arg("--iterations")
+        .arg(iterations.to_string())
+        .env("E2B_API_URL", &base_url)
+        .env("E2B_SANDBOX_URL", &base_url)
+        .env("E2B_API_KEY", key)
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .status()
+        .with_context(|| format!("cannot run {}", python.display()))?;
+    // Stops the private daemon; the driver has killed every sandbox it made.
+    drop(daemon);
+    Ok(match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        None => ExitCode::FAILURE,
+    })
+}

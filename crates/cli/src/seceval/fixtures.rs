@@ -1,0 +1,278 @@
+//! What the suite plants on the host for the attacks to aim at: a scratch directory, fake
+//! home directories with credentials, listening sockets (the "sinks"), a set-uid binary. All
+//! of it is created under names unique to this run and removed when [`Fixtures`] is dropped.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Read;
+use std::net::{TcpListener, UdpSocket};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::Context;
+
+/// Credentials planted in the fake home, world-readable on purpose: file modes must not be
+/// what keeps them from the sandbox.
+pub const HOME_SECRETS: &[(&str, &str)] = &[
+    (".ssh/id_ed25519", "-----BEGIN OPENSSH PRIVATE KEY----- seceval\n"),
+    (".aws/credentials", "[default]\naws_secret_access_key = seceval\n"),
+    (".config/gh/hosts.yml", "github.com:\n  oauth_token: gho_seceval\n"),
+    (".netrc", "machine example.com login x password seceval\n"),
+    (".docker/config.json", "{\"auths\":{\"x\":{\"auth\":\"c2VjZXZhbA==\"}}}\n"),
+    (".bashrc", "# seceval\n"),
+];
+
+/// The host objects of one run.
+#[derive(Debug)]
+pub struct Fixtures {
+    pub scratch: PathBuf,
+    pub home: PathBuf,
+    pub late_home: PathBuf,
+    host_tmp: PathBuf,
+    run_socket: PathBuf,
+    /// Anything that reached a sink, counted across all of them.
+    events: Arc<AtomicU64>,
+    values: BTreeMap<String, String>,
+    counter: AtomicU64,
+}
+
+fn set_mode(path: &Path, mode: u32) -> anyhow::Result<()> {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .with_context(|| format!("chmod {}", path.display()))
+}
+
+fn write_file(path: &Path, contents: &str, mode: u32) -> anyhow::Result<()> {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    fs::write(path, contents).with_context(|| format!("writing {}", path.display()))?;
+    set_mode(path, mode)
+}
+
+impl Fixtures {
+    /// The scratch directory and the values every case may use.
+    pub fn new(probe: &Path) -> anyhow::Result<Fixtures> {
+        let tag = format!("airlock-seceval-{}", std::process::id());
+        let scratch = PathBuf::from("/var/tmp").join(&tag);
+        let _ = fs::remove_dir_all(&scratch);
+        fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
+        set_mode(&scratch, 0o777)?;
+        write_file(&scratch.join("victim"), "fixture\n", 0o666)?;
+        let mut fixtures = Fixtures {
+            home: PathBuf::from("/home").join(&tag),
+            late_home: PathBuf::from("/home").join(format!("{tag}-late")),
+            host_tmp: PathBuf::from("/tmp").join(&tag),
+            run_socket: PathBuf::from("/run").join(format!("{tag}.sock")),
+            scratch,
+            events: Arc::default(),
+            values: BTreeMap::new(),
+            counter: AtomicU64::new(0),
+        };
+        let scratch_text = fixtures.scratch.display().to_string();
+        for (name, value) in [
+            ("probe", probe.display().to_string()),
+            ("scratch", scratch_text.clone()),
+            ("victim", format!("{scratch_text}/victim")),
+            ("hostpid", std::process::id().to_string()),
+            ("home", fixtures.home.display().to_string()),
+            ("late", fixtures.late_home.join(".netrc").display().to_string()),
+            ("ready", format!("{scratch_text}/late-ready")),
+            ("suid", format!("{scratch_text}/probe-suid")),
+        ] {
+            fixtures.values.insert(name.to_owned(), value);
+        }
+        Ok(fixtures)
+    }
+
+    pub fn set(&mut self, name: &str, value: String) {
+        self.values.insert(name.to_owned(), value);
+    }
+
+    /// Plants the fake homes: one with every credential, one left empty until a case writes a
+    /// credential into it after its sandbox started.
+    pub fn plant_home(&self) -> anyhow::Result<()> {
+        for (name, contents) in HOME_SECRETS {
+            write_file(&self.home.join(name), contents, 0o644)?;
+        }
+        for dir in [&self.home, &self.late_home] {
+            fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            set_mode(dir, 0o755)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the late credential and then the marker the probe waits for.
+    pub fn plant_late_secret(&self) -> anyhow::Result<()> {
+        write_file(&self.late_home.join(".netrc"), "machine late password seceval\n", 0o644)?;
+        write_file(&self.scratch.join("late-ready"), "", 0o644)
+    }
+
+    /// Removes the late credential and marker, so the next attempt starts like the first.
+    pub fn reset_late_secret(&self) {
+        let _ = fs::remove_file(self.late_home.join(".netrc"));
+        let _ = fs::remove_file(self.scratch.join("late-ready"));
+    }
+
+    /// A set-user-id root copy of the probe.
+    pub fn plant_setuid(&self, probe: &Path) -> anyhow::Result<()> {
+        let target = self.scratch.join("probe-suid");
+        fs::copy(probe, &target).with_context(|| format!("copying the probe to {}", target.display()))?;
+        set_mode(&target, 0o4755)
+    }
+
+    /// Starts every host-side sink and records where it listens.
+    pub fn start_sinks(&mut self) -> anyhow::Result<()> {
+        let tcp = TcpListener::bind("127.0.0.1:0").context("binding a loopback TCP sink")?;
+        self.set("tcp", tcp.local_addr()?.to_string());
+        self.count_tcp(tcp);
+        if let Ok(tcp6) = TcpListener::bind("[::1]:0") {
+            self.set("tcp6", tcp6.local_addr()?.to_string());
+            self.count_tcp(tcp6);
+        }
+        let udp = UdpSocket::bind("127.0.0.1:0").context("binding a loopback UDP sink")?;
+        self.set("udp", udp.local_addr()?.to_string());
+        let events = self.events.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            while let Ok((n, peer)) = udp.recv_from(&mut buf) {
+                events.fetch_add(1, Ordering::SeqCst);
+                let _ = udp.send_to(&buf[..n], peer);
+            }
+        });
+        let abstract_name = format!("airlock-seceval-{}", std::process::id());
+        self.count_unix(abstract_listener(&abstract_name)?);
+        self.set("abstract", format!("@{abstract_name}"));
+        fs::create_dir_all(&self.host_tmp)?;
+        for (name, path) in [
+            ("runsock", self.run_socket.clone()),
+            ("tmpsock", self.host_tmp.join("agent.sock")),
+            ("worldsock", self.scratch.join("world.sock")),
+        ] {
+            let _ = fs::remove_file(&path);
+            let listener = UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
+            set_mode(&path, 0o777)?;
+            self.count_unix(listener);
+            self.set(name, path.display().to_string());
+        }
+        Ok(())
+    }
+
+    /// A listener on the host's own non-loopback IPv4 address (for `{lan}`), if it has one.
+    pub fn start_lan_sink(&mut self) -> anyhow::Result<()> {
+        let address = host_global_ipv4().context("the host has no global IPv4 address")?;
+        let listener = TcpListener::bind((address.as_str(), 0)).with_context(|| format!("binding {address}:0"))?;
+        self.set("lan", listener.local_addr()?.to_string());
+        self.count_tcp(listener);
+        Ok(())
+    }
+
+    fn count_tcp(&self, listener: TcpListener) {
+        let events = self.events.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                events.fetch_add(1, Ordering::SeqCst);
+                drop(stream);
+            }
+        });
+    }
+
+    fn count_unix(&self, listener: UnixListener) {
+        let events = self.events.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                events.fetch_add(1, Ordering::SeqCst);
+                drop(stream);
+            }
+        });
+    }
+
+    /// How many connections and datagrams the host sinks have seen so far.
+    pub fn sink_events(&self) -> u64 {
+        self.events.load(Ordering::SeqCst)
+    }
+
+    /// Fresh values for one attempt: a marker, a free port, a DNS label, a host workspace.
+    pub fn per_attempt(&self) -> anyhow::Result<BTreeMap<String, String>> {
+        let n = self.counter.fetch_add(1, Ordering::SeqCst);
+        let pid = std::process::id();
+        let mut values = self.values.clone();
+        values.insert("marker".into(), format!("airlock-seceval-marker-{pid}-{n}"));
+        values.insert("label".into(), format!("exfil-{pid}-{n}.attacker.test"));
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        values.insert("port".into(), port.to_string());
+        let workspace = self.scratch.join(format!("ws-{n}"));
+        values.insert("hostws".into(), workspace.display().to_string());
+        Ok(values)
+    }
+
+    /// Creates the host workspace of an attempt when the attempt names it.
+    pub fn prepare_workspace(values: &BTreeMap<String, String>, args: &[String]) -> anyhow::Result<()> {
+        if let Some(workspace) = values.get("hostws")
+            && args.iter().any(|a| a.contains(workspace.as_str()))
+        {
+            let path = Path::new(workspace);
+            fs::create_dir_all(path.join(".git/hooks"))?;
+            write_file(&path.join(".git/hooks/pre-commit"), "#!/bin/sh\n", 0o755)?;
+            write_file(&path.join(".git/config"), "[core]\n", 0o644)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Fixtures {
+    fn drop(&mut self) {
+        for dir in [&self.scratch, &self.home, &self.late_home, &self.host_tmp] {
+            let _ = fs::remove_dir_all(dir);
+        }
+        let _ = fs::remove_file(&self.run_socket);
+    }
+}
+
+fn abstract_listener(name: &str) -> anyhow::Result<UnixListener> {
+    use std::os::linux::net::SocketAddrExt;
+    let address = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+    UnixListener::bind_addr(&address).with_context(|| format!("binding the abstract socket @{name}"))
+}
+
+/// The host's own address on its default route: the source address the kernel picks for a
+/// destination off the box (connecting a UDP socket sends no packet).
+fn host_global_ipv4() -> Option<String> {
+    let socket = UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("203.0.113.1:9").ok()?;
+    let address = socket.local_addr().ok()?.ip();
+    (!address.is_loopback() && !address.is_unspecified()).then(|| address.to_string())
+}
+
+/// Replaces every `{name}` in `text` with its value; an unknown name is an error naming it.
+pub fn expand(text: &str, values: &BTreeMap<String, String>, policies: &BTreeMap<String, PathBuf>) -> anyhow::Result<String> {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find('{') {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 1..];
+        let end = after
+            .find('}')
+            .with_context(|| format!("unclosed placeholder in `{text}`"))?;
+        let name = &after[..end];
+        let value = match name.strip_prefix("policy:") {
+            Some(policy) => policies.get(policy).map(|p| p.display().to_string()),
+            None => values.get(name).cloned(),
+        };
+        out.push_str(&value.with_context(|| format!("`{{{name}}}` is not available on this host"))?);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Reads a file that may not exist yet as text (for logs of the fake servers).
+pub fn read_text(path: &Path) -> String {
+    let mut text = String::new();
+    if let Ok(mut file) = fs::File::open(path) {
+        let _ = file.read_to_string(&mut text);
+    }
+    text
+}

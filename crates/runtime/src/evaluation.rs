@@ -1,0 +1,63 @@
+//! Security evaluation only: a sandbox with one confinement layer taken away, or with the
+//! seccomp filter's answers marked, so that `airlock seceval` can prove which layer stops an
+//! attack rather than only that it failed (docs/seceval.md).
+//!
+//! This is reachable only through [`Runtime::start_for_evaluation`], which the CLI calls only
+//! under `airlock seceval`. `airlock run`, `Runtime::start` and airlockd (whose API carries a
+//! [`SandboxConfig`], never an [`Ablation`]) always apply every layer.
+
+use std::time::Instant;
+
+use airlock_api::SandboxConfig;
+use airlock_jail::Sandbox;
+use airlock_policy::CgroupLimits;
+
+use crate::{Runtime, RuntimeError};
+
+/// The errno the seccomp filter answers instead of `EPERM` under [`Ablation::SeccompTag`]:
+/// `EHWPOISON`, which none of the filtered syscalls returns on its own.
+pub const SECCOMP_TAG_ERRNO: u16 = 133;
+
+/// One change to the confinement of an evaluation run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ablation {
+    /// No Landlock ruleset at all.
+    Landlock,
+    /// A seccomp filter with no rules (the architecture check stays).
+    Seccomp,
+    /// The filter unchanged, but its `EPERM` answers become [`SECCOMP_TAG_ERRNO`].
+    SeccompTag,
+    /// No masks: credentials, Airlock's state directories, `/run` and `/var/run` show through
+    /// the view (Landlock's read exceptions stay: they are the Landlock layer).
+    Masks,
+    /// No memory, pids or CPU limits.
+    Cgroup,
+}
+
+impl Runtime {
+    /// Starts a sandbox with `ablations` applied: for `airlock seceval` only.
+    pub fn start_for_evaluation(
+        &self,
+        config: &SandboxConfig,
+        ablations: &[Ablation],
+    ) -> Result<(Sandbox, Option<Instant>), RuntimeError> {
+        self.start_with(config, |plan, options| {
+            for ablation in ablations {
+                match ablation {
+                    Ablation::Landlock => options.evaluation.skip_landlock = true,
+                    Ablation::Seccomp => plan.seccomp.clear(),
+                    Ablation::SeccompTag => {
+                        options.evaluation.seccomp_tag = Some(SECCOMP_TAG_ERRNO)
+                    }
+                    Ablation::Masks => plan.view.masks.clear(),
+                    Ablation::Cgroup => {
+                        plan.cgroup = CgroupLimits {
+                            cpu_period_us: plan.cgroup.cpu_period_us,
+                            ..CgroupLimits::default()
+                        };
+                    }
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,22 @@
+"""The npm `e2b` SDK against the same daemon: create, run, write/read, kill (js/smoke.mjs)."""
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+JS_DIR = Path(__file__).resolve().parent / "js"
+
+
+@pytest.mark.skipif(os.environ.get("AIRLOCK_E2B_JS") != "1",
+                    reason="set AIRLOCK_E2B_JS=1 after `npm ci` in tests/e2b/js (scripts/e2b-tests.sh does)")
+def test_js_sdk_smoke(daemon):
+    assert (JS_DIR / "node_modules/e2b").is_dir(), "run `npm ci` in tests/e2b/js first"
+    result = subprocess.run(["node", "smoke.mjs"], cwd=JS_DIR, env=os.environ.copy(),
+                            capture_output=True, text=True, timeout=300)
+    for sandbox_id in re.findall(r"in sandbox (\S+)", result.stdout):
+        daemon.track(sandbox_id)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "js-smoke: 1 passed, 0 failed" in result.stdout
