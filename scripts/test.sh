@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)      # the benchmark's peer
 command -v setpriv >/dev/null || need+=(util-linux)    # the unprivileged-caller test
+command -v curl >/dev/null || need+=(curl)             # egress tests: a real client inside
+/usr/bin/python3 -c 'import requests' 2>/dev/null || need+=(python3-requests)  # and another
 if ((${#need[@]})); then
     if [ "$(id -u)" -ne 0 ]; then
         echo "scripts/test.sh: missing ${need[*]}; install them or run as root" >&2

@@ -66,30 +66,31 @@ pub fn download(path: Option<&str>, user: &User) -> HttpResponse {
         );
     };
     let path = user.resolve(path);
-    match std::fs::metadata(&path) {
+    // Open first and check the type of what was opened, never of the path: the workload can
+    // swap a FIFO in between, and opening one without O_NONBLOCK would block the agent's only
+    // thread. O_NONBLOCK changes nothing for the regular file that is then read.
+    let file = match open_nonblocking(&path, std::fs::OpenOptions::new().read(true)) {
+        Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return http_error(
                 StatusCode::NOT_FOUND,
                 format!("path '{}' does not exist", path.display()),
             );
         }
-        Ok(m) if m.is_dir() => {
-            return http_error(
-                StatusCode::BAD_REQUEST,
-                format!("path '{}' is a directory", path.display()),
-            );
+        Err(e) => {
+            return UploadError::io(&e, &format!("cannot open '{}'", path.display())).response();
         }
-        // Opening a FIFO or a device could block the agent's only thread.
-        Ok(m) if !m.is_file() => {
-            return http_error(
-                StatusCode::BAD_REQUEST,
-                format!("path '{}' is not a regular file", path.display()),
-            );
-        }
-        _ => {}
-    }
-    match File::open(&path) {
-        Ok(file) => {
+    };
+    match file.metadata() {
+        Ok(m) if m.is_dir() => http_error(
+            StatusCode::BAD_REQUEST,
+            format!("path '{}' is a directory", path.display()),
+        ),
+        Ok(m) if !m.is_file() => http_error(
+            StatusCode::BAD_REQUEST,
+            format!("path '{}' is not a regular file", path.display()),
+        ),
+        Ok(_) => {
             let mut response = Response::new(ResponseBody::File(FileBody { file: Some(file) }));
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
@@ -99,6 +100,15 @@ pub fn download(path: Option<&str>, user: &User) -> HttpResponse {
         }
         Err(e) => UploadError::io(&e, &format!("cannot open '{}'", path.display())).response(),
     }
+}
+
+/// Opens `path` with `options` plus `O_NONBLOCK | O_NOCTTY`: neither a FIFO nor a terminal
+/// can block or adopt the agent. Callers check the type of the opened file.
+fn open_nonblocking(path: &Path, options: &mut std::fs::OpenOptions) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    options
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
 }
 
 fn io_status(err: &std::io::Error) -> StatusCode {
@@ -138,28 +148,46 @@ impl UploadError {
 }
 
 fn open_target(path: &Path) -> Result<File, UploadError> {
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_dir() => {
-            return Err(UploadError::new(
-                StatusCode::BAD_REQUEST,
-                format!("path '{}' is a directory", path.display()),
-            ));
-        }
-        // Opening a FIFO or a device could block the agent's only thread.
-        Ok(m) if !m.is_file() => {
-            return Err(UploadError::new(
-                StatusCode::BAD_REQUEST,
-                format!("path '{}' exists and is not a regular file", path.display()),
-            ));
-        }
-        _ => {}
+    let not_regular = || {
+        UploadError::new(
+            StatusCode::BAD_REQUEST,
+            format!("path '{}' exists and is not a regular file", path.display()),
+        )
+    };
+    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Err(UploadError::new(
+            StatusCode::BAD_REQUEST,
+            format!("path '{}' is a directory", path.display()),
+        ));
     }
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)
             .map_err(|e| UploadError::io(&e, &format!("cannot create '{}'", parent.display())))?;
     }
-    File::create(path)
-        .map_err(|e| UploadError::io(&e, &format!("cannot create '{}'", path.display())))
+    // Opened without truncating, and without blocking on a FIFO swapped in by the workload
+    // (ENXIO when nobody reads it); only a regular file is then truncated and written.
+    let file = open_nonblocking(path, std::fs::OpenOptions::new().write(true).create(true))
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENXIO) => not_regular(),
+            _ => UploadError::io(&e, &format!("cannot create '{}'", path.display())),
+        })?;
+    match file.metadata() {
+        Ok(m) if m.is_dir() => Err(UploadError::new(
+            StatusCode::BAD_REQUEST,
+            format!("path '{}' is a directory", path.display()),
+        )),
+        Ok(m) if !m.is_file() => Err(not_regular()),
+        Ok(_) => {
+            file.set_len(0).map_err(|e| {
+                UploadError::io(&e, &format!("cannot truncate '{}'", path.display()))
+            })?;
+            Ok(file)
+        }
+        Err(e) => Err(UploadError::io(
+            &e,
+            &format!("cannot create '{}'", path.display()),
+        )),
+    }
 }
 
 fn write_chunk(file: &mut File, path: &Path, data: &[u8]) -> Result<(), UploadError> {

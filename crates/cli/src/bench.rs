@@ -52,6 +52,16 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 500)]
         count: usize,
     },
+    /// The egress proxy: added latency of small GETs and CONNECT pass-through throughput, each
+    /// against direct access on loopback.
+    Egress {
+        /// Small GETs per contender (after 100 warm-up requests).
+        #[arg(long, default_value_t = 2000)]
+        requests: usize,
+        /// Size of the bulk download, in MiB.
+        #[arg(long, default_value_t = 1024)]
+        download_mib: u64,
+    },
 }
 
 const BWRAP_ARGS: &[&str] = &[
@@ -81,6 +91,10 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             iterations,
             python,
         } => crate::bench_e2b::e2b(url, iterations, python),
+        BenchCommand::Egress {
+            requests,
+            download_mib,
+        } => crate::bench_egress::egress(requests, download_mib),
     }
 }
 

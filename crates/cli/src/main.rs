@@ -1,12 +1,15 @@
 //! `airlock`: run commands in sandboxes.
 
+mod approvals_cmds;
 mod bench;
 mod bench_api;
 mod bench_e2b;
+mod bench_egress;
 mod daemon_cmds;
 mod policy_cmds;
 mod run;
 mod sandbox_cmds;
+mod seceval;
 
 use std::process::ExitCode;
 
@@ -48,11 +51,24 @@ enum Command {
         #[command(subcommand)]
         which: sandbox_cmds::SandboxCommand,
     },
+    /// List and answer egress requests held for approval in a daemon's sandboxes.
+    Approvals {
+        #[command(flatten)]
+        daemon: sandbox_cmds::DaemonArgs,
+        #[command(subcommand)]
+        which: approvals_cmds::ApprovalsCommand,
+    },
     /// Check, explain and compare policy documents.
     Policy {
         #[command(subcommand)]
         which: policy_cmds::PolicyCommand,
     },
+    /// Run the security evaluation: a catalog of attacks from inside sandboxes, each with the
+    /// layer that must stop it (docs/seceval.md).
+    Seceval(seceval::SecevalArgs),
+    /// `airlock run` with layers taken away: the proof runs of `airlock seceval` only.
+    #[command(name = "__seceval-run", hide = true)]
+    SecevalRun(seceval::EvalRunArgs),
     /// Run a command in a daemon's sandbox (`airlock sandbox exec`).
     Exec {
         #[command(flatten)]
@@ -83,6 +99,9 @@ fn main() -> ExitCode {
         Command::Sandbox { daemon, which } => sandbox_cmds::sandbox(&daemon, which),
         Command::Exec { daemon, args } => sandbox_cmds::exec(&daemon, args),
         Command::Policy { which } => policy_cmds::policy(which),
+        Command::Approvals { daemon, which } => approvals_cmds::approvals(&daemon, which),
+        Command::Seceval(args) => seceval::seceval(args),
+        Command::SecevalRun(args) => seceval::eval_run(args),
     };
     match result {
         Ok(code) => code,

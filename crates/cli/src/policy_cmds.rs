@@ -1,8 +1,11 @@
-//! `airlock policy check|explain|diff|schema`: validate, explain and compare policy documents.
+//! `airlock policy check|explain|diff|schema|apply`: validate, explain and compare policy
+//! documents, and replace a running sandbox's egress policy.
 //!
 //! Exit codes: 0 when the files are valid (`check`) or no change needs review and the policy
-//! stays within the ceiling (`diff`); 1 when a file is invalid or a change needs review or
-//! leaves the ceiling; 125 when the command itself fails (a missing file, bad arguments).
+//! stays within the ceiling (`diff`), or the policy was applied (`apply`); 1 when a file is
+//! invalid or a change needs review or leaves the ceiling (`apply`: the daemon refused it as a
+//! conflict: it needs review, or the sandbox has no proxy);
+//! 125 when the command itself fails (a missing file, bad arguments, a refusal).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -40,6 +43,21 @@ pub enum PolicyCommand {
     },
     /// Print the JSON Schema of the policy document (api/policy.schema.json).
     Schema,
+    /// Replace a running proxy-mode sandbox's network, credentials and approvals with FILE's
+    /// (hot reload, atomic). A change that needs review is refused (exit 1, with the
+    /// findings) unless --approve.
+    Apply {
+        #[command(flatten)]
+        daemon: crate::sandbox_cmds::DaemonArgs,
+        /// The sandbox.
+        id: String,
+        /// The policy file (YAML); its profiles are merged in here.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// Apply even if the change has findings that need review.
+        #[arg(long)]
+        approve: bool,
+    },
 }
 
 pub fn policy(which: PolicyCommand) -> anyhow::Result<ExitCode> {
@@ -47,6 +65,12 @@ pub fn policy(which: PolicyCommand) -> anyhow::Result<ExitCode> {
         PolicyCommand::Check { files } => check(&files),
         PolicyCommand::Explain { file, tier } => explain(&file, tier),
         PolicyCommand::Diff { files, boundary } => diff(&files, boundary.as_deref()),
+        PolicyCommand::Apply {
+            daemon,
+            id,
+            file,
+            approve,
+        } => apply(&daemon, &id, &file, approve),
         PolicyCommand::Schema => {
             let schema = airlock_api::policy::schema();
             println!("{}", serde_json::to_string_pretty(&schema)?);
@@ -165,4 +189,42 @@ fn diff(files: &[PathBuf], boundary: Option<&Path>) -> anyhow::Result<ExitCode> 
     } else {
         ExitCode::SUCCESS
     })
+}
+
+fn apply(
+    daemon: &crate::sandbox_cmds::DaemonArgs,
+    id: &str,
+    path: &Path,
+    approve: bool,
+) -> anyhow::Result<ExitCode> {
+    let policy = match load_or_report(path)? {
+        Ok(policy) => policy,
+        Err(code) => return Ok(code),
+    };
+    let client = daemon.client()?;
+    let document = policy.document().clone();
+    let answer = crate::sandbox_cmds::block_on(async move {
+        Ok(client.apply_policy(id, &document, approve).await)
+    })?;
+    match answer {
+        Ok(applied) => {
+            println!(
+                "{id}: policy applied (egress plan generation {})",
+                applied.generation
+            );
+            for finding in &applied.findings {
+                let review = if finding.needs_review { ", review" } else { "" };
+                println!(
+                    "[{}{review}] {} (e.g. {})",
+                    finding.kind, finding.message, finding.witness
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(err) if err.code() == Some(airlock_api::v1::ErrorCode::Conflict) => {
+            eprintln!("airlock: {err}");
+            Ok(ExitCode::FAILURE)
+        }
+        Err(err) => Err(err.into()),
+    }
 }

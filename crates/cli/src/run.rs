@@ -7,7 +7,8 @@ use airlock_api::{
     Compat, SandboxConfig, UserSpec, WorkspaceSource, parse_cpus_milli, parse_duration_ms,
     parse_size_bytes,
 };
-use airlock_runtime::{Ending, Runtime, Signals};
+use airlock_runtime::{EgressOptions, Ending, Runtime, Signals};
+use anyhow::Context;
 use clap::{Args, ValueEnum};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -75,6 +76,9 @@ pub struct RunArgs {
     /// user and timeout.
     #[arg(long, value_name = "FILE")]
     policy: Option<PathBuf>,
+    /// Append the egress proxy's audit lines (JSON, one per decision) to this file.
+    #[arg(long, value_name = "FILE")]
+    audit_log: Option<PathBuf>,
     /// The command and its arguments.
     #[arg(required = true, last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -177,11 +181,42 @@ pub fn config(args: RunArgs) -> anyhow::Result<SandboxConfig> {
 
 const SIGKILL: i32 = 9;
 
+/// Test equipment, like curl's `--resolve`: `AIRLOCK_TEST_EGRESS_RESOLVE=NAME=IP:PORT,...`
+/// sends the egress proxy's connections for NAME to a local test upstream, and
+/// `AIRLOCK_TEST_EGRESS_ROOTS=FILE` adds that upstream's CA. Only `airlock run` reads them,
+/// from its caller's environment (the caller is trusted: it picks the whole policy); the
+/// daemon never does.
+fn test_egress_options() -> anyhow::Result<EgressOptions> {
+    let mut options = EgressOptions::default();
+    if let Ok(table) = std::env::var("AIRLOCK_TEST_EGRESS_RESOLVE") {
+        let resolver = airlock_egress::TestResolver::new();
+        for entry in table.split(',').filter(|e| !e.is_empty()) {
+            let (name, addr) = entry.split_once('=').with_context(|| {
+                format!("AIRLOCK_TEST_EGRESS_RESOLVE: `{entry}` is not NAME=IP:PORT")
+            })?;
+            let addr: std::net::SocketAddr = addr
+                .parse()
+                .with_context(|| format!("AIRLOCK_TEST_EGRESS_RESOLVE: `{addr}` is not IP:PORT"))?;
+            resolver.upstream(name, addr);
+        }
+        options.test_resolver = Some(std::sync::Arc::new(resolver));
+    }
+    if let Ok(path) = std::env::var("AIRLOCK_TEST_EGRESS_ROOTS") {
+        options.extra_upstream_roots_pem.push(
+            std::fs::read_to_string(&path)
+                .with_context(|| format!("AIRLOCK_TEST_EGRESS_ROOTS: reading {path}"))?,
+        );
+    }
+    Ok(options)
+}
+
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let mut egress = test_egress_options()?;
+    egress.audit_log = args.audit_log.clone();
     let config = config(args)?;
     let signals = Signals::install()?;
     let runtime = Runtime::new()?;
-    let outcome = runtime.run(&config, Some(&signals), |warning| {
+    let outcome = runtime.run_with(&config, egress, Some(&signals), |warning| {
         eprintln!("airlock: warning: {warning}")
     })?;
     match &outcome.ending {

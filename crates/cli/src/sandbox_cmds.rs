@@ -32,7 +32,7 @@ pub struct DaemonArgs {
 }
 
 impl DaemonArgs {
-    fn client(&self) -> anyhow::Result<Client> {
+    pub(crate) fn client(&self) -> anyhow::Result<Client> {
         let url = self
             .url
             .clone()
@@ -155,7 +155,7 @@ fn pairs(items: &[String], what: &str) -> anyhow::Result<BTreeMap<String, String
         .collect()
 }
 
-fn block_on<T>(future: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+pub(crate) fn block_on<T>(future: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -17,11 +17,11 @@ use std::path::Path;
 use airlock_api::Compat;
 use airlock_policy::{IdMap, Plan, RlimitResource, WorkspacePlan};
 
-use crate::helper_live::{self, AgentFds};
+use crate::helper_live::{self, HostFds};
 use crate::report::{self, CONTROL_FD, Phase, REPORT_FD, Report, SPEC_FD, mark};
 use crate::spec::{Evaluation, HelperSpec};
 use crate::sys::{self, Forked};
-use crate::{landlock, seccomp, view};
+use crate::{landlock, relay, seccomp, view};
 
 /// Exit code for a sandbox that could not be set up.
 pub const SETUP_FAILED: i32 = 125;
@@ -105,7 +105,21 @@ fn start() -> Result<(), Failure> {
             })
         })
         .transpose()?;
-    run(&spec.plan, &spec.cgroup_leave, agent, spec.evaluation)
+    let egress = spec
+        .plan
+        .egress
+        .as_ref()
+        .map(|egress| {
+            helper_live::prepare_egress(egress).map_err(|e| {
+                with_source(
+                    &format!("preparing egress from {}", egress.host_dir.display()),
+                    &e,
+                )
+            })
+        })
+        .transpose()?;
+    let host = HostFds { agent, egress };
+    run(&spec.plan, &spec.cgroup_leave, host, spec.evaluation)
 }
 
 fn read_spec() -> Result<HelperSpec, Failure> {
@@ -132,7 +146,7 @@ fn warn_or_fail(compat: Compat, message: String) -> Result<(), Failure> {
 fn run(
     plan: &Plan,
     cgroup_leave: &[std::path::PathBuf],
-    agent: Option<AgentFds>,
+    host: HostFds,
     evaluation: Evaluation,
 ) -> Result<(), Failure> {
     // The supervisor ends a sandbox with SIGTERM to the helper; it waits here until the relay.
@@ -148,14 +162,13 @@ fn run(
         Forked::Child => {
             drop(helper_end);
             drop(terminate);
-            let code =
-                init(plan, init_end, agent.as_ref(), evaluation).unwrap_or_else(report_failure);
+            let code = init(plan, init_end, &host, evaluation).unwrap_or_else(report_failure);
             sys::exit_now(code)
         }
         Forked::Parent(init_pid) => {
             drop(init_end);
-            let long_lived = agent.is_some();
-            drop(agent);
+            let long_lived = host.agent.is_some();
+            drop(host);
             mark(Phase::InitCloned);
             // Init is in the sandbox's cgroup now; the helper, a host process, leaves it, so that
             // the sandbox's OOM killer can never pick it, nor its limits count it.
@@ -329,9 +342,10 @@ fn idmap_workspace(
 fn init(
     plan: &Plan,
     socket: OwnedFd,
-    agent: Option<&AgentFds>,
+    host: &HostFds,
     evaluation: Evaluation,
 ) -> Result<i32, Failure> {
+    let agent = host.agent.as_ref();
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
     let (message, idmapped) = sys::recv_with_fd(&socket).unwrap_or_default();
     if message != b"go" {
@@ -378,7 +392,11 @@ fn init(
     view::build(
         &plan.view,
         workspace,
-        agent.map(|agent| &agent.binary),
+        view::Attachments {
+            agent_binary: agent.map(|agent| &agent.binary),
+            egress_dir: host.egress.as_ref().map(|egress| &egress.dir),
+            trust_bundle: host.egress.as_ref().map(|egress| &egress.trust_bundle),
+        },
         plan.identity.uid,
         plan.identity.gid,
         join_network,
@@ -412,7 +430,16 @@ fn init(
             let err = helper_live::exec_agent(plan, agent);
             Err(with_source("starting the agent", &err))
         }
-        None => supervise(plan),
+        None => {
+            // The workload's first connection must find the relay's port open.
+            let relay = plan
+                .egress
+                .as_ref()
+                .map(|egress| relay::bind(egress.relay_port))
+                .transpose()
+                .map_err(|e| with_source("binding the egress relay", &e))?;
+            supervise(plan, relay)
+        }
     }
 }
 
@@ -469,7 +496,7 @@ const STAGE_EXEC: u8 = 2;
 /// Init's last job: fork the workload, forward signals to it, reap every orphan, and report the
 /// workload's wait status. Returning ends init, and the kernel then kills whatever is left in
 /// the pid namespace: daemons and double-forked children included.
-fn supervise(plan: &Plan) -> Result<i32, Failure> {
+fn supervise(plan: &Plan, relay: Option<std::net::TcpListener>) -> Result<i32, Failure> {
     const FORWARDED: [libc::c_int; 8] = [
         libc::SIGINT,
         libc::SIGTERM,
@@ -522,6 +549,15 @@ fn supervise(plan: &Plan) -> Result<i32, Failure> {
         let _ = sys::waitpid(workload, 0);
         let errno = i32::from_ne_bytes([message[1], message[2], message[3], message[4]]);
         return Err(exec_error(plan, message[0], errno));
+    }
+    if let Some(listener) = relay {
+        // Threads only now: init forks nothing after the workload.
+        let socket = Path::new(airlock_policy::EGRESS_DIR).join(airlock_policy::EGRESS_SOCKET);
+        if let Err(e) = relay::start(listener, socket) {
+            let _ = sys::kill(workload, libc::SIGKILL);
+            let _ = sys::waitpid(workload, 0);
+            return Err(with_source("starting the egress relay", &e));
+        }
     }
     loop {
         let ready = sys::poll_readable(&[signals.as_raw_fd(), REPORT_FD], -1)

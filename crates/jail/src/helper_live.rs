@@ -26,6 +26,30 @@ pub struct AgentFds {
     pub binary: OwnedFd,
 }
 
+/// What the helper opens on the host for init: a long-lived sandbox's agent, and the egress
+/// attachments of a `proxy`-mode sandbox.
+#[derive(Debug, Default)]
+pub struct HostFds {
+    pub agent: Option<AgentFds>,
+    pub egress: Option<EgressFds>,
+}
+
+/// The egress directory and trust bundle, as detached mounts the view attaches.
+#[derive(Debug)]
+pub struct EgressFds {
+    pub dir: OwnedFd,
+    pub trust_bundle: OwnedFd,
+}
+
+/// Opened on the host by the helper: the directory sits in the caller's private state, which
+/// the sandbox's root could not even traverse.
+pub fn prepare_egress(egress: &airlock_policy::EgressSetup) -> io::Result<EgressFds> {
+    let dir = sys::open_tree_clone(None, &egress.host_dir, false)?;
+    let bundle = egress.host_dir.join(airlock_policy::EGRESS_TRUST_BUNDLE);
+    let trust_bundle = sys::open_tree_clone(None, &bundle, false)?;
+    Ok(EgressFds { dir, trust_bundle })
+}
+
 /// Leaves the supervisor's session (its terminal's signals are not the sandbox's) and its
 /// standard streams (a pipe held open by a sandbox would outlive the supervisor's reader).
 pub fn detach_from_caller() -> io::Result<()> {
@@ -72,11 +96,21 @@ pub fn exec_agent(plan: &Plan, fds: &AgentFds) -> io::Error {
         let c =
             |s: String| CString::new(s).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
         let program = c(AGENT_PATH.to_owned())?;
-        let argv = [
+        let mut argv = vec![
             c("airlock-agent".to_owned())?,
             c("--listen-fd".to_owned())?,
             c(AGENT_LISTEN_FD.to_string())?,
         ];
+        if let Some(egress) = &plan.egress {
+            // The agent is the relay to the egress proxy (see `airlock_agent::relay`).
+            argv.push(c("--egress-relay".to_owned())?);
+            argv.push(c(format!(
+                "{}:{}/{}",
+                egress.relay_port,
+                airlock_policy::EGRESS_DIR,
+                airlock_policy::EGRESS_SOCKET
+            ))?);
+        }
         let env = plan
             .process
             .env

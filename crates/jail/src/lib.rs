@@ -18,6 +18,7 @@ pub mod inotify;
 pub mod landlock;
 pub mod live;
 pub mod procctl;
+mod relay;
 pub mod report;
 pub mod seccomp;
 pub mod spec;

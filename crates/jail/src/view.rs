@@ -73,10 +73,21 @@ pub fn prepare_workspace(
 /// Builds the view and pivots into it. `uid`/`gid` own a fresh workspace.
 /// `join_network` moves the caller into the sandbox's network namespace; it runs just before
 /// sysfs is mounted, since sysfs shows the mounter's network namespace.
+/// Detached mounts the helper opened on the host, attached in the view.
+#[derive(Debug, Default)]
+pub struct Attachments<'a> {
+    /// The agent's binary, at `AGENT_PATH`.
+    pub agent_binary: Option<&'a OwnedFd>,
+    /// The egress directory, at `EGRESS_DIR`.
+    pub egress_dir: Option<&'a OwnedFd>,
+    /// The trust bundle with the sandbox's CA, over `SYSTEM_TRUST_STORE` when the view has it.
+    pub trust_bundle: Option<&'a OwnedFd>,
+}
+
 pub fn build(
     plan: &ViewPlan,
     workspace: PreparedWorkspace,
-    agent_binary: Option<&OwnedFd>,
+    attachments: Attachments<'_>,
     uid: u32,
     gid: u32,
     join_network: impl FnOnce() -> io::Result<()>,
@@ -112,8 +123,11 @@ pub fn build(
         mkdir(&stage.join(dir), 0o755)?;
     }
     apply_masks(stage, &plan.masks)?;
-    if let Some(binary) = agent_binary {
+    if let Some(binary) = attachments.agent_binary {
         attach_agent(stage, binary)?;
+    }
+    if let Some(dir) = attachments.egress_dir {
+        attach_egress(stage, dir, attachments.trust_bundle)?;
     }
     let root = step(|| "opening the new root".into(), sys::open_path(stage))?;
     step(
@@ -317,6 +331,49 @@ fn apply_masks(stage: &Path, masks: &[Mask]) -> Result<(), ViewError> {
 
 /// Attaches the agent's binary at `AGENT_PATH`, in the empty `/run` Airlock provides. It becomes
 /// read-only with the rest of the view.
+/// Attaches the egress directory (the proxy's socket, the trust bundles) at `EGRESS_DIR`, and
+/// the trust bundle over the system trust store, so that every TLS client in the sandbox
+/// trusts the proxy's per-sandbox CA. Both become read-only with the rest of the view.
+fn attach_egress(
+    stage: &Path,
+    dir: &OwnedFd,
+    trust_bundle: Option<&OwnedFd>,
+) -> Result<(), ViewError> {
+    let target = stage.join(airlock_policy::EGRESS_DIR.trim_start_matches('/'));
+    step(
+        || format!("creating {}", target.display()),
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&target),
+    )?;
+    let target_fd = step(
+        || "opening the egress mount point".into(),
+        sys::open_path(&target),
+    )?;
+    step(
+        || "attaching the egress directory".into(),
+        sys::move_mount_onto(dir, &target_fd),
+    )?;
+    let Some(bundle) = trust_bundle else {
+        return Ok(());
+    };
+    let root = step(|| "opening the staging root".into(), sys::open_path(stage))?;
+    let store = Path::new(airlock_policy::SYSTEM_TRUST_STORE.trim_start_matches('/'));
+    match sys::open_in_root(&root, store) {
+        Ok(store_fd) => step(
+            || format!("replacing {}", airlock_policy::SYSTEM_TRUST_STORE),
+            sys::move_mount_onto(bundle, &store_fd),
+        ),
+        // A rootfs without the system store: SSL_CERT_FILE still points at the bundle.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => Ok(()),
+        Err(e) => step(
+            || format!("opening {}", airlock_policy::SYSTEM_TRUST_STORE),
+            Err(e),
+        ),
+    }
+}
+
 fn attach_agent(stage: &Path, binary: &OwnedFd) -> Result<(), ViewError> {
     let target = stage.join(crate::spec::AGENT_PATH.trim_start_matches('/'));
     if let Some(dir) = target.parent() {

@@ -169,6 +169,7 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
         },
         compat: config.compat,
         timeout_ms: config.timeout_ms,
+        egress: None,
     };
     if let Some(document) = &config.policy {
         let policy = Policy::from_document(document).map_err(CompileError::InvalidPolicy)?;

@@ -374,3 +374,17 @@ fn test_oversized_documents_are_refused_before_parsing() {
     let p = one_problem(&text, "larger than");
     assert_eq!(p.line, None);
 }
+
+#[test]
+fn test_problems_stay_on_one_line_whatever_the_document_holds() {
+    // Found by cargo-fuzz: carriage returns inside a name, and a document of `%` and CRs.
+    let yaml = format!("{PROXY}    - {{name: \"a\\rb\", host: a.com}}\n");
+    let p = one_problem(&yaml, "is not a name");
+    assert!(p.to_string().contains("`a\\rb`"), "{p}");
+    for input in ["%`\r\r", "version: 1\r\nnetwork: [\r\n"] {
+        let found = Policy::from_yaml("p", input).unwrap_err();
+        for p in found.problems() {
+            assert!(!p.to_string().contains(['\n', '\r']), "{p:?}");
+        }
+    }
+}

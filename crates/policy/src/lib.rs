@@ -27,8 +27,9 @@ pub use document::{MAX_POLICY_BYTES, Policy, PolicyError, Problem};
 pub use document_compile::{FsEffect, FsOutcome, egress_plan, filesystem_effects};
 pub use explain::explain;
 pub use plan::{
-    CgroupLimits, IdMap, IdentityPlan, LandlockPlan, Mask, MaskKind, Plan, ProcessPlan, Rlimit,
-    RlimitResource, ViewPlan, WorkspacePlan,
+    CgroupLimits, EGRESS_CA, EGRESS_DIR, EGRESS_SOCKET, EGRESS_TRUST_BUNDLE, EgressSetup, IdMap,
+    IdentityPlan, LandlockPlan, Mask, MaskKind, Plan, ProcessPlan, Rlimit, RlimitResource,
+    SYSTEM_TRUST_STORE, ViewPlan, WorkspacePlan,
 };
 pub use prover::{Counterexample, Finding, FindingKind, diff, within};
 pub use seccomp::{ArgCheck, SeccompRule, SyscallAction};

@@ -131,6 +131,28 @@ pub struct ProcessPlan {
     pub cwd: String,
 }
 
+/// How a `proxy`-mode sandbox reaches the egress proxy (filled in by the runtime, which runs
+/// the proxy: it is a fact of the host, not of the policy).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressSetup {
+    /// Host directory holding the proxy's Unix socket and the trust bundles; shown read-only at
+    /// [`EGRESS_DIR`] inside.
+    pub host_dir: PathBuf,
+    /// The loopback port inside the sandbox that relays to the proxy (`HTTP_PROXY`).
+    pub relay_port: u16,
+}
+
+/// Where the egress directory appears inside the sandbox.
+pub const EGRESS_DIR: &str = "/run/airlock/egress";
+/// The proxy's socket, the sandbox CA, and the host's trust bundle plus that CA, in
+/// [`EgressSetup::host_dir`] (and so under [`EGRESS_DIR`] inside).
+pub const EGRESS_SOCKET: &str = "proxy.sock";
+pub const EGRESS_CA: &str = "ca.pem";
+pub const EGRESS_TRUST_BUNDLE: &str = "ca-bundle.pem";
+/// The system trust store that the view replaces with [`EGRESS_TRUST_BUNDLE`].
+pub const SYSTEM_TRUST_STORE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
 /// Everything the helper needs, in the order it applies it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -144,4 +166,7 @@ pub struct Plan {
     pub process: ProcessPlan,
     pub compat: Compat,
     pub timeout_ms: Option<u64>,
+    /// Set for `proxy` network mode.
+    #[serde(default)]
+    pub egress: Option<EgressSetup>,
 }

@@ -197,6 +197,38 @@ pub fn rename_race(dir: &str, target: &str, seconds: i64) -> Outcome {
     Ok(format!("swaps {swaps}"))
 }
 
+/// For `seconds`, swaps a regular file at `path` with a FIFO (`renameat2(RENAME_EXCHANGE)`):
+/// whoever checks the type and then opens the path may open the FIFO and block.
+pub fn fifo_race(path: &str, seconds: i64) -> Outcome {
+    let fifo = format!("{path}.airlock-fifo");
+    let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_file(&fifo);
+    std::fs::write(path, b"data")?;
+    let (c_path, c_fifo) = (cstr(path)?, cstr(&fifo)?);
+    // SAFETY: a valid NUL-terminated path and a mode.
+    check(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o666) }.into())?;
+    println!("racing");
+    io::stdout().flush()?;
+    let deadline =
+        std::time::Instant::now() + std::time::Duration::from_secs(seconds.max(0) as u64);
+    let mut swaps = 0u64;
+    while std::time::Instant::now() < deadline {
+        // SAFETY: valid NUL-terminated paths relative to the working directory.
+        check(unsafe {
+            libc::syscall(
+                libc::SYS_renameat2,
+                libc::AT_FDCWD,
+                c_path.as_ptr(),
+                libc::AT_FDCWD,
+                c_fifo.as_ptr(),
+                libc::RENAME_EXCHANGE,
+            )
+        })?;
+        swaps += 1;
+    }
+    Ok(format!("swaps {swaps}"))
+}
+
 /// Counts the non-zero addresses in `/proc/kallsyms` (zero when the kernel hides them).
 pub fn kallsyms() -> Outcome {
     let text = std::fs::read_to_string("/proc/kallsyms")?;

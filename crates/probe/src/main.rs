@@ -62,6 +62,8 @@ fn main() {
         "sparse" => files::sparse(&arg(1), number(2)),
         "fd-exhaust" => files::exhaust_descriptors(),
         "rename-race" => files::rename_race(&arg(1), &arg(2), number(3)),
+        "fifo-race" => files::fifo_race(&arg(1), number(2)),
+        "late-read" => late_read(&arg(1), &arg(2)),
         "kallsyms" => files::kallsyms(),
         "exec" => files::exec(&arg(1), args.get(2..).unwrap_or_default()),
         "syscall" => kernel::syscall(&arg(1)),
@@ -480,6 +482,20 @@ fn await_then_read(paths: &[String]) -> Outcome {
         }
     }
     Ok("done".into())
+}
+
+/// Prints `started`, waits (at most 20 s) until `ready` exists, then reads `file`: for a secret
+/// that appears only after the sandbox started.
+fn late_read(ready: &str, file: &str) -> Outcome {
+    println!("started");
+    io::stdout().flush()?;
+    for _ in 0..1000 {
+        if std::path::Path::new(ready).exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    read_file(file)
 }
 
 /// The descriptors open in this process, other than the one listing them.

@@ -12,6 +12,7 @@
 //! ```
 
 mod backend;
+pub mod egress;
 mod evaluation;
 mod live;
 
@@ -20,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use airlock_api::{SandboxConfig, WorkspaceSource};
 use airlock_jail::{HostSupport, JailError, Outcome, Sandbox, SpawnOptions, TerminationSignals};
+use airlock_policy::egress::{EgressPlan, NetworkMode};
 use airlock_policy::{CompileError, HostFacts};
+pub use egress::{EgressOptions, EgressSession};
 
 pub use airlock_jail::report::Phase;
 pub use airlock_jail::{Ending, TerminationSignals as Signals};
@@ -47,6 +50,10 @@ pub enum RuntimeError {
     AgentNotFound(PathBuf),
     #[error("sandbox {0} is no longer running")]
     Gone(String),
+    #[error("the egress proxy could not be set up")]
+    Egress(#[from] egress::EgressSetupError),
+    #[error("the {0} network mode is not supported yet")]
+    NetworkMode(&'static str),
 }
 
 /// One runtime per process: it knows where its helper is and what the host supports.
@@ -144,8 +151,52 @@ impl Runtime {
         signals: Option<&TerminationSignals>,
         on_warning: impl FnMut(&str),
     ) -> Result<Outcome, RuntimeError> {
-        let (sandbox, deadline) = self.start(config)?;
-        Ok(sandbox.wait(deadline, signals, on_warning)?)
+        self.run_with(config, EgressOptions::default(), signals, on_warning)
+    }
+
+    /// [`Runtime::run`] with options for a `proxy`-mode sandbox's egress proxy.
+    pub fn run_with(
+        &self,
+        config: &SandboxConfig,
+        egress: EgressOptions,
+        signals: Option<&TerminationSignals>,
+        on_warning: impl FnMut(&str),
+    ) -> Result<Outcome, RuntimeError> {
+        // The proxy's directory lives in a private (0700) scratch directory of this process.
+        let scratch = ScratchDir::new()?;
+        let session = match self.egress_plan(config)? {
+            Some(plan) => Some(EgressSession::start(
+                &scratch.name,
+                &plan,
+                &scratch.path,
+                egress,
+                None,
+            )?),
+            None => None,
+        };
+        let (sandbox, deadline) = self.start_with(config, |plan, _| {
+            if let Some(session) = &session {
+                session.attach(plan);
+            }
+        })?;
+        let outcome = sandbox.wait(deadline, signals, on_warning);
+        drop(session);
+        Ok(outcome?)
+    }
+
+    /// The egress plan of a `proxy`-mode sandbox; `None` without network access.
+    pub fn egress_plan(&self, config: &SandboxConfig) -> Result<Option<EgressPlan>, RuntimeError> {
+        let Some(document) = &config.policy else {
+            return Ok(None);
+        };
+        let policy = airlock_policy::Policy::from_document(document)
+            .map_err(|e| RuntimeError::Compile(CompileError::InvalidPolicy(e)))?;
+        let plan = airlock_policy::egress_plan(&policy);
+        match plan.mode {
+            NetworkMode::None => Ok(None),
+            NetworkMode::Proxy => Ok(Some(plan)),
+            NetworkMode::Full => Err(RuntimeError::NetworkMode("full")),
+        }
     }
 
     fn spawn_options(&self) -> SpawnOptions {
@@ -163,6 +214,41 @@ impl Runtime {
             caller_gid: self.support.caller_gid,
             state_dirs: self.state_dirs.clone(),
         }
+    }
+}
+
+/// A private (0700) directory for one sandbox's host-side files, removed on drop.
+struct ScratchDir {
+    path: PathBuf,
+    name: String,
+}
+
+impl ScratchDir {
+    fn new() -> Result<ScratchDir, RuntimeError> {
+        use std::os::unix::fs::DirBuilderExt;
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let name = format!(
+            "run{}x{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let path = std::env::temp_dir().join(format!("airlock-{name}"));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .map_err(|source| {
+                RuntimeError::Egress(egress::EgressSetupError::Directory {
+                    path: path.clone(),
+                    source,
+                })
+            })?;
+        Ok(ScratchDir { path, name })
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
     }
 }
 

@@ -126,6 +126,17 @@ pub fn find_agent(helper: &Path) -> Result<PathBuf, RuntimeError> {
 impl Runtime {
     /// Starts a long-lived sandbox and returns once its agent accepts connections. Blocking.
     pub fn create_live(&self, spec: &LiveSpec) -> Result<Pending, RuntimeError> {
+        self.create_live_with(spec, None)
+    }
+
+    /// [`Runtime::create_live`] for a `proxy`-mode sandbox whose egress proxy the caller runs
+    /// (see [`crate::EgressSession`]; its directory must be inside `spec.dir`'s parent-private
+    /// tree). The agent relays to it.
+    pub fn create_live_with(
+        &self,
+        spec: &LiveSpec,
+        egress: Option<&crate::EgressSession>,
+    ) -> Result<Pending, RuntimeError> {
         check_id(&spec.id)?;
         let backend = Backend::for_tier(spec.config.tier);
         if let Some(reason) = backend.probe(&self.support).unavailable {
@@ -142,7 +153,13 @@ impl Runtime {
         ];
         config.timeout_ms = None;
         check_paths(&config)?;
-        let plan = airlock_policy::compile(&config, &self.facts())?;
+        let mut plan = airlock_policy::compile(&config, &self.facts())?;
+        match (self.egress_plan(&config)?, egress) {
+            (Some(_), Some(session)) => session.attach(&mut plan),
+            (None, None) => {}
+            (Some(_), None) => return Err(RuntimeError::NetworkMode("proxy (without a proxy)")),
+            (None, Some(_)) => {}
+        }
         let agent = AgentSpec {
             binary: find_agent(&self.helper)?,
             socket: spec.dir.join(AGENT_SOCKET),

@@ -5,10 +5,12 @@
 
 use std::collections::BTreeMap;
 
+use airlock_api::policy::PolicyDocument;
 use airlock_api::v1::{
-    CreateSandboxRequest, CreateSandboxResponse, ErrorBody, ErrorCode, ExecEvent, ExecRequest,
-    FileEntry, FileList, Health, MkdirRequest, MoveRequest, Sandbox, SandboxList, SandboxLogs,
-    SandboxState, SetTimeoutRequest, TemplateList,
+    Approval, ApprovalDecision, ApprovalList, CreateSandboxRequest, CreateSandboxResponse,
+    DecideApprovalRequest, ErrorBody, ErrorCode, ExecEvent, ExecRequest, FileEntry, FileList,
+    Health, MkdirRequest, MoveRequest, PolicyApplied, Sandbox, SandboxEvents, SandboxList,
+    SandboxLogs, SandboxState, SetTimeoutRequest, TemplateList,
 };
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -267,6 +269,65 @@ impl Client {
             None::<&()>,
         )
         .await
+    }
+
+    /// The sandbox's audit lines and lifecycle events at or after `since_ms`, oldest first.
+    pub async fn events(
+        &self,
+        id: &str,
+        since_ms: Option<u64>,
+        limit: Option<usize>,
+    ) -> Result<SandboxEvents, ClientError> {
+        let mut query = Vec::new();
+        if let Some(since_ms) = since_ms {
+            query.push(format!("since_ms={since_ms}"));
+        }
+        if let Some(limit) = limit {
+            query.push(format!("limit={limit}"));
+        }
+        let mut path = format!("/v1/sandboxes/{id}/events");
+        if !query.is_empty() {
+            path = format!("{path}?{}", query.join("&"));
+        }
+        self.call(Method::GET, &path, None::<&()>).await
+    }
+
+    /// Replaces a `proxy`-mode sandbox's network, credentials and approvals. A change that
+    /// needs review is refused (409 `conflict`, listing the findings) unless `approve`.
+    pub async fn apply_policy(
+        &self,
+        id: &str,
+        policy: &PolicyDocument,
+        approve: bool,
+    ) -> Result<PolicyApplied, ClientError> {
+        let path = format!("/v1/sandboxes/{id}/policy?approve={approve}");
+        self.call(Method::PUT, &path, Some(policy)).await
+    }
+
+    /// Requests held for approval, of every sandbox or of one.
+    pub async fn approvals(&self, sandbox: Option<&str>) -> Result<Vec<Approval>, ClientError> {
+        let path = match sandbox {
+            Some(id) => format!("/v1/approvals?sandbox={}", encode_query_value(id)),
+            None => "/v1/approvals".to_owned(),
+        };
+        let list: ApprovalList = self.call(Method::GET, &path, None::<&()>).await?;
+        Ok(list.approvals)
+    }
+
+    /// Answers a held request.
+    pub async fn decide_approval(
+        &self,
+        approval_id: &str,
+        decision: ApprovalDecision,
+    ) -> Result<(), ClientError> {
+        let body = DecideApprovalRequest { decision };
+        self.call_raw(
+            Method::POST,
+            &format!("/v1/approvals/{}", encode_query_value(approval_id)),
+            Some(&body),
+        )
+        .await
+        .map(drop)
     }
 
     /// Starts a command; read its events from the stream.

@@ -1,8 +1,11 @@
 //! The daemon's options (shared by `airlockd` and `airlock serve`) and its state directory.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use airlock_egress::{TestResolver, Webhook};
 
 use crate::store::StoreError;
 
@@ -10,6 +13,9 @@ use crate::store::StoreError;
 pub const STORE_FILE: &str = "airlock.db";
 /// Per-sandbox directories live here, one `<id>` each (mode 0700).
 pub const SANDBOXES_DIR: &str = "sandboxes";
+/// Audit lines, one JSON object each: the daemon's in the state directory, and each sandbox's
+/// in its directory.
+pub const AUDIT_FILE: &str = "audit.jsonl";
 /// Held with an exclusive lock while a daemon runs, so two cannot share a state directory.
 pub const LOCK_FILE: &str = "airlockd.lock";
 
@@ -31,6 +37,18 @@ pub enum ConfigError {
     Store(#[from] StoreError),
     #[error("--workspace-root {0} must be an existing directory other than /")]
     WorkspaceRoot(PathBuf),
+    #[error("--reviewer-webhook")]
+    Webhook(#[source] airlock_egress::WebhookError),
+    #[error(
+        "--test-egress-resolve and --test-egress-roots are test equipment, refused unless the daemon listens on loopback (not {0})"
+    )]
+    TestEgressNotLoopback(SocketAddr),
+    #[error(
+        "--test-egress-resolve: {0:?} is not NAME=IP:PORT with a loopback IP (test upstreams run on this host)"
+    )]
+    TestResolve(String),
+    #[error("--test-egress-roots: cannot read {0}")]
+    TestRoots(PathBuf, #[source] std::io::Error),
 }
 
 /// Options of the daemon.
@@ -66,6 +84,84 @@ pub struct ServeArgs {
     /// otherwise be a key to every directory on the host.
     #[arg(long, value_name = "DIR")]
     pub workspace_root: Option<PathBuf>,
+    /// Where requests held under a policy's `approvals: ask` are also sent for review: an
+    /// `http://` URL that receives `{"approval": {...}}` and may answer
+    /// `{"decision": "once"|"always"|"deny"}` (an automated reviewer).
+    #[arg(long, value_name = "URL")]
+    pub reviewer_webhook: Option<String>,
+    /// The most bytes an audit log (`<state>/audit.jsonl`, each sandbox's `audit.jsonl`) holds
+    /// before it is rotated to `.1` (one older file is kept).
+    #[arg(long, value_name = "SIZE", default_value = "32MiB", value_parser = parse_size)]
+    pub audit_max_bytes: u64,
+    /// TEST EQUIPMENT, like curl's --resolve: the egress proxies of `proxy`-mode sandboxes
+    /// resolve NAME to the loopback upstream IP:PORT (comma-separated list) instead of DNS,
+    /// and nothing else resolves. Refused unless --listen is loopback.
+    #[arg(long, value_name = "NAME=IP:PORT,...", hide = true)]
+    pub test_egress_resolve: Option<String>,
+    /// TEST EQUIPMENT: a PEM file of extra roots the egress proxies trust for upstreams (the
+    /// test upstreams' CA). Refused unless --listen is loopback.
+    #[arg(long, value_name = "FILE", hide = true)]
+    pub test_egress_roots: Option<PathBuf>,
+}
+
+/// What the daemon's egress proxies are started with.
+#[derive(Debug, Clone, Default)]
+pub struct EgressConfig {
+    pub reviewer_webhook: Option<Webhook>,
+    /// Test equipment only (`--test-egress-resolve`).
+    pub test_resolver: Option<Arc<TestResolver>>,
+    /// Test equipment only (`--test-egress-roots`).
+    pub test_roots_pem: Vec<String>,
+}
+
+impl EgressConfig {
+    fn from_args(args: &ServeArgs) -> Result<EgressConfig, ConfigError> {
+        let reviewer_webhook = args
+            .reviewer_webhook
+            .as_deref()
+            .map(Webhook::new)
+            .transpose()
+            .map_err(ConfigError::Webhook)?;
+        let testing = args.test_egress_resolve.is_some() || args.test_egress_roots.is_some();
+        if testing && !args.listen.ip().is_loopback() {
+            return Err(ConfigError::TestEgressNotLoopback(args.listen));
+        }
+        let test_resolver = match &args.test_egress_resolve {
+            None => None,
+            Some(list) => {
+                let resolver = TestResolver::new();
+                for entry in list.split(',').filter(|e| !e.is_empty()) {
+                    let bad = || ConfigError::TestResolve(entry.to_owned());
+                    let (name, addr) = entry.split_once('=').ok_or_else(bad)?;
+                    let addr: SocketAddr = addr.parse().map_err(|_| bad())?;
+                    if name.is_empty() || !is_loopback(addr.ip()) {
+                        return Err(bad());
+                    }
+                    resolver.upstream(name, addr);
+                }
+                Some(Arc::new(resolver))
+            }
+        };
+        let test_roots_pem = match &args.test_egress_roots {
+            None => Vec::new(),
+            Some(path) => vec![
+                std::fs::read_to_string(path)
+                    .map_err(|e| ConfigError::TestRoots(path.clone(), e))?,
+            ],
+        };
+        Ok(EgressConfig {
+            reviewer_webhook,
+            test_resolver,
+            test_roots_pem,
+        })
+    }
+}
+
+fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => v6.is_loopback(),
+    }
 }
 
 fn parse_size(value: &str) -> Result<u64, String> {
@@ -89,6 +185,8 @@ pub struct Config {
     pub max_timeout_ms: u64,
     /// Canonical; host workspaces must lie beneath it.
     pub workspace_root: Option<PathBuf>,
+    pub egress: EgressConfig,
+    pub audit_max_bytes: u64,
 }
 
 impl Config {
@@ -101,6 +199,7 @@ impl Config {
             ("--max-body-bytes", args.max_body_bytes),
             ("--max-upload-bytes", args.max_upload_bytes),
             ("--default-timeout", args.default_timeout_ms),
+            ("--audit-max-bytes", args.audit_max_bytes),
         ] {
             if value == 0 {
                 return Err(ConfigError::Zero { name });
@@ -128,6 +227,8 @@ impl Config {
             default_timeout_ms: args.default_timeout_ms,
             max_timeout_ms: args.max_timeout_ms.max(args.default_timeout_ms),
             workspace_root,
+            egress: EgressConfig::from_args(args)?,
+            audit_max_bytes: args.audit_max_bytes,
         })
     }
 
@@ -137,6 +238,11 @@ impl Config {
 
     pub fn store_path(&self) -> PathBuf {
         self.state_dir.join(STORE_FILE)
+    }
+
+    /// The daemon-wide audit log.
+    pub fn audit_path(&self) -> PathBuf {
+        self.state_dir.join(AUDIT_FILE)
     }
 }
 

@@ -15,6 +15,8 @@
 //! - [`openapi`]: generates `api/openapi.json`; [`client`]: the typed async client.
 //! - [`e2b`]: the E2B-compatible API on the same port (control plane, data plane, the routing
 //!   between them and `/v1`); its module docs give the routing rules.
+//! - [`egress`]: `network: proxy` sandboxes' egress proxies (hot reload, approvals);
+//!   [`audit`]: the audit logs and the events API.
 //!
 //! # Decisions
 //!
@@ -43,15 +45,24 @@
 //! - **Exec.** `POST .../exec` answers `application/x-ndjson`: `start`, `stdout`/`stderr`
 //!   (base64), then one `exit` (or `error`). Semantics are envd's `Start`: `timeout_ms` kills
 //!   the command, a client disconnect does not.
+//! - **Egress.** A `proxy`-mode sandbox's proxy runs on the daemon's runtime; its
+//!   `network`, `credentials` and `approvals` can be replaced (`PUT .../policy`, 409 when a
+//!   change needs review and is not approved), and held requests are answered through
+//!   `/v1/approvals` with an API key only (never a sandbox's own token) or the
+//!   `--reviewer-webhook`. Every boundary decision is a JSON line in `<state>/audit.jsonl` and
+//!   the sandbox's `audit.jsonl`. `--test-egress-resolve`/`--test-egress-roots` are hidden
+//!   test equipment, refused unless listening on loopback.
 //! - **Files.** Paths resolve inside the sandbox's own view (the agent runs there), so
 //!   traversal reaches only what the sandbox sees, and writes outside `/workspace` and `/tmp`
 //!   fail. The edge rejects empty paths and NUL bytes.
 
 pub mod agent;
+pub mod audit;
 pub mod auth;
 pub mod client;
 pub mod config;
 pub mod e2b;
+pub mod egress;
 pub mod error;
 pub mod http;
 pub mod keys_cmd;

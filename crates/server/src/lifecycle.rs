@@ -16,6 +16,13 @@
 //! re-adopted with their stored deadline, and then stale cgroups and directories that no row owns are removed. Each of
 //! these is an event. Every running sandbox has a watcher task that ends it at its deadline or
 //! when its helper exits (the pidfd becomes readable), removing everything it owned.
+//!
+//! A `proxy`-mode sandbox's egress proxy (`crate::egress`) starts after step 1, before the
+//! runtime, and its placeholders are stored with it; a re-adopted sandbox gets its proxy back
+//! with them. Hot reload, approvals and the events API are in `egress_ops`.
+
+mod checks;
+mod egress_ops;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -34,9 +41,13 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 
 use crate::agent::Agent;
+use crate::audit::Audit;
 use crate::auth;
 use crate::config::{Config, ConfigError, LOCK_FILE, prepare_state_dir};
+use crate::egress::{SandboxEgress, proxy_plan};
 use crate::error::ApiError;
+use checks::{check_map, check_min};
+
 use crate::store::{BASE_TEMPLATE, RowState, SandboxRow, Store, StoreError, now_ms};
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +68,8 @@ pub enum LifecycleError {
 #[derive(Debug)]
 struct Live {
     record: LiveSandbox,
+    /// The egress proxy of a `proxy`-mode sandbox.
+    egress: Option<Arc<SandboxEgress>>,
     /// The deadline (Unix ms); the watcher re-arms when it changes. `u64::MAX` stops it.
     deadline: watch::Sender<u64>,
 }
@@ -79,6 +92,7 @@ struct Slot {
 pub struct Daemon {
     pub config: Config,
     pub store: Arc<Store>,
+    pub audit: Audit,
     runtime: Arc<Runtime>,
     slots: Mutex<HashMap<String, Slot>>,
     /// Held (locked) for the daemon's whole life.
@@ -110,9 +124,15 @@ impl Daemon {
         runtime
             .set_owner(&owner_tag(&config.state_dir))
             .map_err(LifecycleError::Runtime)?;
+        let audit = Audit::new(
+            &config.state_dir,
+            config.sandboxes_dir(),
+            config.audit_max_bytes,
+        );
         let daemon = Arc::new(Daemon {
             config,
             store,
+            audit,
             runtime: Arc::new(runtime),
             slots: Mutex::new(HashMap::new()),
             _lock: lock,
@@ -126,8 +146,10 @@ impl Daemon {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// A lifecycle event: in the store and in the audit logs.
     fn event(&self, id: Option<&str>, kind: &str, message: &str) {
         let _ = self.store.record_event(id, kind, message);
+        self.audit.lifecycle(id, kind, message);
     }
 
     /// Reconciles the store with what runs (see the module docs). Call once, before serving,
@@ -193,12 +215,14 @@ impl Daemon {
             );
         }
         for (row, record) in adopted {
+            self.audit.open_sandbox(&row.id);
             self.event(
                 Some(&row.id),
                 "adopted",
                 "re-adopted after a daemon restart",
             );
-            self.install_running(&row.id, &row.token_hash, record, row.deadline_ms);
+            let egress = self.restart_egress(&row);
+            self.install_running(&row.id, &row.token_hash, record, egress, row.deadline_ms);
         }
         Ok(())
     }
@@ -225,10 +249,15 @@ impl Daemon {
         id: &str,
         token_hash: &str,
         record: LiveSandbox,
+        egress: Option<Arc<SandboxEgress>>,
         deadline_ms: u64,
     ) {
         let (deadline, receiver) = watch::channel(deadline_ms);
-        let live = Arc::new(Live { record, deadline });
+        let live = Arc::new(Live {
+            record,
+            egress,
+            deadline,
+        });
         self.slots().insert(
             id.to_owned(),
             Slot {
@@ -301,11 +330,16 @@ impl Daemon {
         let _ = self.store.set_state(id, RowState::Deleting);
         let runtime = self.runtime.clone();
         let record = live.record.clone();
+        let egress = live.egress.clone();
         let _ = tokio::task::spawn_blocking(move || {
             runtime.destroy(&record);
             record.reap();
+            if let Some(egress) = egress {
+                egress.end();
+            }
         })
         .await;
+        self.audit.close_sandbox(id);
         // The event first: whoever sees the sandbox gone must also find why.
         self.event(Some(id), kind, message);
         let _ = self.store.delete_sandbox(id);
@@ -352,6 +386,7 @@ impl Daemon {
             live: None,
             created_ms: now_ms(),
             deadline_ms: now_ms().saturating_add(timeout_ms),
+            egress: None,
         };
         let daemon = self.clone();
         let started =
@@ -364,8 +399,8 @@ impl Daemon {
             ))),
         };
         match started {
-            Ok((row, record)) => {
-                self.install_running(&id, &token_hash, record, row.deadline_ms);
+            Ok((row, record, egress)) => {
+                self.install_running(&id, &token_hash, record, egress, row.deadline_ms);
                 Ok(CreateSandboxResponse {
                     sandbox: view(&row, SandboxState::Running),
                     access_token: token,
@@ -384,14 +419,20 @@ impl Daemon {
         mut row: SandboxRow,
         config: SandboxConfig,
         timeout_ms: u64,
-    ) -> Result<(SandboxRow, LiveSandbox), ApiError> {
+    ) -> Result<(SandboxRow, LiveSandbox, Option<Arc<SandboxEgress>>), ApiError> {
         let id = row.id.clone();
         let dir = self.config.sandboxes_dir().join(&id);
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&dir)
             .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", dir.display())))?;
+        self.audit.open_sandbox(&id);
+        let egress: std::cell::OnceCell<Arc<SandboxEgress>> = std::cell::OnceCell::new();
         let fail = |err: ApiError| {
+            if let Some(egress) = egress.get() {
+                egress.end();
+            }
+            self.audit.close_sandbox(&id);
             let _ = std::fs::remove_dir_all(&dir);
             let _ = self.store.delete_sandbox(&id);
             self.event(Some(&id), "create_failed", &err.message);
@@ -407,12 +448,33 @@ impl Daemon {
         {
             return Err(fail(err.into()));
         }
+        self.audit.lifecycle(Some(&id), "create", &created);
+        let policy = match config.policy.as_deref().map(Policy::from_document) {
+            Some(Ok(policy)) => Some(policy),
+            Some(Err(err)) => {
+                return Err(fail(ApiError::unprocessable(format!(
+                    "invalid policy: {err}"
+                ))));
+            }
+            None => None,
+        };
+        if let Some(policy) = &policy
+            && proxy_plan(policy).is_some()
+        {
+            match self.start_egress(&id, &dir, policy.clone()) {
+                Ok(started) => {
+                    let _ = egress.set(started);
+                }
+                Err(err) => return Err(fail(err)),
+            }
+        }
         let spec = LiveSpec {
             id: id.clone(),
             dir: dir.clone(),
             config,
         };
-        let pending = match self.runtime.create_live(&spec) {
+        let session = egress.get().cloned();
+        let pending = match self.create_live(&spec, session.as_deref()) {
             Ok(pending) => pending,
             Err(err) => return Err(fail(runtime_error(&err))),
         };
@@ -443,8 +505,10 @@ impl Daemon {
                     self.runtime.destroy(&record);
                     return Err(fail(err.into()));
                 }
+                self.audit
+                    .lifecycle(Some(&id), "ready", "the sandbox's agent serves");
                 row.state = RowState::Running;
-                Ok((row, record))
+                Ok((row, record, session))
             }
             Err(err) => {
                 self.runtime.destroy(&record);
@@ -644,11 +708,18 @@ impl Daemon {
 
     /// The environment every command of the sandbox gets (from its create request).
     pub fn sandbox_env(&self, id: &str) -> Result<BTreeMap<String, String>, ApiError> {
-        Ok(self
+        let mut env = self
             .store
             .get_sandbox(id)?
             .map(|row| row.request.env)
-            .unwrap_or_default())
+            .unwrap_or_default();
+        // The current credentials' placeholders win, as they do in the agent's environment.
+        if let Ok(live) = self.running(id)
+            && let Some(egress) = &live.egress
+        {
+            env.extend(egress.environment());
+        }
+        Ok(env)
     }
 
     /// The sandbox's events and the tail of its agent's log. Events outlive the sandbox.
@@ -665,34 +736,6 @@ impl Daemon {
     }
 }
 
-/// Whether the agent behind `socket` answers `GET /health` with a success status.
-/// Blocking, with a short timeout: used once per sandbox at start-up.
-impl Daemon {
-    /// A host workspace is allowed only beneath `--workspace-root`, checked after resolving
-    /// symlinks, so that no API key opens the rest of the host.
-    fn host_workspace(&self, path: &str) -> Result<PathBuf, ApiError> {
-        let Some(root) = &self.config.workspace_root else {
-            return Err(ApiError::unprocessable(
-                "host workspaces are disabled; start airlockd with --workspace-root DIR to allow directories beneath DIR",
-            ));
-        };
-        let requested = PathBuf::from(path);
-        let resolved = std::fs::canonicalize(&requested)
-            .ok()
-            .filter(|p| requested.is_absolute() && p.is_dir());
-        match resolved {
-            Some(resolved) if resolved.starts_with(root) => Ok(resolved),
-            Some(_) => Err(ApiError::unprocessable(format!(
-                "workspace {path} is not beneath the daemon's --workspace-root {}",
-                root.display()
-            ))),
-            None => Err(ApiError::unprocessable(format!(
-                "workspace {path} is not an absolute path to a host directory"
-            ))),
-        }
-    }
-}
-
 /// Tags this daemon's sandboxes (their cgroups) by its state directory, so that daemons
 /// sharing a host never sweep each other's.
 fn owner_tag(state_dir: &std::path::Path) -> String {
@@ -700,6 +743,8 @@ fn owner_tag(state_dir: &std::path::Path) -> String {
     auth::hash_secret(&canonical.to_string_lossy())[..12].to_owned()
 }
 
+/// Whether the agent behind `socket` answers `GET /health` with a success status.
+/// Blocking, with a short timeout: used once per sandbox at start-up.
 fn agent_answers(socket: &std::path::Path) -> bool {
     use std::io::{Read, Write};
     let Ok(mut stream) = std::os::unix::net::UnixStream::connect(socket) else {
@@ -747,36 +792,6 @@ fn view(row: &SandboxRow, state: SandboxState) -> Sandbox {
         created_at_ms: row.created_ms,
         expires_at_ms: row.deadline_ms,
     }
-}
-
-fn check_min(name: &str, value: Option<u64>, min: u64) -> Result<(), ApiError> {
-    match value {
-        Some(v) if v < min => Err(ApiError::unprocessable(format!(
-            "{name} must be at least {min}, got {v}"
-        ))),
-        _ => Ok(()),
-    }
-}
-
-fn check_map(
-    name: &str,
-    map: &BTreeMap<String, String>,
-    max_entries: usize,
-    key_ok: impl Fn(&str) -> bool,
-) -> Result<(), ApiError> {
-    if map.len() > max_entries {
-        return Err(ApiError::unprocessable(format!(
-            "{name} has more than {max_entries} entries"
-        )));
-    }
-    for (key, value) in map {
-        if !key_ok(key) || value.contains('\0') || value.len() > 32 << 10 {
-            return Err(ApiError::unprocessable(format!(
-                "{name} entry {key:?} is not allowed"
-            )));
-        }
-    }
-    Ok(())
 }
 
 fn runtime_error(err: &RuntimeError) -> ApiError {

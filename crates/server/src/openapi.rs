@@ -79,9 +79,14 @@ fn operation(
     op.insert("summary".into(), json!(route.summary));
     let mut parameters = Vec::new();
     if route.path.contains("{id}") {
+        let description = if route.path.starts_with("/v1/approvals/") {
+            "The approval id, from `GET /v1/approvals`."
+        } else {
+            "The sandbox id."
+        };
         parameters.push(json!({
             "name": "id", "in": "path", "required": true,
-            "description": "The sandbox id.", "schema": { "type": "string" }
+            "description": description, "schema": { "type": "string" }
         }));
     }
     if route.path.contains("{rest}") {

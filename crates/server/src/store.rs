@@ -2,7 +2,8 @@
 //!
 //! Tables: `sandboxes` (one row per sandbox that exists or is being created or removed),
 //! `templates`, `api_keys` (SHA-256 of each key, never the key) and `events` (an append-only
-//! log). The schema version is `PRAGMA user_version`. WAL with `synchronous=NORMAL` keeps each
+//! log). The schema version is `PRAGMA user_version`; an older store is migrated in place
+//! (version 2 added `sandboxes.egress`). WAL with `synchronous=NORMAL` keeps each
 //! write one `write(2)`; a crash can lose the last transactions but never corrupts the file,
 //! and start-up reconciles rows with what really runs (see `lifecycle`).
 
@@ -14,7 +15,7 @@ use airlock_api::v1::{CreateSandboxRequest, Event, Template};
 use rusqlite::{Connection, OptionalExtension, params};
 
 /// The schema this build writes.
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -24,7 +25,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     token_hash  TEXT NOT NULL,
     live        TEXT,
     created_ms  INTEGER NOT NULL,
-    deadline_ms INTEGER NOT NULL
+    deadline_ms INTEGER NOT NULL,
+    egress      TEXT
 );
 CREATE TABLE IF NOT EXISTS templates (
     name        TEXT PRIMARY KEY,
@@ -124,6 +126,9 @@ pub struct SandboxRow {
     pub live: Option<String>,
     pub created_ms: u64,
     pub deadline_ms: u64,
+    /// A `proxy`-mode sandbox's egress state as JSON (its credential placeholders, never a
+    /// secret), so that a restarted daemon keeps what the sandbox's environment holds.
+    pub egress: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,8 +168,19 @@ impl Store {
         if found > SCHEMA_VERSION {
             return Err(StoreError::TooNew { found });
         }
-        conn.execute_batch(SCHEMA)?;
-        conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+        // Version 1 had no `egress` column; CREATE TABLE IF NOT EXISTS leaves its table alone.
+        let sandboxes_exist: bool = conn.query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'sandboxes'",
+            [],
+            |row| row.get::<_, i64>(0).map(|n| n > 0),
+        )?;
+        let tx = conn.unchecked_transaction()?;
+        tx.execute_batch(SCHEMA)?;
+        if sandboxes_exist && found < 2 {
+            tx.execute_batch("ALTER TABLE sandboxes ADD COLUMN egress TEXT")?;
+        }
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+        tx.commit()?;
         // The event log is for operators, not an archive: keep its last 100 000 entries.
         conn.execute(
             "DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?1",
@@ -219,8 +235,9 @@ impl Store {
             )?;
         }
         tx.execute(
-            "INSERT INTO sandboxes (id, state, request, token_hash, live, created_ms, deadline_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            "INSERT INTO sandboxes
+                (id, state, request, token_hash, live, created_ms, deadline_ms, egress)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             params![
                 row.id,
                 row.state.as_str(),
@@ -228,7 +245,8 @@ impl Store {
                 row.token_hash,
                 row.live,
                 to_sql(row.created_ms),
-                to_sql(row.deadline_ms)
+                to_sql(row.deadline_ms),
+                row.egress
             ],
         )?;
         tx.commit()?;
@@ -281,6 +299,42 @@ impl Store {
         Ok(changed == 1)
     }
 
+    /// Stores a sandbox's egress state (JSON). Returns false if the row is gone.
+    pub fn set_egress(&self, id: &str, egress: &str) -> Result<bool, StoreError> {
+        let changed = self.conn().execute(
+            "UPDATE sandboxes SET egress = ?2 WHERE id = ?1",
+            params![id, egress],
+        )?;
+        Ok(changed == 1)
+    }
+
+    /// Stores a hot-reloaded request (its policy) and egress state, with an event, in one
+    /// transaction. Returns false if the row is gone.
+    pub fn set_policy_noting(
+        &self,
+        id: &str,
+        request: &CreateSandboxRequest,
+        egress: &str,
+        event: (&str, &str),
+    ) -> Result<bool, StoreError> {
+        let request = serde_json::to_string(request).map_err(|source| StoreError::Corrupt {
+            id: id.to_owned(),
+            source,
+        })?;
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let changed = tx.execute(
+            "UPDATE sandboxes SET request = ?2, egress = ?3 WHERE id = ?1",
+            params![id, request, egress],
+        )?;
+        tx.execute(
+            "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
+            params![to_sql(now_ms()), id, event.0, event.1],
+        )?;
+        tx.commit()?;
+        Ok(changed == 1)
+    }
+
     pub fn delete_sandbox(&self, id: &str) -> Result<(), StoreError> {
         self.conn()
             .execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
@@ -291,7 +345,7 @@ impl Store {
         let raw = self
             .conn()
             .query_row(
-                "SELECT id, state, request, token_hash, live, created_ms, deadline_ms
+                "SELECT id, state, request, token_hash, live, created_ms, deadline_ms, egress
                  FROM sandboxes WHERE id = ?1",
                 params![id],
                 raw_row,
@@ -305,7 +359,7 @@ impl Store {
         let raws = {
             let conn = self.conn();
             let mut stmt = conn.prepare(
-                "SELECT id, state, request, token_hash, live, created_ms, deadline_ms
+                "SELECT id, state, request, token_hash, live, created_ms, deadline_ms, egress
                  FROM sandboxes ORDER BY created_ms, id",
             )?;
             let rows = stmt.query_map([], raw_row)?;
@@ -430,6 +484,7 @@ struct RawRow {
     live: Option<String>,
     created_ms: i64,
     deadline_ms: i64,
+    egress: Option<String>,
 }
 
 fn raw_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
@@ -441,6 +496,7 @@ fn raw_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
         live: row.get(4)?,
         created_ms: row.get(5)?,
         deadline_ms: row.get(6)?,
+        egress: row.get(7)?,
     })
 }
 
@@ -459,6 +515,7 @@ impl RawRow {
             live: self.live,
             created_ms: from_sql(self.created_ms),
             deadline_ms: from_sql(self.deadline_ms),
+            egress: self.egress,
         })
     }
 }
@@ -513,6 +570,7 @@ mod tests {
             live: None,
             created_ms: 5,
             deadline_ms: 10,
+            egress: None,
         };
         store.insert_sandbox(&row).unwrap();
         assert!(store.insert_sandbox(&row).is_err(), "ids are unique");
@@ -521,6 +579,9 @@ mod tests {
         row.state = RowState::Running;
         row.live = Some("{}".into());
         row.deadline_ms = 20;
+        assert_eq!(store.get_sandbox("abc").unwrap(), Some(row.clone()));
+        assert!(store.set_egress("abc", "{\"placeholders\":{}}").unwrap());
+        row.egress = Some("{\"placeholders\":{}}".into());
         assert_eq!(store.get_sandbox("abc").unwrap(), Some(row.clone()));
         assert_eq!(store.list_sandboxes().unwrap(), vec![row]);
         store.delete_sandbox("abc").unwrap();
@@ -547,6 +608,37 @@ mod tests {
         let templates = store.list_templates().unwrap();
         assert_eq!(templates.len(), 1);
         assert_eq!(templates[0].name, BASE_TEMPLATE);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn test_version_1_store_is_migrated_in_place() {
+        let (store, dir) = temp_store();
+        drop(store);
+        let path = dir.join("airlock.db");
+        {
+            // The version-1 table: no `egress` column.
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "DROP TABLE sandboxes;
+                 CREATE TABLE sandboxes (id TEXT PRIMARY KEY, state TEXT NOT NULL, request TEXT NOT NULL,
+                    token_hash TEXT NOT NULL, live TEXT, created_ms INTEGER NOT NULL,
+                    deadline_ms INTEGER NOT NULL);
+                 INSERT INTO sandboxes VALUES ('old', 'running', '{}', 'h', '{}', 1, 2);
+                 PRAGMA user_version = 1;",
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let row = store.get_sandbox("old").unwrap().unwrap();
+        assert_eq!((row.state, row.egress), (RowState::Running, None));
+        assert!(store.set_egress("old", "{}").unwrap());
+        drop(store);
+        let store = Store::open(&path).unwrap();
+        assert_eq!(
+            store.get_sandbox("old").unwrap().unwrap().egress.as_deref(),
+            Some("{}")
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -36,6 +36,10 @@ fn test_document_covers_every_route_and_error_schema() {
         ("/v1/sandboxes/{id}", &["get", "delete"]),
         ("/v1/sandboxes/{id}/timeout", &["post"]),
         ("/v1/sandboxes/{id}/logs", &["get"]),
+        ("/v1/sandboxes/{id}/events", &["get"]),
+        ("/v1/sandboxes/{id}/policy", &["put"]),
+        ("/v1/approvals", &["get"]),
+        ("/v1/approvals/{id}", &["post"]),
         ("/v1/sandboxes/{id}/exec", &["post"]),
         ("/v1/sandboxes/{id}/files", &["get", "put", "delete"]),
         ("/v1/sandboxes/{id}/files/list", &["get"]),
@@ -59,6 +63,10 @@ fn test_document_covers_every_route_and_error_schema() {
         "Sandbox",
         "ExecEvent",
         "FileEntry",
+        "PolicyDocument",
+        "PolicyApplied",
+        "Approval",
+        "AuditRecord",
     ] {
         assert!(schemas.contains_key(name), "schema {name} missing");
     }

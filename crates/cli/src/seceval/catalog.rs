@@ -207,6 +207,9 @@ pub struct Case {
     pub interact: Option<Interact>,
     #[serde(default)]
     pub post: Vec<Post>,
+    /// Run the sandbox from a caller that leaked descriptors 7 and 8 (no close-on-exec).
+    #[serde(default)]
+    pub leak_descriptors: bool,
     /// Why the bwrap baseline cannot run this case, if it cannot.
     #[serde(default)]
     pub baseline_na: Option<String>,
@@ -277,9 +280,7 @@ impl Catalog {
                 }
                 _ => {}
             }
-            if case.via != Via::Run
-                && case.proofs.iter().any(|p| !p.ablate.is_empty())
-            {
+            if case.via != Via::Run && case.proofs.iter().any(|p| !p.ablate.is_empty()) {
                 return Err(bad("only `airlock run` cases can take layers away".into()));
             }
             for arg in case.probe.iter().chain(&case.sandbox) {
@@ -297,7 +298,7 @@ impl Catalog {
         Ok(())
     }
 
-    pub fn group_title(&self, id: &str) -> &str {
+    pub fn group_title<'a>(&'a self, id: &'a str) -> &'a str {
         self.groups
             .iter()
             .find(|g| g.id == id)
@@ -377,7 +378,11 @@ pub enum Pattern {
 impl Pattern {
     /// `ok`, `ok=DETAIL`, `ok~PART`, `errno NAME`, `killed SIGNAME`, `exit N`, `http STATUS`.
     pub fn parse(text: &str) -> Result<Pattern, String> {
-        let bad = || format!("`{text}` is not an outcome (ok, ok=X, ok~X, errno NAME, killed SIG, exit N, http N)");
+        let bad = || {
+            format!(
+                "`{text}` is not an outcome (ok, ok=X, ok~X, errno NAME, killed SIG, exit N, http N)"
+            )
+        };
         if text == "ok" {
             return Ok(Pattern::OkAny);
         }
@@ -426,7 +431,9 @@ impl Pattern {
             Pattern::Killed(n) => format!("killed by {}", signal_name(*n)),
             Pattern::Exit(n) => format!("exit {n}"),
             Pattern::Http(s) => format!("HTTP {s}"),
-            Pattern::OkAny | Pattern::OkExact(_) | Pattern::OkContains(_) => "none (observed)".into(),
+            Pattern::OkAny | Pattern::OkExact(_) | Pattern::OkContains(_) => {
+                "none (observed)".into()
+            }
         }
     }
 }
@@ -520,12 +527,18 @@ mod tests {
 
     #[test]
     fn test_outcomes_parse_from_probe_output_and_exit_status() {
-        assert_eq!(Outcome::from_probe("errno 13 EACCES\n", Some(0), None), Outcome::Errno(13));
+        assert_eq!(
+            Outcome::from_probe("errno 13 EACCES\n", Some(0), None),
+            Outcome::Errno(13)
+        );
         assert_eq!(
             Outcome::from_probe("started\nok forked 3 errno 11\n", Some(0), None),
             Outcome::Ok("forked 3 errno 11".into())
         );
-        assert_eq!(Outcome::from_probe("", Some(159), None), Outcome::Killed(31));
+        assert_eq!(
+            Outcome::from_probe("", Some(159), None),
+            Outcome::Killed(31)
+        );
         assert_eq!(Outcome::from_probe("", Some(124), None), Outcome::Exit(124));
         assert_eq!(Outcome::from_probe("", None, Some(9)), Outcome::Killed(9));
     }
@@ -535,9 +548,21 @@ mod tests {
         let errno = Pattern::parse("errno EACCES").unwrap();
         assert!(errno.matches(&Outcome::Errno(13)));
         assert!(!errno.matches(&Outcome::Errno(30)));
-        assert!(Pattern::parse("ok~errno 11").unwrap().matches(&Outcome::Ok("forked 3 errno 11".into())));
-        assert!(!Pattern::parse("ok=0,1,2").unwrap().matches(&Outcome::Ok("0,1,2,7".into())));
-        assert!(Pattern::parse("killed SIGSYS").unwrap().matches(&Outcome::Killed(31)));
+        assert!(
+            Pattern::parse("ok~errno 11")
+                .unwrap()
+                .matches(&Outcome::Ok("forked 3 errno 11".into()))
+        );
+        assert!(
+            !Pattern::parse("ok=0,1,2")
+                .unwrap()
+                .matches(&Outcome::Ok("0,1,2,7".into()))
+        );
+        assert!(
+            Pattern::parse("killed SIGSYS")
+                .unwrap()
+                .matches(&Outcome::Killed(31))
+        );
         let err = Pattern::parse("errno EWHATEVER").unwrap_err();
         assert!(err.contains("EWHATEVER"), "{err}");
     }

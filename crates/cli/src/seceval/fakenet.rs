@@ -56,11 +56,37 @@ impl FakeNet {
             "netns", &client,
         ])?;
         for (ns, dev, addresses) in [
-            (&net, &net_if, ["169.254.169.254/16", "10.53.0.53/24", "198.51.100.7/24", "fd00:ec2::254/64"]),
-            (&client, &client_if, ["169.254.1.1/16", "10.53.0.1/24", "198.51.100.1/24", "fd00:ec2::1/64"]),
+            (
+                &net,
+                &net_if,
+                [
+                    "169.254.169.254/16",
+                    "10.53.0.53/24",
+                    "198.51.100.7/24",
+                    "fd00:ec2::254/64",
+                ],
+            ),
+            (
+                &client,
+                &client_if,
+                [
+                    "169.254.1.1/16",
+                    "10.53.0.1/24",
+                    "198.51.100.1/24",
+                    "fd00:ec2::1/64",
+                ],
+            ),
         ] {
             for address in addresses {
-                let mut args = vec!["-n", ns.as_str(), "addr", "add", address, "dev", dev.as_str()];
+                let mut args = vec![
+                    "-n",
+                    ns.as_str(),
+                    "addr",
+                    "add",
+                    address,
+                    "dev",
+                    dev.as_str(),
+                ];
                 if address.contains(':') {
                     args.push("nodad");
                 }

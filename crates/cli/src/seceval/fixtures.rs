@@ -17,11 +17,23 @@ use anyhow::Context;
 /// Credentials planted in the fake home, world-readable on purpose: file modes must not be
 /// what keeps them from the sandbox.
 pub const HOME_SECRETS: &[(&str, &str)] = &[
-    (".ssh/id_ed25519", "-----BEGIN OPENSSH PRIVATE KEY----- seceval\n"),
-    (".aws/credentials", "[default]\naws_secret_access_key = seceval\n"),
-    (".config/gh/hosts.yml", "github.com:\n  oauth_token: gho_seceval\n"),
+    (
+        ".ssh/id_ed25519",
+        "-----BEGIN OPENSSH PRIVATE KEY----- seceval\n",
+    ),
+    (
+        ".aws/credentials",
+        "[default]\naws_secret_access_key = seceval\n",
+    ),
+    (
+        ".config/gh/hosts.yml",
+        "github.com:\n  oauth_token: gho_seceval\n",
+    ),
     (".netrc", "machine example.com login x password seceval\n"),
-    (".docker/config.json", "{\"auths\":{\"x\":{\"auth\":\"c2VjZXZhbA==\"}}}\n"),
+    (
+        ".docker/config.json",
+        "{\"auths\":{\"x\":{\"auth\":\"c2VjZXZhbA==\"}}}\n",
+    ),
     (".bashrc", "# seceval\n"),
 ];
 
@@ -78,9 +90,13 @@ impl Fixtures {
             ("victim", format!("{scratch_text}/victim")),
             ("hostpid", std::process::id().to_string()),
             ("home", fixtures.home.display().to_string()),
-            ("late", fixtures.late_home.join(".netrc").display().to_string()),
+            (
+                "late",
+                fixtures.late_home.join(".netrc").display().to_string(),
+            ),
             ("ready", format!("{scratch_text}/late-ready")),
             ("suid", format!("{scratch_text}/probe-suid")),
+            ("blockdev", block_device()),
         ] {
             fixtures.values.insert(name.to_owned(), value);
         }
@@ -106,7 +122,11 @@ impl Fixtures {
 
     /// Writes the late credential and then the marker the probe waits for.
     pub fn plant_late_secret(&self) -> anyhow::Result<()> {
-        write_file(&self.late_home.join(".netrc"), "machine late password seceval\n", 0o644)?;
+        write_file(
+            &self.late_home.join(".netrc"),
+            "machine late password seceval\n",
+            0o644,
+        )?;
         write_file(&self.scratch.join("late-ready"), "", 0o644)
     }
 
@@ -119,7 +139,8 @@ impl Fixtures {
     /// A set-user-id root copy of the probe.
     pub fn plant_setuid(&self, probe: &Path) -> anyhow::Result<()> {
         let target = self.scratch.join("probe-suid");
-        fs::copy(probe, &target).with_context(|| format!("copying the probe to {}", target.display()))?;
+        fs::copy(probe, &target)
+            .with_context(|| format!("copying the probe to {}", target.display()))?;
         set_mode(&target, 0o4755)
     }
 
@@ -152,7 +173,8 @@ impl Fixtures {
             ("worldsock", self.scratch.join("world.sock")),
         ] {
             let _ = fs::remove_file(&path);
-            let listener = UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
+            let listener =
+                UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
             set_mode(&path, 0o777)?;
             self.count_unix(listener);
             self.set(name, path.display().to_string());
@@ -163,7 +185,8 @@ impl Fixtures {
     /// A listener on the host's own non-loopback IPv4 address (for `{lan}`), if it has one.
     pub fn start_lan_sink(&mut self) -> anyhow::Result<()> {
         let address = host_global_ipv4().context("the host has no global IPv4 address")?;
-        let listener = TcpListener::bind((address.as_str(), 0)).with_context(|| format!("binding {address}:0"))?;
+        let listener = TcpListener::bind((address.as_str(), 0))
+            .with_context(|| format!("binding {address}:0"))?;
         self.set("lan", listener.local_addr()?.to_string());
         self.count_tcp(listener);
         Ok(())
@@ -209,7 +232,10 @@ impl Fixtures {
     }
 
     /// Creates the host workspace of an attempt when the attempt names it.
-    pub fn prepare_workspace(values: &BTreeMap<String, String>, args: &[String]) -> anyhow::Result<()> {
+    pub fn prepare_workspace(
+        values: &BTreeMap<String, String>,
+        args: &[String],
+    ) -> anyhow::Result<()> {
         if let Some(workspace) = values.get("hostws")
             && args.iter().any(|a| a.contains(workspace.as_str()))
         {
@@ -231,10 +257,20 @@ impl Drop for Fixtures {
     }
 }
 
+/// A block device node of the host (its disk, if it has one of the usual names).
+fn block_device() -> String {
+    ["vda", "sda", "nvme0n1", "xvda", "mmcblk0", "loop0"]
+        .iter()
+        .map(|name| format!("/dev/{name}"))
+        .find(|path| Path::new(path).exists())
+        .unwrap_or_else(|| "/dev/vda".to_owned())
+}
+
 fn abstract_listener(name: &str) -> anyhow::Result<UnixListener> {
     use std::os::linux::net::SocketAddrExt;
     let address = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
-    UnixListener::bind_addr(&address).with_context(|| format!("binding the abstract socket @{name}"))
+    UnixListener::bind_addr(&address)
+        .with_context(|| format!("binding the abstract socket @{name}"))
 }
 
 /// The host's own address on its default route: the source address the kernel picks for a
@@ -247,7 +283,11 @@ fn host_global_ipv4() -> Option<String> {
 }
 
 /// Replaces every `{name}` in `text` with its value; an unknown name is an error naming it.
-pub fn expand(text: &str, values: &BTreeMap<String, String>, policies: &BTreeMap<String, PathBuf>) -> anyhow::Result<String> {
+pub fn expand(
+    text: &str,
+    values: &BTreeMap<String, String>,
+    policies: &BTreeMap<String, PathBuf>,
+) -> anyhow::Result<String> {
     let mut out = String::new();
     let mut rest = text;
     while let Some(start) = rest.find('{') {
@@ -261,7 +301,9 @@ pub fn expand(text: &str, values: &BTreeMap<String, String>, policies: &BTreeMap
             Some(policy) => policies.get(policy).map(|p| p.display().to_string()),
             None => values.get(name).cloned(),
         };
-        out.push_str(&value.with_context(|| format!("`{{{name}}}` is not available on this host"))?);
+        out.push_str(
+            &value.with_context(|| format!("`{{{name}}}` is not available on this host"))?,
+        );
         rest = &after[end + 1..];
     }
     out.push_str(rest);

@@ -6,6 +6,7 @@
 //! (an early error) is drained up to the JSON cap before the answer, so that a keep-alive
 //! connection stays usable.
 
+mod egress;
 mod exec;
 mod files;
 mod sandboxes;
@@ -60,6 +61,10 @@ pub enum Handler {
     DeleteSandbox,
     SetTimeout,
     Logs,
+    Events,
+    PutPolicy,
+    ListApprovals,
+    DecideApproval,
     Exec,
     FileGet,
     FilePut,
@@ -112,7 +117,7 @@ macro_rules! route {
 }
 
 /// Every endpoint of the daemon.
-pub static ROUTES: [Route; 17] = [
+pub static ROUTES: [Route; 21] = [
     route!(
         Some(Method::GET),
         "/v1/health",
@@ -219,6 +224,69 @@ pub static ROUTES: [Route; 17] = [
         200,
         Payload::Json(schema::<v1::SandboxLogs>),
         &[404]
+    ),
+    route!(
+        Some(Method::GET),
+        "/v1/sandboxes/{id}/events",
+        Events,
+        ApiKey,
+        "The sandbox's audit lines (egress, credentials, approvals, policy, files) and lifecycle events, oldest first; secrets and placeholders are redacted.",
+        &[
+            (
+                "since_ms",
+                false,
+                "Only events at or after this Unix time in ms (the previous answer's next_since_ms)."
+            ),
+            (
+                "limit",
+                false,
+                "At most this many events (default 1000, at most 10000)."
+            )
+        ],
+        Payload::None,
+        200,
+        Payload::Json(schema::<v1::SandboxEvents>),
+        &[400, 404]
+    ),
+    route!(
+        Some(Method::PUT),
+        "/v1/sandboxes/{id}/policy",
+        PutPolicy,
+        ApiKey,
+        "Replace a proxy-mode sandbox's network, credentials and approvals at once; 409 if the change widens access in a way that needs review and approve is not true, 422 if invalid (the old policy stays).",
+        &[(
+            "approve",
+            false,
+            "true: apply a change whose findings need review."
+        )],
+        Payload::Json(schema::<airlock_api::policy::PolicyDocument>),
+        200,
+        Payload::Json(schema::<v1::PolicyApplied>),
+        &[400, 404, 409, 413, 422, 503]
+    ),
+    route!(
+        Some(Method::GET),
+        "/v1/approvals",
+        ListApprovals,
+        ApiKey,
+        "Requests held under approvals: ask, waiting for a decision, oldest first.",
+        &[("sandbox", false, "Only this sandbox's.")],
+        Payload::None,
+        200,
+        Payload::Json(schema::<v1::ApprovalList>),
+        &[400, 404]
+    ),
+    route!(
+        Some(Method::POST),
+        "/v1/approvals/{id}",
+        DecideApproval,
+        ApiKey,
+        "Answer a held request: once, always (identical requests while the sandbox lives) or deny.",
+        &[],
+        Payload::Json(schema::<v1::DecideApprovalRequest>),
+        204,
+        Payload::None,
+        &[400, 404, 413]
     ),
     route!(
         Some(Method::POST),
@@ -487,7 +555,7 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
             )?;
         }
     }
-    if route.path.contains("{id}") && !plausible_id(&id) {
+    if route.path.starts_with("/v1/sandboxes/{id}") && !plausible_id(&id) {
         return Err(ApiError::no_sandbox(&id));
     }
     ctx.id = id;
@@ -501,14 +569,40 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
         Handler::DeleteSandbox => sandboxes::delete(ctx).await,
         Handler::SetTimeout => sandboxes::set_timeout(ctx).await,
         Handler::Logs => sandboxes::logs(ctx),
+        Handler::Events => egress::events(ctx),
+        Handler::PutPolicy => egress::put_policy(ctx).await,
+        Handler::ListApprovals => egress::list_approvals(ctx),
+        Handler::DecideApproval => egress::decide_approval(ctx).await,
         Handler::Exec => exec::exec(ctx).await,
-        Handler::FileGet => files::get(ctx).await,
-        Handler::FilePut => files::put(ctx).await,
-        Handler::FileRemove => files::remove(ctx).await,
-        Handler::FileList => files::list(ctx).await,
-        Handler::FileStat => files::stat(ctx).await,
-        Handler::FileMkdir => files::mkdir(ctx).await,
-        Handler::FileMove => files::rename(ctx).await,
+        Handler::FileGet
+        | Handler::FilePut
+        | Handler::FileRemove
+        | Handler::FileList
+        | Handler::FileStat
+        | Handler::FileMkdir
+        | Handler::FileMove => {
+            let result = match route.handler {
+                Handler::FileGet => files::get(ctx).await,
+                Handler::FilePut => files::put(ctx).await,
+                Handler::FileRemove => files::remove(ctx).await,
+                Handler::FileList => files::list(ctx).await,
+                Handler::FileStat => files::stat(ctx).await,
+                Handler::FileMkdir => files::mkdir(ctx).await,
+                _ => files::rename(ctx).await,
+            };
+            if let Err(err) = &result
+                && err.code == ErrorCode::PermissionDenied
+            {
+                let path = ctx.query().into_iter().find(|(k, _)| k == "path");
+                ctx.daemon.audit.file_denied(
+                    &ctx.id,
+                    ctx.parts.method.as_str(),
+                    path.as_ref().map(|(_, v)| v.as_str()),
+                    &err.message,
+                );
+            }
+            result
+        }
         Handler::Envd => {
             let agent = ctx.daemon.agent(&ctx.id)?;
             let body = ctx.take_body()?;

@@ -1,0 +1,354 @@
+//! The control-plane cases: a daemon (`airlock serve`) the suite starts on loopback with a
+//! state directory of its own, its long-lived sandboxes, and the host-side scenarios that
+//! attack its API and the agent's file API (races included). Everything is removed on drop.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use airlock_api::v1::{CreateSandboxRequest, ExecRequest};
+use airlock_server::client::{Client, ClientError};
+use anyhow::{Context, bail};
+
+use super::catalog::Outcome;
+use super::runner::Env;
+
+/// A variable in the daemon's own environment that no sandbox may see.
+pub const DAEMON_SECRET_VAR: &str = "AIRLOCK_SECEVAL_DAEMON_SECRET";
+
+#[derive(Debug)]
+pub struct Daemon {
+    child: Child,
+    state: PathBuf,
+    client: Client,
+    runtime: tokio::runtime::Runtime,
+    /// Sandbox A (where probes run), B (another tenant) and C (for attacks that may wedge
+    /// its agent), with their access tokens.
+    sandboxes: Vec<(String, String)>,
+}
+
+impl Daemon {
+    pub fn start(airlock: &Path) -> anyhow::Result<Daemon> {
+        let state = PathBuf::from(format!(
+            "/var/tmp/airlock-seceval-{}-daemon",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&state);
+        let keys = Command::new(airlock)
+            .args(["keys", "--state-dir"])
+            .arg(&state)
+            .args(["create", "seceval"])
+            .stdin(Stdio::null())
+            .output()
+            .context("creating an API key")?;
+        if !keys.status.success() {
+            bail!(
+                "airlock keys create: {}",
+                String::from_utf8_lossy(&keys.stderr).trim()
+            );
+        }
+        let key = String::from_utf8_lossy(&keys.stdout).trim().to_owned();
+        let mut child = Command::new(airlock)
+            .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(&state)
+            .env(DAEMON_SECRET_VAR, "seceval-daemon-secret")
+            .env("AIRLOCK_API_KEY", &key)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting airlock serve")?;
+        let mut line = String::new();
+        if let Some(stdout) = child.stdout.take() {
+            BufReader::new(stdout).read_line(&mut line)?;
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let address = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .map(str::to_owned);
+        let mut daemon = Daemon {
+            child,
+            state,
+            client: Client::new(
+                address.as_deref().unwrap_or("http://127.0.0.1:1"),
+                Some(key),
+            )?,
+            runtime,
+            sandboxes: Vec::new(),
+        };
+        if address.is_none() {
+            bail!("airlock serve did not start: {}", line.trim());
+        }
+        for _ in 0..3 {
+            let request = CreateSandboxRequest {
+                timeout_ms: Some(30 * 60 * 1000),
+                ..CreateSandboxRequest::default()
+            };
+            let created = daemon.runtime.block_on(daemon.client.create(&request))?;
+            daemon
+                .sandboxes
+                .push((created.sandbox.id, created.access_token));
+        }
+        Ok(daemon)
+    }
+
+    fn id(&self, index: usize) -> &str {
+        self.sandboxes.get(index).map_or("", |(id, _)| id.as_str())
+    }
+
+    pub fn values(&self) -> Vec<(&'static str, String)> {
+        let state = self.state.display().to_string();
+        vec![
+            (
+                "agentsock",
+                format!("{state}/sandboxes/{}/agent.sock", self.id(0)),
+            ),
+            ("state", state),
+        ]
+    }
+
+    /// Runs the probe in sandbox A and reads its verdict.
+    pub fn exec_probe(&self, probe: &Path, args: &[String]) -> anyhow::Result<Outcome> {
+        let mut argv = vec![probe.display().to_string()];
+        argv.extend(args.iter().cloned());
+        self.exec(0, argv)
+            .map(|(stdout, code)| Outcome::from_probe(&stdout, Some(code), None))
+    }
+
+    fn exec(&self, index: usize, argv: Vec<String>) -> anyhow::Result<(String, i32)> {
+        let request = ExecRequest {
+            argv: Some(argv),
+            timeout_ms: Some(60_000),
+            ..ExecRequest::default()
+        };
+        let output = self
+            .runtime
+            .block_on(self.client.exec_collect(self.id(index), &request))?;
+        Ok((
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            output.exit_code,
+        ))
+    }
+
+    /// A host-side attack on the daemon or the agent's file API.
+    pub fn scenario(&self, name: &str, env: &Env) -> anyhow::Result<Outcome> {
+        let probe = env.probe.display().to_string();
+        let a = self.id(0).to_owned();
+        match name {
+            "token-cross" => {
+                let anonymous = Client::new(&self.client.base_url(), None)?;
+                let token_a = self.sandboxes.first().map(|(_, t)| t.clone());
+                let with_a = anonymous.with_access_token(token_a);
+                let echo = ExecRequest {
+                    argv: Some(vec!["true".into()]),
+                    ..ExecRequest::default()
+                };
+                // Control: the token opens its own sandbox.
+                self.runtime
+                    .block_on(with_a.exec_collect(&a, &echo))
+                    .context("sandbox A's token does not open sandbox A")?;
+                Ok(api_outcome(
+                    self.runtime
+                        .block_on(with_a.exec_collect(self.id(1), &echo)),
+                ))
+            }
+            "no-key" => {
+                let anonymous = Client::new(&self.client.base_url(), None)?;
+                Ok(api_outcome(
+                    self.runtime
+                        .block_on(anonymous.list(&[], &Default::default())),
+                ))
+            }
+            "oversized-body" => {
+                let request = CreateSandboxRequest {
+                    metadata: [("x".to_owned(), "a".repeat(2 << 20))].into(),
+                    ..CreateSandboxRequest::default()
+                };
+                Ok(api_outcome(
+                    self.runtime.block_on(self.client.create(&request)),
+                ))
+            }
+            "file-symlink-read" => {
+                let secret = format!("{}/.ssh/id_ed25519", env.fixtures.home.display());
+                self.exec(
+                    0,
+                    vec![
+                        probe,
+                        "symlink-read".into(),
+                        secret,
+                        "/workspace/seceval-key".into(),
+                    ],
+                )?;
+                Ok(api_outcome(self.runtime.block_on(
+                    self.client.read_file(&a, "/workspace/seceval-key"),
+                )))
+            }
+            "file-symlink-write" => {
+                let victim = env.fixtures.scratch.join("victim");
+                self.exec(
+                    0,
+                    vec![
+                        probe,
+                        "symlink-read".into(),
+                        victim.display().to_string(),
+                        "/workspace/seceval-out".into(),
+                    ],
+                )?;
+                let answer = self.runtime.block_on(self.client.write_file(
+                    &a,
+                    "/workspace/seceval-out",
+                    "pwned\n",
+                ));
+                if std::fs::read_to_string(&victim).unwrap_or_default() != "fixture\n" {
+                    return Ok(Outcome::Ok("the host file changed".into()));
+                }
+                Ok(api_outcome(answer))
+            }
+            "file-traversal" => {
+                let mut last = Outcome::Hung;
+                for path in [
+                    "/workspace/../../etc/shadow",
+                    "../../../../etc/shadow",
+                    "/workspace/%2e%2e/etc/shadow",
+                    "/proc/1/root/etc/shadow",
+                ] {
+                    last = api_outcome(self.runtime.block_on(self.client.read_file(&a, path)));
+                    if last.is_ok() {
+                        return Ok(Outcome::Ok(format!("read {path}")));
+                    }
+                }
+                Ok(last)
+            }
+            "file-rename-race" => self.rename_race(env, &probe),
+            "file-fifo-swap" => self.fifo_swap(&probe),
+            "kill-agent" => {
+                let (out, _) = self.exec(0, vec![probe, "kill".into(), "1".into(), "9".into()])?;
+                let alive = self.exec(0, vec!["true".into()]).is_ok();
+                Ok(Outcome::Ok(if alive {
+                    "alive".into()
+                } else {
+                    format!("agent gone after {}", out.trim())
+                }))
+            }
+            other => bail!("unknown scenario `{other}`"),
+        }
+    }
+
+    /// The workload swaps `/workspace/race` between a directory and a symlink to a host
+    /// directory while the API uploads into it; nothing may land on the host.
+    fn rename_race(&self, env: &Env, probe: &str) -> anyhow::Result<Outcome> {
+        let a = self.id(0).to_owned();
+        let target = env.fixtures.scratch.join("race-target");
+        std::fs::create_dir_all(&target)?;
+        self.runtime
+            .block_on(self.client.mkdir(&a, "/workspace/race"))?;
+        let racer = ExecRequest {
+            argv: Some(vec![
+                probe.to_owned(),
+                "rename-race".into(),
+                "/workspace/race".into(),
+                target.display().to_string(),
+                "3".into(),
+            ]),
+            timeout_ms: Some(30_000),
+            ..ExecRequest::default()
+        };
+        let client = self.client.clone();
+        let id = a.clone();
+        let mut refused = 0;
+        self.runtime.block_on(async {
+            let race = tokio::spawn(async move { client.exec_collect(&id, &racer).await });
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            for n in 0..60 {
+                let path = format!("/workspace/race/f{n}");
+                if self.client.write_file(&a, &path, "pwned\n").await.is_err() {
+                    refused += 1;
+                }
+            }
+            let _ = race.await;
+        });
+        let landed = std::fs::read_dir(&target).map(|d| d.count()).unwrap_or(0);
+        Ok(Outcome::Ok(format!("landed={landed}"))).inspect(|_| {
+            if std::env::var_os("AIRLOCK_SECEVAL_DEBUG").is_some() {
+                eprintln!("seceval: rename race: {refused} of 60 uploads refused");
+            }
+        })
+    }
+
+    /// The workload swaps a FIFO and a regular file at one path while the API downloads and
+    /// uploads it: an agent that opens a FIFO blocks its only thread. Runs in sandbox C.
+    fn fifo_swap(&self, probe: &str) -> anyhow::Result<Outcome> {
+        let c = self.id(2).to_owned();
+        let racer = ExecRequest {
+            argv: Some(vec![
+                probe.to_owned(),
+                "fifo-race".into(),
+                "/workspace/ff".into(),
+                "4".into(),
+            ]),
+            timeout_ms: Some(30_000),
+            ..ExecRequest::default()
+        };
+        let client = self.client.clone();
+        let id = c.clone();
+        let answered = self.runtime.block_on(async {
+            let race = tokio::spawn(async move { client.exec_collect(&id, &racer).await });
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let mut answered = 0;
+            for n in 0..80 {
+                let attempt = async {
+                    if n % 2 == 0 {
+                        let _ = self.client.read_file(&c, "/workspace/ff").await;
+                    } else {
+                        let _ = self.client.write_file(&c, "/workspace/ff", "x").await;
+                    }
+                };
+                if tokio::time::timeout(Duration::from_secs(10), attempt)
+                    .await
+                    .is_err()
+                {
+                    return None;
+                }
+                answered += 1;
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(20), race).await;
+            Some(answered)
+        });
+        Ok(match answered {
+            Some(n) => Outcome::Ok(format!("answered {n}")),
+            None => Outcome::Hung,
+        })
+    }
+}
+
+/// An API answer as an outcome: success, the OS error behind a refusal when the agent names
+/// one (`... (os error 13)`), else the HTTP status.
+fn api_outcome<T>(result: Result<T, ClientError>) -> Outcome {
+    match result {
+        Ok(_) => Outcome::Ok(String::new()),
+        Err(ClientError::Api {
+            status, message, ..
+        }) => message
+            .rsplit_once("(os error ")
+            .and_then(|(_, rest)| rest.trim_end_matches(')').parse().ok())
+            .map_or(Outcome::Http(status), Outcome::Errno),
+        Err(_) => Outcome::Hung,
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        for (id, _) in std::mem::take(&mut self.sandboxes) {
+            let _ = self.runtime.block_on(self.client.delete(&id));
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}

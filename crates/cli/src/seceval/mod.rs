@@ -1,0 +1,308 @@
+//! `airlock seceval`: the security evaluation. Runs the attack catalog (`catalog.json`) from
+//! inside sandboxes with `airlock-probe`, proves which layer stops each attack, and prints a
+//! scorecard, optionally beside the same attacks under bwrap. docs/seceval.md explains the
+//! method; `--markdown` regenerates it from the catalog.
+//!
+//! Module map: `catalog` (the data and the outcome vocabulary), `fixtures` (host objects the
+//! attacks aim at), `fakenet` (the fake internet in network namespaces), `daemon` (the
+//! control-plane cases), `runner` (one case, its proofs, control and baseline), `report`
+//! (scorecard, JSON, markdown).
+
+mod catalog;
+mod daemon;
+mod fakenet;
+mod fixtures;
+mod report;
+mod runner;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use airlock_runtime::{Ablation, Runtime, Signals};
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+
+use catalog::{Catalog, Need};
+use report::{CaseResult, TierResults};
+use runner::{Env, Verdict};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TierChoice {
+    Process,
+    Container,
+    Microvm,
+    All,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BaselineChoice {
+    Bwrap,
+}
+
+#[derive(Debug, Args)]
+pub struct SecevalArgs {
+    /// The tier to evaluate; `all` reports tiers this build lacks as n/a.
+    #[arg(long, value_enum, default_value = "process")]
+    tier: TierChoice,
+    /// A policy file applied to every case that brings no policy of its own.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+    /// Also write the results as JSON to OUT.
+    #[arg(long, value_name = "OUT")]
+    json: Option<PathBuf>,
+    /// Run the same catalog under a peer sandbox and print both columns.
+    #[arg(long, value_enum)]
+    baseline: Option<BaselineChoice>,
+    /// Print docs/seceval.md, generated from the catalog, and exit.
+    #[arg(long)]
+    markdown: bool,
+    /// Only cases whose id starts with PREFIX (repeatable).
+    #[arg(long = "only", value_name = "PREFIX")]
+    only: Vec<String>,
+    /// The airlock-probe binary (default: beside this one, or $AIRLOCK_PROBE_BIN).
+    #[arg(long, value_name = "PATH")]
+    probe: Option<PathBuf>,
+}
+
+/// `airlock __seceval-run`: `airlock run` with layers taken away, for the proof runs of
+/// `airlock seceval` only. Hidden; the daemon has no way to reach it.
+#[derive(Debug, Args)]
+pub struct EvalRunArgs {
+    /// A layer to take away (`seccomp-tag` marks the filter's answers instead).
+    #[arg(long = "ablate", value_enum)]
+    ablate: Vec<AblateArg>,
+    #[command(flatten)]
+    run: crate::run::RunArgs,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum AblateArg {
+    Landlock,
+    Seccomp,
+    SeccompTag,
+    Masks,
+    Cgroup,
+}
+
+impl AblateArg {
+    fn ablation(self) -> Ablation {
+        match self {
+            AblateArg::Landlock => Ablation::Landlock,
+            AblateArg::Seccomp => Ablation::Seccomp,
+            AblateArg::SeccompTag => Ablation::SeccompTag,
+            AblateArg::Masks => Ablation::Masks,
+            AblateArg::Cgroup => Ablation::Cgroup,
+        }
+    }
+}
+
+/// Runs one sandbox with the requested layers taken away; exits like `airlock run`.
+pub fn eval_run(args: EvalRunArgs) -> anyhow::Result<ExitCode> {
+    let ablations: Vec<Ablation> = args.ablate.iter().map(|a| a.ablation()).collect();
+    let config = crate::run::config(args.run)?;
+    let signals = Signals::install()?;
+    let runtime = Runtime::new()?;
+    let (sandbox, deadline) = runtime.start_for_evaluation(&config, &ablations)?;
+    let outcome = sandbox.wait(deadline, Some(&signals), |w| {
+        eprintln!("airlock: warning: {w}")
+    })?;
+    if let airlock_runtime::Ending::SetupFailed { message, .. } = &outcome.ending {
+        eprintln!("airlock: {message}");
+    }
+    if outcome.oom_killed {
+        eprintln!("airlock: the command was killed by the sandbox's memory limit");
+    }
+    Ok(ExitCode::from(
+        u8::try_from(outcome.exit_code()).unwrap_or(u8::MAX),
+    ))
+}
+
+pub fn seceval(args: SecevalArgs) -> anyhow::Result<ExitCode> {
+    let catalog = Catalog::shipped()?;
+    if args.markdown {
+        print!("{}", report::markdown(&catalog));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let cases: Vec<&catalog::Case> = catalog
+        .cases
+        .iter()
+        .filter(|c| args.only.is_empty() || args.only.iter().any(|p| c.id.starts_with(p.as_str())))
+        .collect();
+    if cases.is_empty() {
+        bail!("no case id starts with {:?}", args.only);
+    }
+    let tiers: Vec<airlock_api::Tier> = match args.tier {
+        TierChoice::Process => vec![airlock_api::Tier::Process],
+        TierChoice::Container => vec![airlock_api::Tier::Container],
+        TierChoice::Microvm => vec![airlock_api::Tier::Microvm],
+        TierChoice::All => vec![
+            airlock_api::Tier::Process,
+            airlock_api::Tier::Container,
+            airlock_api::Tier::Microvm,
+        ],
+    };
+    let runtime = Runtime::new()?;
+    let mut all = Vec::new();
+    for tier in tiers {
+        let unavailable = runtime
+            .backends()
+            .into_iter()
+            .find(|b| b.tier == tier)
+            .and_then(|b| b.unavailable);
+        let results = match unavailable {
+            Some(reason) => {
+                let reason = if tier == airlock_api::Tier::Process {
+                    reason
+                } else {
+                    "tier not built".to_owned()
+                };
+                report::all_not_applicable(&cases, &reason)
+            }
+            None => run_process_tier(&catalog, &cases, &args)?,
+        };
+        all.push(TierResults {
+            tier: tier.as_str().to_owned(),
+            cases: results,
+        });
+    }
+    let mut stdout = std::io::stdout().lock();
+    report::scorecard(&mut stdout, &catalog, &all, args.baseline.is_some())?;
+    stdout.flush()?;
+    if let Some(path) = &args.json {
+        let json = serde_json::to_vec_pretty(&report::json(&all))?;
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let failed = all.iter().flat_map(|t| &t.cases).any(|c| c.airlock.fails());
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn find_probe(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(path) = explicit {
+        return Ok(std::path::absolute(path)?);
+    }
+    if let Some(path) = std::env::var_os("AIRLOCK_PROBE_BIN") {
+        return Ok(std::path::absolute(PathBuf::from(path))?);
+    }
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .context("the airlock binary has no directory")?;
+    for candidate in [dir.join("airlock-probe"), dir.join("../airlock-probe")] {
+        if candidate.is_file() {
+            return Ok(candidate.canonicalize()?);
+        }
+    }
+    bail!(
+        "cannot find airlock-probe beside {} (build it with `cargo build -p airlock-probe`, or pass --probe)",
+        exe.display()
+    )
+}
+
+fn run_process_tier(
+    catalog: &Catalog,
+    cases: &[&catalog::Case],
+    args: &SecevalArgs,
+) -> anyhow::Result<Vec<CaseResult>> {
+    // The effective uid, from /proc (the CLI makes no syscalls itself): the suite needs root
+    // for cgroups, network namespaces and its fixtures under /home and /run.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let root = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        == Some("0");
+    if !root {
+        bail!(
+            "airlock seceval needs root (cgroups, network namespaces, fixtures under /home and /run)"
+        );
+    }
+    if args.baseline.is_some() && !Path::new("/usr/bin/bwrap").exists() && which("bwrap").is_none()
+    {
+        bail!("--baseline bwrap: bwrap is not installed (apt-get install bubblewrap)");
+    }
+    let probe = find_probe(args.probe.as_deref())?;
+    let airlock = std::env::current_exe()?;
+    let needs: BTreeSet<Need> = cases.iter().flat_map(|c| c.needs.iter().copied()).collect();
+    let mut env = Env {
+        fixtures: fixtures::Fixtures::new(&probe)?,
+        airlock,
+        probe,
+        fakenet: None,
+        daemon: None,
+        policies: BTreeMap::new(),
+        user_policy: args
+            .policy
+            .as_deref()
+            .map(std::path::absolute)
+            .transpose()?,
+        unavailable: BTreeMap::new(),
+    };
+    let policy_dir = env.fixtures.scratch.join("policies");
+    std::fs::create_dir_all(&policy_dir)?;
+    for (name, text) in &catalog.policies {
+        let path = policy_dir.join(format!("{name}.yaml"));
+        std::fs::write(&path, text)?;
+        env.policies.insert(name.clone(), path);
+    }
+    for need in needs {
+        let result = match need {
+            Need::Home => env.fixtures.plant_home(),
+            Need::Sinks => env.fixtures.start_sinks(),
+            Need::Lan => env.fixtures.start_lan_sink(),
+            Need::Setuid => env.fixtures.plant_setuid(&env.probe),
+            Need::Fakenet => fakenet::FakeNet::start(&env.probe, &env.fixtures.scratch)
+                .map(|f| env.fakenet = Some(f)),
+            Need::Daemon => daemon::Daemon::start(&env.airlock).map(|d| env.daemon = Some(d)),
+        };
+        if let Err(err) = result {
+            let reason = format!("setup failed: {}", crate::one_line(&err));
+            eprintln!("airlock seceval: {reason}");
+            env.unavailable.insert(need, reason);
+        }
+    }
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut results = Vec::new();
+    for (index, case) in cases.iter().enumerate() {
+        if progress {
+            eprint!(
+                "\rairlock seceval: {}/{} {:<60}",
+                index + 1,
+                cases.len(),
+                case.id
+            );
+        }
+        let (airlock, notes) = match runner::evaluate(&env, case) {
+            Ok(result) => result,
+            Err(err) => (
+                Verdict::WrongLayer {
+                    detail: format!("could not run: {}", crate::one_line(&err)),
+                },
+                Vec::new(),
+            ),
+        };
+        let bwrap = args.baseline.map(|_| {
+            runner::baseline(&env, case).unwrap_or_else(|err| Verdict::NotApplicable {
+                reason: format!("could not run: {}", crate::one_line(&err)),
+            })
+        });
+        results.push(CaseResult::new(case, airlock, bwrap, notes));
+    }
+    if progress {
+        eprint!("\r{:<80}\r", "");
+    }
+    Ok(results)
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(program))
+            .find(|p| p.is_file())
+    })
+}

@@ -1,0 +1,511 @@
+//! Runs one case: the attempt in the sandbox, the proof runs that pin the blocking layer, the
+//! control outside, the checks afterwards, and the same attempt under bwrap for the baseline.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Serialize;
+
+use super::catalog::{Ablate, Case, ControlAt, InteractAction, Need, Outcome, Pattern, Post, Via};
+use super::daemon::Daemon;
+use super::fakenet::FakeNet;
+use super::fixtures::{Fixtures, expand};
+
+/// The bwrap command line of the baseline, exactly as the issue names it.
+pub const BWRAP_ARGS: &[&str] = &[
+    "--unshare-all",
+    "--ro-bind",
+    "/",
+    "/",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+];
+
+/// An attempt that neither the sandbox's own timeout nor the probe ends is killed after this.
+const ATTEMPT_BOUND: Duration = Duration::from_secs(120);
+
+/// Everything the cases run against.
+#[derive(Debug)]
+pub struct Env {
+    pub airlock: PathBuf,
+    pub probe: PathBuf,
+    pub fixtures: Fixtures,
+    pub fakenet: Option<FakeNet>,
+    pub daemon: Option<Daemon>,
+    pub policies: BTreeMap<String, PathBuf>,
+    /// `--policy FILE`: applied to every `airlock run` case without a policy of its own.
+    pub user_policy: Option<PathBuf>,
+    /// Fixtures that could not be set up on this host, and why.
+    pub unavailable: BTreeMap<Need, String>,
+}
+
+/// What happened to one case in one column.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Verdict {
+    /// Stopped, by these layers (proven), or for the baseline, with this outcome.
+    Blocked {
+        by: String,
+    },
+    /// The attack succeeded.
+    Allowed {
+        outcome: String,
+    },
+    /// A documented gap: the attack succeeded, as SECURITY.md says it does.
+    KnownGap {
+        outcome: String,
+        reason: String,
+    },
+    /// Stopped, but not as the catalog says: a layer that should hold did not.
+    WrongLayer {
+        detail: String,
+    },
+    NotApplicable {
+        reason: String,
+    },
+}
+
+impl Verdict {
+    pub fn label(&self) -> String {
+        match self {
+            Verdict::Blocked { by } => format!("blocked({by})"),
+            Verdict::Allowed { outcome } => format!("ALLOWED ({outcome})"),
+            Verdict::KnownGap { outcome, .. } => format!("ALLOWED, known gap ({outcome})"),
+            Verdict::WrongLayer { detail } => format!("WRONG LAYER ({detail})"),
+            Verdict::NotApplicable { reason } => format!("n/a ({reason})"),
+        }
+    }
+
+    /// Whether this verdict fails the run.
+    pub fn fails(&self) -> bool {
+        matches!(self, Verdict::Allowed { .. } | Verdict::WrongLayer { .. })
+    }
+}
+
+/// Where one attempt runs.
+#[derive(Debug, Clone, Copy)]
+enum Target<'a> {
+    Airlock(&'a [Ablate]),
+    Bwrap,
+    Control(ControlAt),
+    Daemon,
+}
+
+/// One attempt's end, and what the checks afterwards found.
+struct Attempt {
+    outcome: Outcome,
+    post_failures: Vec<String>,
+}
+
+/// Whether `outcome` means the attack got through, given what was expected.
+fn got_through(expected: &Pattern, outcome: &Outcome) -> bool {
+    if expected.is_refusal() {
+        outcome.is_ok()
+    } else {
+        outcome.is_ok() && !expected.matches(outcome)
+    }
+}
+
+fn unavailable_need(env: &Env, case: &Case) -> Option<String> {
+    case.needs
+        .iter()
+        .find_map(|need| env.unavailable.get(need).cloned())
+}
+
+/// The sandbox column.
+pub fn evaluate(env: &Env, case: &Case) -> anyhow::Result<(Verdict, Vec<String>)> {
+    let mut notes = Vec::new();
+    if let Some(reason) = &case.na {
+        return Ok((
+            Verdict::NotApplicable {
+                reason: reason.clone(),
+            },
+            notes,
+        ));
+    }
+    if let Some(reason) = unavailable_need(env, case) {
+        return Ok((Verdict::NotApplicable { reason }, notes));
+    }
+    let expected = Pattern::parse(&case.expect.outcome).map_err(anyhow::Error::msg)?;
+    let main_target = if case.via == Via::Daemon {
+        Target::Daemon
+    } else {
+        Target::Airlock(&[])
+    };
+    let first = match case.via {
+        Via::Scenario => {
+            let daemon = env.daemon.as_ref().context("the daemon is not running")?;
+            let name = case.scenario.as_deref().unwrap_or_default();
+            Attempt {
+                outcome: daemon.scenario(name, env)?,
+                post_failures: Vec::new(),
+            }
+        }
+        _ => attempt(env, case, main_target, None)?,
+    };
+    if got_through(&expected, &first.outcome) || !first.post_failures.is_empty() {
+        let mut outcome = first.outcome.to_string();
+        for failure in &first.post_failures {
+            outcome.push_str("; ");
+            outcome.push_str(failure);
+        }
+        let verdict = match &case.known_gap {
+            Some(reason) => Verdict::KnownGap {
+                outcome,
+                reason: reason.clone(),
+            },
+            None => Verdict::Allowed { outcome },
+        };
+        return Ok((verdict, notes));
+    }
+    let control = match &case.control {
+        Some(control) => {
+            let pattern = Pattern::parse(&control.outcome).map_err(anyhow::Error::msg)?;
+            let run = attempt(env, case, Target::Control(control.at), None)?;
+            Some((pattern.matches(&run.outcome), run.outcome))
+        }
+        None => None,
+    };
+    if !expected.matches(&first.outcome) {
+        // The host itself fails the same way: nothing here is Airlock's doing.
+        if let Some((false, outside)) = &control
+            && *outside == first.outcome
+        {
+            let reason = format!("passes trivially here: outside a sandbox it ends {outside} too");
+            return Ok((Verdict::NotApplicable { reason }, notes));
+        }
+        let detail = format!("{} instead of {}", first.outcome, case.expect.outcome);
+        return Ok((Verdict::WrongLayer { detail }, notes));
+    }
+    let mut layer_proven = false;
+    for proof in &case.proofs {
+        let pattern = Pattern::parse(&proof.outcome).map_err(anyhow::Error::msg)?;
+        let target = if case.via == Via::Daemon {
+            Target::Daemon
+        } else {
+            Target::Airlock(&proof.ablate)
+        };
+        let run = attempt(env, case, target, proof.probe.as_deref())?;
+        if !pattern.matches(&run.outcome) {
+            let what = if proof.ablate.is_empty() {
+                "evidence".to_owned()
+            } else {
+                format!(
+                    "with {} off",
+                    proof
+                        .ablate
+                        .iter()
+                        .map(|a| a.flag())
+                        .collect::<Vec<_>>()
+                        .join("+")
+                )
+            };
+            let detail = format!("{what}: {} instead of {}", run.outcome, proof.outcome);
+            return Ok((Verdict::WrongLayer { detail }, notes));
+        }
+        layer_proven |= !proof.ablate.is_empty();
+    }
+    if let Some((false, outside)) = &control {
+        if !layer_proven {
+            let reason = format!("passes trivially here: outside a sandbox it ends {outside} too");
+            return Ok((Verdict::NotApplicable { reason }, notes));
+        }
+        notes.push(format!(
+            "outside a sandbox this host answers {outside} too; the proof shows Airlock's own layer"
+        ));
+    }
+    if case.known_gap.is_some() {
+        notes.push(
+            "listed as a known gap but blocked here: update the catalog and SECURITY.md".into(),
+        );
+    }
+    Ok((
+        Verdict::Blocked {
+            by: case.expect.layers.join("+"),
+        },
+        notes,
+    ))
+}
+
+/// The bwrap column: the same attempt, with bwrap's outcome.
+pub fn baseline(env: &Env, case: &Case) -> anyhow::Result<Verdict> {
+    if case.via != Via::Run {
+        return Ok(Verdict::NotApplicable {
+            reason: "needs Airlock's daemon".into(),
+        });
+    }
+    if let Some(reason) = case.baseline_na.as_ref().or(case.na.as_ref()) {
+        return Ok(Verdict::NotApplicable {
+            reason: reason.clone(),
+        });
+    }
+    if let Some(reason) = unavailable_need(env, case) {
+        return Ok(Verdict::NotApplicable { reason });
+    }
+    let expected = Pattern::parse(&case.expect.outcome).map_err(anyhow::Error::msg)?;
+    let run = attempt(env, case, Target::Bwrap, None)?;
+    if got_through(&expected, &run.outcome) || !run.post_failures.is_empty() {
+        let mut outcome = run.outcome.to_string();
+        for failure in &run.post_failures {
+            outcome.push_str("; ");
+            outcome.push_str(failure);
+        }
+        return Ok(Verdict::Allowed { outcome });
+    }
+    Ok(Verdict::Blocked {
+        by: run.outcome.to_string(),
+    })
+}
+
+fn attempt(
+    env: &Env,
+    case: &Case,
+    target: Target<'_>,
+    probe: Option<&[String]>,
+) -> anyhow::Result<Attempt> {
+    let mut values = env.fixtures.per_attempt()?;
+    if let Some(fakenet) = &env.fakenet {
+        for (name, value) in fakenet.values() {
+            values.insert(name.to_owned(), value);
+        }
+    }
+    if let Some(daemon) = &env.daemon {
+        for (name, value) in daemon.values() {
+            values.insert(name.to_owned(), value);
+        }
+    }
+    let expand_all = |args: &[String]| -> anyhow::Result<Vec<String>> {
+        args.iter()
+            .map(|a| expand(a, &values, &env.policies))
+            .collect::<anyhow::Result<Vec<_>>>()
+            .with_context(|| format!("case {}", case.id))
+    };
+    let probe_args = expand_all(probe.unwrap_or(&case.probe))?;
+    let mut sandbox_args = expand_all(&case.sandbox)?;
+    Fixtures::prepare_workspace(&values, &sandbox_args)?;
+    if case
+        .interact
+        .as_ref()
+        .is_some_and(|i| i.action == InteractAction::PlantLateSecret)
+    {
+        env.fixtures.reset_late_secret();
+    }
+    let before = sink_events(env);
+    let outcome = match target {
+        Target::Daemon => {
+            let daemon = env.daemon.as_ref().context("the daemon is not running")?;
+            daemon.exec_probe(&env.probe, &probe_args)?
+        }
+        _ => {
+            let mut command = match target {
+                Target::Airlock(ablations) => {
+                    let mut command = Command::new(&env.airlock);
+                    command.arg("__seceval-run");
+                    for ablation in ablations {
+                        command.args(["--ablate", ablation.flag()]);
+                    }
+                    if !sandbox_args.iter().any(|a| a == "--timeout") {
+                        sandbox_args.extend(["--timeout".into(), "60s".into()]);
+                    }
+                    if let Some(policy) = &env.user_policy
+                        && !sandbox_args.iter().any(|a| a == "--policy")
+                    {
+                        sandbox_args.extend(["--policy".into(), policy.display().to_string()]);
+                    }
+                    command.args(&sandbox_args).arg("--").arg(&env.probe);
+                    command
+                }
+                Target::Bwrap => {
+                    let mut command = Command::new("bwrap");
+                    command.args(BWRAP_ARGS).arg("--").arg(&env.probe);
+                    command
+                }
+                Target::Control(ControlAt::Host) => Command::new(&env.probe),
+                Target::Control(ControlAt::FakeClient) => env
+                    .fakenet
+                    .as_ref()
+                    .context("the fake internet is not running")?
+                    .in_client(&env.probe),
+                Target::Daemon => unreachable_target()?,
+            };
+            command.args(&probe_args);
+            if case.leak_descriptors {
+                command = leaking_descriptors(&command);
+            }
+            run_command(env, case, command, &values)?
+        }
+    };
+    let mut post_failures = Vec::new();
+    for post in &case.post {
+        match post {
+            Post::Silent => {
+                let after = sink_events(env);
+                if after != before {
+                    post_failures.push(format!("{} event(s) reached a sink", after - before));
+                }
+            }
+            Post::NoSurvivor => {
+                let marker = values.get("marker").cloned().unwrap_or_default();
+                let survivors = wait_for_no_process_with(&marker);
+                if !survivors.is_empty() {
+                    post_failures.push(format!(
+                        "{} process(es) outlived the sandbox",
+                        survivors.len()
+                    ));
+                }
+            }
+        }
+    }
+    Ok(Attempt {
+        outcome,
+        post_failures,
+    })
+}
+
+/// `command`, started from a shell that opened descriptors 7 and 8 without close-on-exec, as a
+/// careless caller would.
+fn leaking_descriptors(command: &Command) -> Command {
+    let mut shell = Command::new("sh");
+    shell
+        .args(["-c", "exec 7</etc/hostname 8>/dev/null; exec \"$@\"", "sh"])
+        .arg(command.get_program())
+        .args(command.get_args());
+    shell
+}
+
+fn unreachable_target() -> anyhow::Result<Command> {
+    anyhow::bail!("internal: a daemon attempt reached the command runner")
+}
+
+fn sink_events(env: &Env) -> u64 {
+    env.fixtures.sink_events() + env.fakenet.as_ref().map_or(0, FakeNet::events)
+}
+
+/// Runs `command`, acting on its output lines as the case says, within [`ATTEMPT_BOUND`].
+fn run_command(
+    env: &Env,
+    case: &Case,
+    mut command: Command,
+    values: &BTreeMap<String, String>,
+) -> anyhow::Result<Outcome> {
+    let mut child = command
+        .env("AIRLOCK_SECEVAL_HOST_SECRET", "seceval-host-secret")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {:?}", command.get_program()))?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let stderr = child.stderr.take().context("no stderr")?;
+    let interact = case.interact.clone();
+    let port = values.get("port").cloned().unwrap_or_default();
+    std::thread::scope(|scope| {
+        let reader = scope.spawn(move || {
+            let mut text = String::new();
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(interact) = &interact
+                    && line.trim() == interact.on
+                {
+                    match interact.action {
+                        InteractAction::PlantLateSecret => {
+                            let _ = env.fixtures.plant_late_secret();
+                        }
+                        InteractAction::ConnectInbound => {
+                            let target = format!("127.0.0.1:{port}");
+                            if let Ok(address) = target.parse() {
+                                let _ = std::net::TcpStream::connect_timeout(
+                                    &address,
+                                    Duration::from_secs(2),
+                                );
+                            }
+                        }
+                    }
+                }
+                text.push_str(&line);
+                text.push('\n');
+            }
+            text
+        });
+        let errors = scope.spawn(move || {
+            let mut text = String::new();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                text.push_str(&line);
+                text.push('\n');
+            }
+            text
+        });
+        let deadline = Instant::now() + ATTEMPT_BOUND;
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let stdout = reader.join().unwrap_or_default();
+        let stderr = errors.join().unwrap_or_default();
+        let Some(status) = status else {
+            return Ok(Outcome::Hung);
+        };
+        let outcome = Outcome::from_probe(&stdout, status.code(), status.signal());
+        if std::env::var_os("AIRLOCK_SECEVAL_DEBUG").is_some() {
+            eprintln!(
+                "seceval: {} {:?} -> {outcome} {}",
+                case.id,
+                command.get_args().collect::<Vec<_>>(),
+                stderr.trim()
+            );
+        }
+        Ok(outcome)
+    })
+}
+
+/// Waits (boundedly) for every host process whose command line holds `marker` to be gone;
+/// kills and returns those that are not.
+fn wait_for_no_process_with(marker: &str) -> Vec<u32> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let found = processes_with(marker);
+        if found.is_empty() {
+            return found;
+        }
+        if Instant::now() > deadline {
+            for pid in &found {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn processes_with(marker: &str) -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let program = cmdline.split(|&b| b == 0).next().unwrap_or_default();
+            (pid != me
+                && program.ends_with(b"airlock-probe")
+                && String::from_utf8_lossy(&cmdline).contains(marker))
+            .then_some(pid)
+        })
+        .collect()
+}

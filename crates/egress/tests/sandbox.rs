@@ -1,0 +1,192 @@
+//! `proxy` network mode end to end: a real process-tier sandbox whose only way out is the
+//! egress proxy, driven from inside with real clients (curl, Python), against HTTP and HTTPS
+//! upstreams on the host's loopback that the proxy's test resolver points names at. Nothing
+//! leaves the machine. Needs root and `cargo build --workspace` (the jail helper).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests: failing loudly is the point"
+)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use airlock_api::{SandboxConfig, WorkspaceSource};
+use airlock_egress::TestResolver;
+use airlock_runtime::{EgressOptions, Runtime};
+
+const SECRET: &str = "real-secret-7f3a9c";
+
+fn helper() -> PathBuf {
+    // tests/… → target/<triple>/debug/deps/… → target/<triple>/debug/airlock-jail
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().join("airlock-jail")
+}
+
+fn policy(secret_file: &Path) -> SandboxConfig {
+    let yaml = format!(
+        r#"
+version: 1
+network:
+  mode: proxy
+  egress:
+    - name: plain
+      host: allowed.test
+      ports: [80]
+      methods: [GET]
+      paths: ["/hello", "/other"]
+    - name: api
+      host: api.test
+      ports: [443]
+credentials:
+  - name: api
+    source: {{file: {}}}
+    env: API_TOKEN
+    inject: bearer
+    endpoints: [{{host: api.test, port: 443, methods: [GET], paths: ["/secure"]}}]
+"#,
+        secret_file.display()
+    );
+    let policy = airlock_policy::Policy::from_yaml("test.yaml", &yaml).unwrap();
+    let mut config = SandboxConfig::new(vec!["/bin/sh".into(), "/workspace/script.sh".into()]);
+    config.policy = Some(Box::new(policy.document().clone()));
+    config
+}
+
+/// What the workload does: each line of `out` is one probe's verdict.
+const SCRIPT: &str = r#"
+out=/workspace/out
+code() { curl -sS -o /dev/null -w '%{http_code}' "$@" 2>/dev/null; }
+header() { curl -sS -D - -o /dev/null "$@" 2>/dev/null | tr -d '\r' | sed -n 's/^x-airlock-error: //p'; }
+{
+echo "allowed $(curl -sS http://allowed.test/hello)"
+echo "denied_host $(header http://denied.test/)"
+echo "denied_method $(header -X POST http://allowed.test/hello)"
+echo "denied_path $(header http://allowed.test/secret)"
+echo "https_secret $(curl -sS -H "Authorization: Bearer $API_TOKEN" https://api.test/secure)"
+echo "mismatch $(header -H "Authorization: Bearer $API_TOKEN" http://allowed.test/other)"
+echo "mismatch_path $(header -H "Authorization: Bearer $API_TOKEN" https://api.test/elsewhere)"
+echo "metadata $(header http://169.254.169.254/latest/meta-data/)"
+echo "metadata_decimal $(header http://2852039166/latest/meta-data/)"
+echo "direct $(code --noproxy '*' --max-time 3 http://127.0.0.1:$UPSTREAM_PORT/hello || echo failed)"
+echo "dns $(getent hosts example.com >/dev/null 2>&1 && echo resolved || echo failed)"
+echo "requests $(/usr/bin/python3 -c 'import requests; print(requests.get("https://api.test/req").text)' 2>&1 | tail -n1)"
+echo "python $(/usr/bin/python3 -c 'import urllib.request; print(urllib.request.urlopen("https://api.test/py").read().decode())' 2>&1 | tail -n1)"
+echo "secret_in_env $(env | grep -c real-secret)"
+} > $out 2>&1
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_proxy_mode_from_inside_a_sandbox() {
+    let seen = common::SeenLog::default();
+    let pki = common::test_pki();
+    let http = common::start_http_upstream(seen.clone()).await;
+    let https = common::start_https_upstream(seen.clone(), &pki).await;
+
+    let scratch = PathBuf::from(format!(
+        "/var/tmp/airlock-egress-test-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(scratch.join("workspace")).unwrap();
+    let secret_file = scratch.join("secret");
+    std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
+    std::fs::write(scratch.join("workspace/script.sh"), SCRIPT).unwrap();
+    let audit = scratch.join("audit.jsonl");
+
+    let mut config = policy(&secret_file);
+    config.workspace = WorkspaceSource::Host {
+        path: scratch.join("workspace"),
+    };
+    config
+        .env
+        .push(("UPSTREAM_PORT".into(), http.port().to_string()));
+    let resolver = TestResolver::new();
+    resolver.upstream("allowed.test", http);
+    resolver.upstream("denied.test", http);
+    resolver.upstream("api.test", https);
+    let options = EgressOptions {
+        test_resolver: Some(Arc::new(resolver)),
+        extra_upstream_roots_pem: vec![pki.ca_pem.clone()],
+        reviewer_webhook: None,
+        audit_log: Some(audit.clone()),
+        audit_sink: None,
+        placeholders: None,
+    };
+    let runtime = Runtime::with_helper(helper());
+    let outcome = tokio::task::spawn_blocking(move || {
+        runtime.run_with(&config, options, None, |w| eprintln!("warning: {w}"))
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(outcome.exit_code(), 0, "{outcome:?}");
+
+    let out = std::fs::read_to_string(scratch.join("workspace/out")).unwrap();
+    let verdicts: std::collections::HashMap<&str, &str> = out
+        .lines()
+        .filter_map(|line| line.split_once(' '))
+        .collect();
+    let verdict = |name: &str| verdicts.get(name).copied().unwrap_or("<missing>");
+    assert_eq!(verdict("allowed"), "hello from http /hello", "{out}");
+    assert_eq!(verdict("denied_host"), "egress_denied", "{out}");
+    assert_eq!(verdict("denied_method"), "http_rule_denied", "{out}");
+    assert_eq!(verdict("denied_path"), "http_rule_denied", "{out}");
+    assert_eq!(verdict("https_secret"), "hello from https /secure", "{out}");
+    assert_eq!(verdict("mismatch"), "credential_endpoint_mismatch", "{out}");
+    assert_eq!(
+        verdict("mismatch_path"),
+        "credential_endpoint_mismatch",
+        "{out}"
+    );
+    assert_eq!(verdict("metadata"), "destination_blocked", "{out}");
+    assert_eq!(verdict("metadata_decimal"), "destination_blocked", "{out}");
+    assert_eq!(verdict("direct"), "000failed", "raw TCP to the host: {out}");
+    assert_eq!(verdict("dns"), "failed", "{out}");
+    assert_eq!(verdict("python"), "hello from https /py", "{out}");
+    assert_eq!(verdict("requests"), "hello from https /req", "{out}");
+    assert_eq!(verdict("secret_in_env"), "0", "{out}");
+
+    // The upstream saw the real secret, at the bound endpoint only.
+    let secure: Vec<_> = seen
+        .lock()
+        .unwrap()
+        .clone()
+        .into_iter()
+        .filter(|s| s.target == "/secure")
+        .collect();
+    assert_eq!(secure.len(), 1, "{secure:?}");
+    assert_eq!(
+        secure[0].headers.get("authorization").map(String::as_str),
+        Some(format!("Bearer {SECRET}").as_str())
+    );
+    assert!(
+        seen.lock().unwrap().iter().all(|s| s.target != "/other"),
+        "a mismatched request never reaches the upstream"
+    );
+
+    // Audit: every decision, and no secret or placeholder in any line.
+    let lines = std::fs::read_to_string(&audit).unwrap();
+    assert!(lines.lines().count() >= 8, "{lines}");
+    assert!(!lines.contains(SECRET), "{lines}");
+    assert!(!lines.contains("airlock-cred-"), "{lines}");
+    assert!(
+        lines.contains("credential_endpoint_mismatch") || lines.contains("mismatch"),
+        "{lines}"
+    );
+
+    std::fs::remove_dir_all(&scratch).unwrap();
+    let leftovers: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("airlock-run{}x", std::process::id())))
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "the egress directory is removed: {leftovers:?}"
+    );
+}
