@@ -58,9 +58,11 @@ async fn test_kill_9_during_50_creates_leaves_running_or_nothing() {
     while done.load(Ordering::Relaxed) < 10 {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
+    // Kill first, then stop the watcher: its last scan must not delay the kill until every
+    // create has finished.
+    first.kill9();
     stop.store(true, Ordering::Relaxed);
     let children = watcher.join().unwrap();
-    first.kill9();
     let mut answered = Vec::new();
     for task in tasks {
         if let Some(id) = task.await.unwrap() {

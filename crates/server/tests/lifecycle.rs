@@ -74,7 +74,8 @@ async fn test_timeout_and_self_ending_sandboxes_are_swept() {
     // The agent (and so the sandbox) dies on its own: the daemon notices and cleans up.
     kill9(doomed_helper.0);
     assert!(common::eventually(LIMIT, || is_gone(&client, &doomed.id)).await);
-    assert!(has_event(&client, &doomed.id, "ended").await);
+    // The event is stored as the sandbox is removed, which `get` may report a moment earlier.
+    assert!(common::eventually(LIMIT, || has_event(&client, &doomed.id, "ended")).await);
     common::assert_sandbox_gone(&daemon.state_dir, &doomed.id, Some(doomed_helper));
 
     assert!(common::eventually(LIMIT, || is_gone(&client, &short.id)).await);
@@ -82,7 +83,7 @@ async fn test_timeout_and_self_ending_sandboxes_are_swept() {
         now_ms() >= short.expires_at_ms,
         "removed before its deadline"
     );
-    assert!(has_event(&client, &short.id, "timeout").await);
+    assert!(common::eventually(LIMIT, || has_event(&client, &short.id, "timeout")).await);
     common::assert_sandbox_gone(&daemon.state_dir, &short.id, Some(short_helper));
 }
 
@@ -169,7 +170,7 @@ async fn test_restart_readopts_live_sandboxes_and_destroys_the_rest() {
 
     // The expired one ends at once, from its stored deadline.
     assert!(common::eventually(LIMIT, || is_gone(&client, &expiring.id)).await);
-    assert!(has_event(&client, &expiring.id, "timeout").await);
+    assert!(common::eventually(LIMIT, || has_event(&client, &expiring.id, "timeout")).await);
     common::assert_sandbox_gone(&second.state_dir, &expiring.id, Some(expiring_helper));
 
     client.delete(&kept_id).await.unwrap();

@@ -17,7 +17,7 @@ fn parse<T: std::str::FromStr>(key: &str, value: &str) -> Result<T, ApiError> {
     })
 }
 
-pub fn events(ctx: &Ctx) -> Result<Response<Body>, ApiError> {
+pub async fn events(ctx: &Ctx) -> Result<Response<Body>, ApiError> {
     let mut since_ms = 0;
     let mut limit = DEFAULT_EVENTS_LIMIT;
     for (key, value) in ctx.query() {
@@ -37,7 +37,11 @@ pub fn events(ctx: &Ctx) -> Result<Response<Body>, ApiError> {
             crate::audit::MAX_EVENTS_PER_PAGE
         )));
     }
-    let events = ctx.daemon.events(&ctx.id, since_ms, limit)?;
+    // Reading the logs (up to twice --audit-max-bytes) is file I/O: off the async workers.
+    let (daemon, id) = (ctx.daemon.clone(), ctx.id.clone());
+    let events = tokio::task::spawn_blocking(move || daemon.events(&id, since_ms, limit))
+        .await
+        .map_err(|e| ApiError::internal(format!("the events task failed: {e}")))??;
     Ok(json_response(StatusCode::OK, &events))
 }
 

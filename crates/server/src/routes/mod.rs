@@ -569,7 +569,7 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
         Handler::DeleteSandbox => sandboxes::delete(ctx).await,
         Handler::SetTimeout => sandboxes::set_timeout(ctx).await,
         Handler::Logs => sandboxes::logs(ctx),
-        Handler::Events => egress::events(ctx),
+        Handler::Events => egress::events(ctx).await,
         Handler::PutPolicy => egress::put_policy(ctx).await,
         Handler::ListApprovals => egress::list_approvals(ctx),
         Handler::DecideApproval => egress::decide_approval(ctx).await,
