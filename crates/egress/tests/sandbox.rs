@@ -11,8 +11,16 @@
 
 mod common;
 
+use std::convert::Infallible;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
 
 use airlock_api::{SandboxConfig, WorkspaceSource};
 use airlock_egress::TestResolver;
@@ -41,6 +49,12 @@ network:
     - name: api
       host: api.test
       ports: [443]
+    # git's smart HTTP: the ref advertisement (GET) and the fetch (POST), intercepted.
+    - name: git
+      host: git.test
+      ports: [443]
+      methods: [GET, POST]
+      paths: ["/repo.git/info/refs", "/repo.git/git-upload-pack"]
 credentials:
   - name: api
     source: {{file: {}}}
@@ -76,6 +90,8 @@ echo "dns $(getent hosts example.com >/dev/null 2>&1 && echo resolved || echo fa
 echo "requests $(/usr/bin/python3 -c 'import requests; print(requests.get("https://api.test/req").text)' 2>&1 | tail -n1)"
 echo "python $(/usr/bin/python3 -c 'import urllib.request; print(urllib.request.urlopen("https://api.test/py").read().decode())' 2>&1 | tail -n1)"
 echo "secret_in_env $(env | grep -c real-secret)"
+echo "git_clone $(git clone -q https://git.test/repo.git /tmp/clone 2>&1 | tail -n1; cat /tmp/clone/README 2>/dev/null)"
+echo "git_push $(cd /tmp/clone && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m x && (git push -q origin HEAD >/dev/null 2>&1 && echo pushed || echo refused))"
 } > $out 2>&1
 "#;
 
@@ -108,6 +124,7 @@ async fn test_proxy_mode_from_inside_a_sandbox() {
     resolver.upstream("allowed.test", http);
     resolver.upstream("denied.test", http);
     resolver.upstream("api.test", https);
+    resolver.upstream("git.test", start_git_upstream(&pki, &scratch).await);
     let options = EgressOptions {
         test_resolver: Some(Arc::new(resolver)),
         extra_upstream_roots_pem: vec![pki.ca_pem.clone()],
@@ -149,6 +166,28 @@ async fn test_proxy_mode_from_inside_a_sandbox() {
     assert_eq!(verdict("python"), "hello from https /py", "{out}");
     assert_eq!(verdict("requests"), "hello from https /req", "{out}");
     assert_eq!(verdict("secret_in_env"), "0", "{out}");
+    assert_eq!(
+        verdict("git_clone"),
+        "served by git over smart HTTP",
+        "{out}"
+    );
+    // The server would take the push (http.receivepack is on); the proxy's path rule refuses it.
+    assert_eq!(verdict("git_push"), "refused", "{out}");
+    let commits = Command::new("git")
+        .args([
+            "-C",
+            scratch.join("git-root/repo.git").to_str().unwrap(),
+            "rev-list",
+            "--count",
+            "HEAD",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&commits.stdout).trim(),
+        "1",
+        "nothing was pushed"
+    );
 
     // The upstream saw the real secret, at the bound endpoint only.
     let secure: Vec<_> = seen
@@ -189,4 +228,144 @@ async fn test_proxy_mode_from_inside_a_sandbox() {
         leftovers.is_empty(),
         "the egress directory is removed: {leftovers:?}"
     );
+}
+
+/// A bare repository with one commit, served over HTTPS by `git http-backend` (CGI).
+async fn start_git_upstream(pki: &common::TestPki, scratch: &Path) -> std::net::SocketAddr {
+    let work = scratch.join("git-work");
+    let git = |args: &[&str], dir: &Path| {
+        let status = Command::new("git")
+            .args([
+                "-c",
+                "user.name=test",
+                "-c",
+                "user.email=test@test",
+                "-c",
+                "init.defaultBranch=main",
+            ])
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "git {args:?}");
+    };
+    std::fs::create_dir_all(&work).unwrap();
+    git(&["init", "-q"], &work);
+    std::fs::write(work.join("README"), "served by git over smart HTTP").unwrap();
+    git(&["add", "README"], &work);
+    git(&["commit", "-q", "-m", "first"], &work);
+    let root = scratch.join("git-root");
+    std::fs::create_dir_all(&root).unwrap();
+    git(
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            work.to_str().unwrap(),
+            root.join("repo.git").to_str().unwrap(),
+        ],
+        scratch,
+    );
+    // Accept pushes, so that only the proxy can be what refuses one.
+    git(
+        &["config", "http.receivepack", "true"],
+        &root.join("repo.git"),
+    );
+
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(pki.key_der.clone().into());
+    let config = rustls::ServerConfig::builder_with_provider(common::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(pki.chain.clone(), key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (acceptor, root) = (acceptor.clone(), root.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(move |r| cgi(root.clone(), r));
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    address
+}
+
+/// One request through `git http-backend`, the CGI way.
+async fn cgi(
+    root: PathBuf,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let method = request.method().to_string();
+    let path = request.uri().path().to_owned();
+    let query = request.uri().query().unwrap_or("").to_owned();
+    let header = |name: &str| {
+        request
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let (content_type, protocol) = (header("content-type"), header("git-protocol"));
+    let body = request.into_body().collect().await.unwrap().to_bytes();
+    let output = tokio::task::spawn_blocking(move || {
+        let mut child = Command::new("git")
+            .arg("http-backend")
+            .env("GIT_PROJECT_ROOT", &root)
+            .env("GIT_HTTP_EXPORT_ALL", "1")
+            .env("REQUEST_METHOD", method)
+            .env("PATH_INFO", path)
+            .env("QUERY_STRING", query)
+            .env("CONTENT_TYPE", content_type)
+            .env("CONTENT_LENGTH", body.len().to_string())
+            .env("GIT_PROTOCOL", protocol)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), &body).unwrap();
+        child.wait_with_output().unwrap().stdout
+    })
+    .await
+    .unwrap();
+    let split = output
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| (i, 4))
+        .or_else(|| output.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2)))
+        .unwrap_or((output.len(), 0));
+    let head = String::from_utf8_lossy(&output[..split.0]).into_owned();
+    let mut response = Response::new(Full::new(Bytes::copy_from_slice(
+        &output[split.0 + split.1..],
+    )));
+    for line in head.lines() {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("status") {
+            let code = value
+                .split_whitespace()
+                .next()
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(500);
+            *response.status_mut() = hyper::StatusCode::from_u16(code).unwrap();
+        } else if let (Ok(name), Ok(value)) = (
+            hyper::header::HeaderName::from_bytes(name.as_bytes()),
+            hyper::header::HeaderValue::from_str(value),
+        ) {
+            response.headers_mut().insert(name, value);
+        }
+    }
+    Ok(response)
 }

@@ -53,6 +53,7 @@ pub const TLS_NAMES: &[&str] = &[
     "other.test",
     "ask.test",
     "hook.test",
+    "git.test",
 ];
 
 /// The fake internet's CA and a certificate for [`TLS_NAMES`].
