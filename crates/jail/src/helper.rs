@@ -191,7 +191,10 @@ fn run(
                 && !finished
                 && matches!(sys::waitpid(init_pid, libc::WNOHANG), Ok((0, _)))
             {
-                // Init closed its report channel by exec'ing the agent.
+                // Init closed its report channel by exec'ing the agent. From here the control
+                // pipe, not the parent-death signal, ties the sandbox to its supervisor until the
+                // commit: a commit byte already in the pipe survives the supervisor's death.
+                let _ = sys::prctl(libc::PR_SET_PDEATHSIG, 0);
                 report::send(&Report::Ready);
                 helper_live::stay_beside(init_pid, terminate.as_ref());
                 return Ok(());

@@ -125,7 +125,8 @@ pub fn exec_agent(plan: &Plan, fds: &AgentFds) -> io::Error {
 
 /// After the agent is up: wait for the supervisor's commit on [`CONTROL_FD`]. A commit frees
 /// the helper from its supervisor; end of file before it means the supervisor died before the
-/// sandbox was recorded, and the sandbox ends. SIGTERM ends it at any time. Returns once init is
+/// sandbox was recorded, and the sandbox ends. (The parent-death signal is already disarmed:
+/// the pipe carries a commit written just before the supervisor died.) SIGTERM ends it at any time. Returns once init is
 /// gone and reaped.
 pub fn stay_beside(init_pid: libc::pid_t, terminate: Option<&OwnedFd>) {
     let Ok(init) = procctl::pidfd_open(init_pid) else {
@@ -153,10 +154,8 @@ pub fn stay_beside(init_pid: libc::pid_t, terminate: Option<&OwnedFd>) {
         if control.is_some() && ready.last().copied().unwrap_or(false) {
             match read_commit() {
                 Some(true) => {
-                    // Committed: the sandbox is recorded and outlives the supervisor, which
-                    // waits for this acknowledgement before it reports the sandbox created.
-                    let _ = sys::prctl(libc::PR_SET_PDEATHSIG, 0);
-                    crate::report::send(&crate::report::Report::Committed);
+                    // Committed: the sandbox is recorded and outlives the supervisor. Nothing
+                    // more is reported: the supervisor may already be gone.
                     control = None;
                 }
                 Some(false) => {

@@ -80,7 +80,7 @@ pub fn start(
             Some(Report::Failed { code, message }) => {
                 return Err(JailError::Setup { code, message });
             }
-            Some(Report::Ended(_) | Report::Phase { .. } | Report::Committed) => {}
+            Some(Report::Ended(_) | Report::Phase { .. }) => {}
             None => {
                 return Err(JailError::Setup {
                     code: crate::helper::SETUP_FAILED,
@@ -113,24 +113,13 @@ impl Starting {
         &self.warnings
     }
 
-    /// Frees the sandbox from this process: call once its record is durable. Returns once the
-    /// helper has acknowledged, so that the sandbox no longer depends on this process.
+    /// Frees the sandbox from this process: call once its record is durable. Once the commit
+    /// byte is in the pipe the sandbox no longer depends on this process, even if it dies before
+    /// the helper reads it (the helper's parent-death signal is disarmed after `Ready`).
     pub fn commit(mut self) -> Result<LiveRecord, JailError> {
         self.control
             .write_all(&[COMMIT])
             .map_err(JailError::Watch)?;
-        loop {
-            match self.sandbox.next_report().map_err(JailError::Watch)? {
-                Some(Report::Committed) => break,
-                Some(_) => {}
-                None => {
-                    return Err(JailError::Setup {
-                        code: crate::helper::SETUP_FAILED,
-                        message: "the sandbox ended before it was committed".into(),
-                    });
-                }
-            }
-        }
         self.sandbox.release();
         Ok(self.record)
     }

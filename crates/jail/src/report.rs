@@ -26,8 +26,6 @@ pub enum Report {
     Phase { phase: Phase, at_ns: u64 },
     /// A long-lived sandbox's agent runs and its socket accepts connections (helper only).
     Ready,
-    /// The helper took a long-lived sandbox's commit: it now outlives its supervisor.
-    Committed,
 }
 
 /// The steps of a sandbox's life that `airlock bench start --phases` times, in order.
@@ -114,7 +112,6 @@ impl Report {
             Report::Ended(status) => format!("X {status}\n"),
             Report::Phase { phase, at_ns } => format!("T {} {at_ns}\n", phase.index()),
             Report::Ready => "R -\n".to_owned(),
-            Report::Committed => "C -\n".to_owned(),
         }
     }
 
@@ -131,7 +128,6 @@ impl Report {
             }
             "X" => rest.parse().ok().map(Report::Ended),
             "R" => Some(Report::Ready),
-            "C" => Some(Report::Committed),
             "T" => {
                 let (index, at_ns) = rest.split_once(' ')?;
                 Some(Report::Phase {
@@ -167,7 +163,6 @@ mod tests {
             },
             Report::Ended(0x0900),
             Report::Ready,
-            Report::Committed,
             Report::Phase {
                 phase: Phase::ViewBuilt,
                 at_ns: 123_456_789,

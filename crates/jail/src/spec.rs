@@ -24,7 +24,7 @@ pub struct HelperSpec {
 
 /// Changes to the confinement that only `airlock seceval` makes, one run at a time, to prove
 /// which layer stops an attack (docs/seceval.md). Reached only through
-/// `Runtime::start_for_evaluation`; `airlock run` and airlockd always send the default.
+/// `Runtime::run_for_evaluation`; `airlock run` and airlockd always send the default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Evaluation {

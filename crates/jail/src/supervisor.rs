@@ -374,7 +374,7 @@ impl Sandbox {
                     Report::Failed { code, message } => failure = Some((code, message)),
                     Report::Ended(raw) => status = Some(raw),
                     // Only long-lived sandboxes report readiness; `live` consumes it.
-                    Report::Ready | Report::Committed => {}
+                    Report::Ready => {}
                     Report::Phase { phase, at_ns } => {
                         if let Some(trace) = &mut self.trace {
                             trace.push((phase, at_ns));

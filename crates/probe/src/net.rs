@@ -241,3 +241,105 @@ fn parse_qname(packet: &[u8]) -> Option<(String, usize)> {
     }
     (packet.len() >= at + 4).then(|| (labels.join("."), at))
 }
+
+/// The proxy named by `$HTTP_PROXY` (`http://HOST:PORT`), connected.
+fn connect_proxy() -> io::Result<std::net::TcpStream> {
+    let proxy = std::env::var("HTTP_PROXY").map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))?;
+    let address = proxy
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse::<SocketAddr>()
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let stream = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(15)))?;
+    Ok(stream)
+}
+
+/// Reads a response head; returns `status=N error=CODE` (the proxy's `x-airlock-error`).
+fn read_head(stream: &mut std::net::TcpStream) -> io::Result<(u16, String)> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 16 * 1024 {
+        if stream.read(&mut byte)? == 0 {
+            break;
+        }
+        head.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&head);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EPROTO))?;
+    let error = text
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.trim().eq_ignore_ascii_case("x-airlock-error").then(|| value.trim().to_owned())
+        })
+        .unwrap_or_else(|| "-".into());
+    Ok((status, error))
+}
+
+/// `GET url` through the proxy of `$HTTP_PROXY` (absolute form), with `Authorization:
+/// Bearer $token_env` when a variable is named.
+pub fn http_get(url: &str, token_env: &str) -> Outcome {
+    let rest = url.strip_prefix("http://").ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let host = rest.split('/').next().unwrap_or(rest);
+    let mut stream = connect_proxy()?;
+    let mut request = format!("GET {url} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    if !token_env.is_empty() {
+        let token = std::env::var(token_env).map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))?;
+        request.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes())?;
+    let (status, error) = read_head(&mut stream)?;
+    Ok(format!("status={status} error={error}"))
+}
+
+/// `CONNECT target` through the proxy; once open, a TLS ClientHello naming `sni` (when given),
+/// and whether anything came back before the proxy closed the tunnel.
+pub fn proxy_connect(target: &str, sni: &str) -> Outcome {
+    let mut stream = connect_proxy()?;
+    stream.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())?;
+    let (status, error) = read_head(&mut stream)?;
+    if status != 200 || sni.is_empty() {
+        return Ok(format!("status={status} error={error}"));
+    }
+    stream.write_all(&client_hello(sni))?;
+    let mut buf = [0u8; 512];
+    let then = match stream.read(&mut buf) {
+        Ok(0) => "closed".to_owned(),
+        Ok(n) => format!("data {n}"),
+        Err(e) => format!("errno {}", e.raw_os_error().unwrap_or(0)),
+    };
+    Ok(format!("status={status} then={then}"))
+}
+
+/// A minimal TLS 1.2 ClientHello carrying `server_name`.
+fn client_hello(server_name: &str) -> Vec<u8> {
+    let name = server_name.as_bytes();
+    let len16 = |n: usize| u16::try_from(n).unwrap_or(u16::MAX).to_be_bytes();
+    let mut sni = Vec::new();
+    sni.extend_from_slice(&len16(name.len() + 3));
+    sni.push(0);
+    sni.extend_from_slice(&len16(name.len()));
+    sni.extend_from_slice(name);
+    let mut extensions = vec![0, 0];
+    extensions.extend_from_slice(&len16(sni.len()));
+    extensions.extend_from_slice(&sni);
+    let mut body = vec![3, 3];
+    body.extend_from_slice(&[0x5a; 32]);
+    body.push(0);
+    body.extend_from_slice(&[0, 4, 0xc0, 0x2f, 0x13, 0x01, 1, 0]);
+    body.extend_from_slice(&len16(extensions.len()));
+    body.extend_from_slice(&extensions);
+    let mut handshake = vec![1, 0];
+    handshake.extend_from_slice(&len16(body.len()));
+    handshake.extend_from_slice(&body);
+    let mut record = vec![0x16, 3, 1];
+    record.extend_from_slice(&len16(handshake.len()));
+    record.extend_from_slice(&handshake);
+    record
+}

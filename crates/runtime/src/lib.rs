@@ -162,6 +162,19 @@ impl Runtime {
         signals: Option<&TerminationSignals>,
         on_warning: impl FnMut(&str),
     ) -> Result<Outcome, RuntimeError> {
+        self.run_adjusted(config, egress, signals, on_warning, |_, _| {})
+    }
+
+    /// [`Runtime::run_with`], after `adjust` has seen the plan and spawn options (security
+    /// evaluation only; see `evaluation.rs`).
+    fn run_adjusted(
+        &self,
+        config: &SandboxConfig,
+        egress: EgressOptions,
+        signals: Option<&TerminationSignals>,
+        on_warning: impl FnMut(&str),
+        adjust: impl FnOnce(&mut airlock_policy::Plan, &mut SpawnOptions),
+    ) -> Result<Outcome, RuntimeError> {
         // The proxy's directory lives in a private (0700) scratch directory of this process.
         let scratch = ScratchDir::new()?;
         let session = match self.egress_plan(config)? {
@@ -174,10 +187,11 @@ impl Runtime {
             )?),
             None => None,
         };
-        let (sandbox, deadline) = self.start_with(config, |plan, _| {
+        let (sandbox, deadline) = self.start_with(config, |plan, options| {
             if let Some(session) = &session {
                 session.attach(plan);
             }
+            adjust(plan, options);
         })?;
         let outcome = sandbox.wait(deadline, signals, on_warning);
         drop(session);

@@ -5,12 +5,14 @@
 //!
 //! 1. the row is inserted as `creating` before the runtime starts anything;
 //! 2. the runtime starts the sandbox (`create_live`, blocking until its agent serves);
-//! 3. the row becomes `committing` with the runtime's record (helper pid, start time, cgroup);
-//! 4. only then is the sandbox committed, which lets it outlive the daemon;
-//! 5. the row becomes `running`, and only then does the create answer 201.
+//! 3. the row becomes `running` with the runtime's record (helper pid, start time, cgroup);
+//! 4. only then is the sandbox committed, which lets it outlive the daemon, and the create
+//!    answers 201.
 //!
-//! Until its commit, a sandbox dies with the daemon (the runtime's parent-death signal), but
-//! not at the same instant. So at start-up (`recover`), `creating`, `committing` and
+//! Until its commit, a sandbox dies with the daemon (its helper sees the control pipe close),
+//! but not at the same instant. A `running` row whose sandbox died that way (a crash between
+//! steps 3 and 4) is found dead at start-up and destroyed. (Daemons before this order wrote a
+//! `committing` state between 3 and 4.) So at start-up (`recover`), `creating`, `committing` and
 //! `deleting` rows are destroyed (through the stored record when there is one) and removed,
 //! whatever still runs; `running` rows whose helper is gone are destroyed, live ones are
 //! re-adopted with their stored deadline, and then stale cgroups and directories that no row owns are removed. Each of
@@ -485,7 +487,8 @@ impl Daemon {
             .map_err(|e| ApiError::internal(format!("cannot encode the sandbox record: {e}")));
         row.deadline_ms = now_ms().saturating_add(timeout_ms);
         let stored = live_json.and_then(|json| {
-            let ok = self.store.set_started(&id, &json, row.deadline_ms)?;
+            let ready = ("ready", "the sandbox's agent serves");
+            let ok = self.store.set_started(&id, &json, row.deadline_ms, ready)?;
             row.live = Some(json);
             if ok {
                 Ok(())
@@ -500,11 +503,6 @@ impl Daemon {
         let record = pending.record().clone();
         match pending.commit() {
             Ok(record) => {
-                let ready = Some(("ready", "the sandbox's agent serves"));
-                if let Err(err) = self.store.set_state_noting(&id, RowState::Running, ready) {
-                    self.runtime.destroy(&record);
-                    return Err(fail(err.into()));
-                }
                 self.audit
                     .lifecycle(Some(&id), "ready", "the sandbox's agent serves");
                 row.state = RowState::Running;

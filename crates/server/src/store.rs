@@ -255,11 +255,26 @@ impl Store {
 
     /// Stores the runtime's record of a started sandbox (state `committing`). Returns false if
     /// the row is gone.
-    pub fn set_started(&self, id: &str, live: &str, deadline_ms: u64) -> Result<bool, StoreError> {
-        let changed = self.conn().execute(
-            "UPDATE sandboxes SET state = 'committing', live = ?2, deadline_ms = ?3 WHERE id = ?1",
+    /// Stores the runtime's record of a started sandbox, in state `running`, with an event in
+    /// the same transaction (one write on the create path). Returns false if the row is gone.
+    pub fn set_started(
+        &self,
+        id: &str,
+        live: &str,
+        deadline_ms: u64,
+        event: (&str, &str),
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let changed = tx.execute(
+            "UPDATE sandboxes SET state = 'running', live = ?2, deadline_ms = ?3 WHERE id = ?1",
             params![id, live, to_sql(deadline_ms)],
         )?;
+        tx.execute(
+            "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
+            params![to_sql(now_ms()), id, event.0, event.1],
+        )?;
+        tx.commit()?;
         Ok(changed == 1)
     }
 
@@ -574,8 +589,15 @@ mod tests {
         };
         store.insert_sandbox(&row).unwrap();
         assert!(store.insert_sandbox(&row).is_err(), "ids are unique");
-        assert!(store.set_started("abc", "{}", 20).unwrap());
-        assert!(store.set_state("abc", RowState::Running).unwrap());
+        assert!(store.set_started("abc", "{}", 20, ("ready", "up")).unwrap());
+        assert_eq!(
+            store
+                .events(Some("abc"), 10)
+                .unwrap()
+                .last()
+                .map(|e| e.kind.as_str()),
+            Some("ready")
+        );
         row.state = RowState::Running;
         row.live = Some("{}".into());
         row.deadline_ms = 20;

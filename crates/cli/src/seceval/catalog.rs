@@ -76,6 +76,8 @@ pub enum Need {
     /// Listening sockets on the host: loopback TCP, UDP and abstract, pathname sockets in
     /// `/run`, in the host's `/tmp` and in a world-writable scratch directory.
     Sinks,
+    /// The test upstream behind the egress proxy (`{upstream}`), on the host's loopback.
+    Upstream,
     /// The fake internet: network namespaces holding 169.254.169.254, fd00:ec2::254, a DNS
     /// server and an exfiltration sink (needs `ip`).
     Fakenet,
@@ -173,6 +175,8 @@ pub enum Post {
     Silent,
     /// No process whose command line holds `{marker}` is left on the host.
     NoSurvivor,
+    /// The egress proxy's test upstream received no byte during the attempt.
+    UpstreamSilent,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -369,6 +373,7 @@ pub enum Pattern {
     OkAny,
     OkExact(String),
     OkContains(String),
+    OkLacks(String),
     Errno(i32),
     Killed(i32),
     Exit(i32),
@@ -376,11 +381,11 @@ pub enum Pattern {
 }
 
 impl Pattern {
-    /// `ok`, `ok=DETAIL`, `ok~PART`, `errno NAME`, `killed SIGNAME`, `exit N`, `http STATUS`.
+    /// `ok`, `ok=DETAIL`, `ok~PART`, `ok!~PART`, `errno NAME`, `killed SIGNAME`, `exit N`, `http STATUS`.
     pub fn parse(text: &str) -> Result<Pattern, String> {
         let bad = || {
             format!(
-                "`{text}` is not an outcome (ok, ok=X, ok~X, errno NAME, killed SIG, exit N, http N)"
+                "`{text}` is not an outcome (ok, ok=X, ok~X, ok!~X, errno NAME, killed SIG, exit N, http N)"
             )
         };
         if text == "ok" {
@@ -391,6 +396,9 @@ impl Pattern {
         }
         if let Some(part) = text.strip_prefix("ok~") {
             return Ok(Pattern::OkContains(part.to_owned()));
+        }
+        if let Some(part) = text.strip_prefix("ok!~") {
+            return Ok(Pattern::OkLacks(part.to_owned()));
         }
         let (word, value) = text.split_once(' ').ok_or_else(bad)?;
         match word {
@@ -407,6 +415,7 @@ impl Pattern {
             (Pattern::OkAny, Outcome::Ok(_)) => true,
             (Pattern::OkExact(want), Outcome::Ok(got)) => want == got,
             (Pattern::OkContains(part), Outcome::Ok(got)) => got.contains(part.as_str()),
+            (Pattern::OkLacks(part), Outcome::Ok(got)) => !got.contains(part.as_str()),
             (Pattern::Errno(a), Outcome::Errno(b))
             | (Pattern::Killed(a), Outcome::Killed(b))
             | (Pattern::Exit(a), Outcome::Exit(b)) => a == b,
@@ -420,7 +429,7 @@ impl Pattern {
     pub fn is_refusal(&self) -> bool {
         !matches!(
             self,
-            Pattern::OkAny | Pattern::OkExact(_) | Pattern::OkContains(_)
+            Pattern::OkAny | Pattern::OkExact(_) | Pattern::OkContains(_) | Pattern::OkLacks(_)
         )
     }
 
@@ -431,7 +440,7 @@ impl Pattern {
             Pattern::Killed(n) => format!("killed by {}", signal_name(*n)),
             Pattern::Exit(n) => format!("exit {n}"),
             Pattern::Http(s) => format!("HTTP {s}"),
-            Pattern::OkAny | Pattern::OkExact(_) | Pattern::OkContains(_) => {
+            Pattern::OkAny | Pattern::OkExact(_) | Pattern::OkContains(_) | Pattern::OkLacks(_) => {
                 "none (observed)".into()
             }
         }

@@ -47,6 +47,8 @@ pub struct Fixtures {
     run_socket: PathBuf,
     /// Anything that reached a sink, counted across all of them.
     events: Arc<AtomicU64>,
+    /// Bytes that reached the test upstream behind the egress proxy.
+    upstream_bytes: Arc<AtomicU64>,
     values: BTreeMap<String, String>,
     counter: AtomicU64,
 }
@@ -80,6 +82,7 @@ impl Fixtures {
             run_socket: PathBuf::from("/run").join(format!("{tag}.sock")),
             scratch,
             events: Arc::default(),
+            upstream_bytes: Arc::default(),
             values: BTreeMap::new(),
             counter: AtomicU64::new(0),
         };
@@ -120,14 +123,12 @@ impl Fixtures {
         Ok(())
     }
 
-    /// Writes the late credential and then the marker the probe waits for.
-    pub fn plant_late_secret(&self) -> anyhow::Result<()> {
-        write_file(
-            &self.late_home.join(".netrc"),
-            "machine late password seceval\n",
-            0o644,
-        )?;
-        write_file(&self.scratch.join("late-ready"), "", 0o644)
+    /// Where the late credential and the marker the probe waits for go.
+    pub fn late_secret_paths(&self) -> (PathBuf, PathBuf) {
+        (
+            self.late_home.join(".netrc"),
+            self.scratch.join("late-ready"),
+        )
     }
 
     /// Removes the late credential and marker, so the next attempt starts like the first.
@@ -180,6 +181,45 @@ impl Fixtures {
             self.set(name, path.display().to_string());
         }
         Ok(())
+    }
+
+    /// The egress proxy's test upstream (`{upstream}`): answers any request with 200 and counts
+    /// the bytes it receives, so that a case can show nothing got through a tunnel.
+    pub fn start_upstream(&mut self) -> anyhow::Result<()> {
+        let listener = TcpListener::bind("127.0.0.1:0").context("binding the test upstream")?;
+        self.set("upstream", listener.local_addr()?.to_string());
+        let received = self.upstream_bytes.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let received = received.clone();
+                std::thread::spawn(move || {
+                    let mut stream = stream;
+                    let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+                    let mut buf = [0u8; 4096];
+                    let mut head = Vec::new();
+                    while let Ok(n) = stream.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        received.fetch_add(n as u64, Ordering::SeqCst);
+                        head.extend_from_slice(&buf[..n]);
+                        if head.windows(4).any(|w| w == b"\r\n\r\n") {
+                            let _ = std::io::Write::write_all(
+                                &mut stream,
+                                b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nsink\n",
+                            );
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        Ok(())
+    }
+
+    /// How many bytes the test upstream has received so far.
+    pub fn upstream_bytes(&self) -> u64 {
+        self.upstream_bytes.load(Ordering::SeqCst)
     }
 
     /// A listener on the host's own non-loopback IPv4 address (for `{lan}`), if it has one.
@@ -255,6 +295,12 @@ impl Drop for Fixtures {
         }
         let _ = fs::remove_file(&self.run_socket);
     }
+}
+
+/// Writes the late credential, then the marker the probe waits for.
+pub fn plant_late_secret((secret, ready): &(PathBuf, PathBuf)) -> anyhow::Result<()> {
+    write_file(secret, "machine late password seceval\n", 0o644)?;
+    write_file(ready, "", 0o644)
 }
 
 /// A block device node of the host (its disk, if it has one of the usual names).

@@ -20,7 +20,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use airlock_runtime::{Ablation, Runtime, Signals};
+use airlock_runtime::{Ablation, EgressOptions, Runtime, Signals};
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 
@@ -73,6 +73,12 @@ pub struct EvalRunArgs {
     /// A layer to take away (`seccomp-tag` marks the filter's answers instead).
     #[arg(long = "ablate", value_enum)]
     ablate: Vec<AblateArg>,
+    /// The egress proxy resolves NAME to a test upstream at IP:PORT (`NAME=IP:PORT`).
+    #[arg(long = "egress-upstream", value_name = "NAME=IP:PORT")]
+    egress_upstream: Vec<String>,
+    /// The egress proxy resolves NAME as if DNS answered IP (`NAME=IP`), vetted like DNS.
+    #[arg(long = "egress-dns", value_name = "NAME=IP")]
+    egress_dns: Vec<String>,
     #[command(flatten)]
     run: crate::run::RunArgs,
 }
@@ -98,14 +104,42 @@ impl AblateArg {
     }
 }
 
+/// The egress proxy's resolver for an evaluation run: only the names the suite lists, so that
+/// no lookup reaches real DNS (a name it does not list fails).
+fn evaluation_egress(args: &EvalRunArgs) -> anyhow::Result<EgressOptions> {
+    let resolver = airlock_egress::TestResolver::new();
+    for entry in &args.egress_upstream {
+        let (name, address) = entry
+            .split_once('=')
+            .with_context(|| format!("--egress-upstream `{entry}` is not NAME=IP:PORT"))?;
+        let address = address
+            .parse()
+            .with_context(|| format!("--egress-upstream `{entry}`: `{address}` is not IP:PORT"))?;
+        resolver.upstream(name, address);
+    }
+    for entry in &args.egress_dns {
+        let (name, ip) = entry
+            .split_once('=')
+            .with_context(|| format!("--egress-dns `{entry}` is not NAME=IP"))?;
+        let ip = ip
+            .parse()
+            .with_context(|| format!("--egress-dns `{entry}`: `{ip}` is not an IP address"))?;
+        resolver.dns(name, vec![ip]);
+    }
+    Ok(EgressOptions {
+        test_resolver: Some(std::sync::Arc::new(resolver)),
+        ..EgressOptions::default()
+    })
+}
+
 /// Runs one sandbox with the requested layers taken away; exits like `airlock run`.
 pub fn eval_run(args: EvalRunArgs) -> anyhow::Result<ExitCode> {
     let ablations: Vec<Ablation> = args.ablate.iter().map(|a| a.ablation()).collect();
+    let egress = evaluation_egress(&args)?;
     let config = crate::run::config(args.run)?;
     let signals = Signals::install()?;
     let runtime = Runtime::new()?;
-    let (sandbox, deadline) = runtime.start_for_evaluation(&config, &ablations)?;
-    let outcome = sandbox.wait(deadline, Some(&signals), |w| {
+    let outcome = runtime.run_for_evaluation(&config, &ablations, egress, Some(&signals), |w| {
         eprintln!("airlock: warning: {w}")
     })?;
     if let airlock_runtime::Ending::SetupFailed { message, .. } = &outcome.ending {
@@ -114,9 +148,7 @@ pub fn eval_run(args: EvalRunArgs) -> anyhow::Result<ExitCode> {
     if outcome.oom_killed {
         eprintln!("airlock: the command was killed by the sandbox's memory limit");
     }
-    Ok(ExitCode::from(
-        u8::try_from(outcome.exit_code()).unwrap_or(u8::MAX),
-    ))
+    Ok(ExitCode::from(u8::try_from(outcome.exit_code()).unwrap_or(u8::MAX)))
 }
 
 pub fn seceval(args: SecevalArgs) -> anyhow::Result<ExitCode> {
@@ -254,6 +286,7 @@ fn run_process_tier(
         let result = match need {
             Need::Home => env.fixtures.plant_home(),
             Need::Sinks => env.fixtures.start_sinks(),
+            Need::Upstream => env.fixtures.start_upstream(),
             Need::Lan => env.fixtures.start_lan_sink(),
             Need::Setuid => env.fixtures.plant_setuid(&env.probe),
             Need::Fakenet => fakenet::FakeNet::start(&env.probe, &env.fixtures.scratch)

@@ -349,7 +349,7 @@ successful probe observed) and the layers that produce it. Then one or more of:
 ### The evaluation-only knobs
 
 Ablation and tagging need the runtime to build a sandbox with a layer missing. That is
-`airlock_runtime::Runtime::start_for_evaluation` with an `Ablation` (Landlock, Seccomp,
+`airlock_runtime::Runtime::run_for_evaluation` with an `Ablation` (Landlock, Seccomp,
 SeccompTag, Masks, Cgroup), reached only through the hidden `airlock __seceval-run` command that
 `airlock seceval` spawns for its proof runs. `airlock run`, `Runtime::start` and airlockd always
 send the default (every layer on): the daemon's API carries a `SandboxConfig`, which has no

@@ -2,7 +2,7 @@
 //! control outside, the checks afterwards, and the same attempt under bwrap for the baseline.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -27,6 +27,14 @@ pub const BWRAP_ARGS: &[&str] = &[
     "--proc",
     "/proc",
 ];
+
+/// Names the egress proxy of an evaluation run sends to the test upstream; every other name
+/// fails to resolve, and `rebind.test` resolves to 169.254.169.254 as a rebinding DNS would.
+const EGRESS_UPSTREAM_NAMES: &[&str] = &["allowed.test", "other.test"];
+
+/// The credential a proxy-mode case's policy reads on the host; it must never be seen inside.
+pub const CREDENTIAL_VAR: &str = "AIRLOCK_SECEVAL_CREDENTIAL";
+pub const CREDENTIAL_VALUE: &str = "seceval-real-credential-5b1e";
 
 /// An attempt that neither the sandbox's own timeout nor the probe ends is killed after this.
 const ATTEMPT_BOUND: Duration = Duration::from_secs(120);
@@ -298,6 +306,7 @@ fn attempt(
         env.fixtures.reset_late_secret();
     }
     let before = sink_events(env);
+    let upstream_before = env.fixtures.upstream_bytes();
     let outcome = match target {
         Target::Daemon => {
             let daemon = env.daemon.as_ref().context("the daemon is not running")?;
@@ -313,6 +322,12 @@ fn attempt(
                     }
                     if !sandbox_args.iter().any(|a| a == "--timeout") {
                         sandbox_args.extend(["--timeout".into(), "60s".into()]);
+                    }
+                    if let Some(upstream) = values.get("upstream") {
+                        for name in EGRESS_UPSTREAM_NAMES {
+                            command.args(["--egress-upstream", &format!("{name}={upstream}")]);
+                        }
+                        command.args(["--egress-dns", "rebind.test=169.254.169.254"]);
                     }
                     if let Some(policy) = &env.user_policy
                         && !sandbox_args.iter().any(|a| a == "--policy")
@@ -349,6 +364,12 @@ fn attempt(
                 let after = sink_events(env);
                 if after != before {
                     post_failures.push(format!("{} event(s) reached a sink", after - before));
+                }
+            }
+            Post::UpstreamSilent => {
+                let received = env.fixtures.upstream_bytes() - upstream_before;
+                if received > 0 {
+                    post_failures.push(format!("{received} byte(s) reached the upstream"));
                 }
             }
             Post::NoSurvivor => {
@@ -389,6 +410,8 @@ fn sink_events(env: &Env) -> u64 {
 }
 
 /// Runs `command`, acting on its output lines as the case says, within [`ATTEMPT_BOUND`].
+/// Output is read on threads of their own: a process the command left behind may hold the
+/// pipes open, so once the command has ended its output is awaited only briefly.
 fn run_command(
     env: &Env,
     case: &Case,
@@ -397,6 +420,7 @@ fn run_command(
 ) -> anyhow::Result<Outcome> {
     let mut child = command
         .env("AIRLOCK_SECEVAL_HOST_SECRET", "seceval-host-secret")
+        .env(CREDENTIAL_VAR, CREDENTIAL_VALUE)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -406,70 +430,68 @@ fn run_command(
     let stderr = child.stderr.take().context("no stderr")?;
     let interact = case.interact.clone();
     let port = values.get("port").cloned().unwrap_or_default();
-    std::thread::scope(|scope| {
-        let reader = scope.spawn(move || {
-            let mut text = String::new();
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(interact) = &interact
-                    && line.trim() == interact.on
-                {
-                    match interact.action {
-                        InteractAction::PlantLateSecret => {
-                            let _ = env.fixtures.plant_late_secret();
-                        }
-                        InteractAction::ConnectInbound => {
-                            let target = format!("127.0.0.1:{port}");
-                            if let Ok(address) = target.parse() {
-                                let _ = std::net::TcpStream::connect_timeout(
-                                    &address,
-                                    Duration::from_secs(2),
-                                );
-                            }
+    let late = env.fixtures.late_secret_paths();
+    let (out_tx, out_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some(interact) = &interact
+                && line.trim() == interact.on
+            {
+                match interact.action {
+                    InteractAction::PlantLateSecret => {
+                        let _ = super::fixtures::plant_late_secret(&late);
+                    }
+                    InteractAction::ConnectInbound => {
+                        if let Ok(address) = format!("127.0.0.1:{port}").parse() {
+                            let _ = std::net::TcpStream::connect_timeout(
+                                &address,
+                                Duration::from_secs(2),
+                            );
                         }
                     }
                 }
-                text.push_str(&line);
-                text.push('\n');
             }
-            text
-        });
-        let errors = scope.spawn(move || {
-            let mut text = String::new();
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                text.push_str(&line);
-                text.push('\n');
-            }
-            text
-        });
-        let deadline = Instant::now() + ATTEMPT_BOUND;
-        let status = loop {
-            if let Some(status) = child.try_wait()? {
-                break Some(status);
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let stdout = reader.join().unwrap_or_default();
-        let stderr = errors.join().unwrap_or_default();
-        let Some(status) = status else {
-            return Ok(Outcome::Hung);
-        };
-        let outcome = Outcome::from_probe(&stdout, status.code(), status.signal());
-        if std::env::var_os("AIRLOCK_SECEVAL_DEBUG").is_some() {
-            eprintln!(
-                "seceval: {} {:?} -> {outcome} {}",
-                case.id,
-                command.get_args().collect::<Vec<_>>(),
-                stderr.trim()
-            );
+            text.push_str(&line);
+            text.push('\n');
         }
-        Ok(outcome)
-    })
+        let _ = out_tx.send(text);
+    });
+    let (err_tx, err_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = BufReader::new(stderr).read_to_string(&mut text);
+        let _ = err_tx.send(text);
+    });
+    let deadline = Instant::now() + ATTEMPT_BOUND;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let grace = Duration::from_secs(5);
+    let stdout = out_rx.recv_timeout(grace).unwrap_or_default();
+    let stderr = err_rx.recv_timeout(grace).unwrap_or_default();
+    let Some(status) = status else {
+        return Ok(Outcome::Hung);
+    };
+    let outcome = Outcome::from_probe(&stdout, status.code(), status.signal());
+    if std::env::var_os("AIRLOCK_SECEVAL_DEBUG").is_some() {
+        eprintln!(
+            "seceval: {} {:?} -> {outcome} {}",
+            case.id,
+            command.get_args().collect::<Vec<_>>(),
+            stderr.trim()
+        );
+    }
+    Ok(outcome)
 }
 
 /// Waits (boundedly) for every host process whose command line holds `marker` to be gone;
