@@ -8,6 +8,8 @@ need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)      # the benchmark's peer
 command -v setpriv >/dev/null || need+=(util-linux)    # the unprivileged-caller test
 command -v curl >/dev/null || need+=(curl)             # egress tests: a real client inside
+command -v openssl >/dev/null || need+=(openssl)       # egress tests: a TLS client with any SNI
+command -v git >/dev/null || need+=(git)               # egress tests: git over smart HTTP
 /usr/bin/python3 -c 'import requests' 2>/dev/null || need+=(python3-requests)  # and another
 if ((${#need[@]})); then
     if [ "$(id -u)" -ne 0 ]; then

@@ -45,7 +45,10 @@ network:
       host: allowed.test
       ports: [80]
       methods: [GET]
-      paths: ["/hello", "/other"]
+      paths: ["/hello", "/other", "/redirect-metadata"]
+    - name: rebind
+      host: rebind.test
+      ports: [80]
     - name: api
       host: api.test
       ports: [443]
@@ -85,6 +88,14 @@ echo "mismatch $(header -H "Authorization: Bearer $API_TOKEN" http://allowed.tes
 echo "mismatch_path $(header -H "Authorization: Bearer $API_TOKEN" https://api.test/elsewhere)"
 echo "metadata $(header http://169.254.169.254/latest/meta-data/)"
 echo "metadata_decimal $(header http://2852039166/latest/meta-data/)"
+echo "metadata_hex $(header http://0xa9fea9fe/latest/meta-data/)"
+echo "metadata_octal $(header http://0251.0376.0251.0376/latest/meta-data/)"
+echo "metadata_ipv6 $(header 'http://[::ffff:169.254.169.254]/latest/meta-data/')"
+echo "redirect $(curl -sS -L -D - -o /dev/null http://allowed.test/redirect-metadata 2>/dev/null | tr -d '\r' | sed -n 's/^x-airlock-error: //p')"
+echo "rebind_first $(curl -sS http://rebind.test/hello)"
+echo "rebind_second $(header http://rebind.test/hello)"
+echo "fronting_control $(echo | openssl s_client -proxy 127.0.0.1:3128 -connect api.test:443 -servername api.test 2>&1 | grep -c 'BEGIN CERTIFICATE')"
+echo "fronting $(echo | openssl s_client -proxy 127.0.0.1:3128 -connect api.test:443 -servername evil.test 2>&1 | grep -c 'BEGIN CERTIFICATE')"
 echo "direct $(code --noproxy '*' --max-time 3 http://127.0.0.1:$UPSTREAM_PORT/hello || echo failed)"
 echo "dns $(getent hosts example.com >/dev/null 2>&1 && echo resolved || echo failed)"
 echo "requests $(/usr/bin/python3 -c 'import requests; print(requests.get("https://api.test/req").text)' 2>&1 | tail -n1)"
@@ -124,6 +135,15 @@ async fn test_proxy_mode_from_inside_a_sandbox() {
     resolver.upstream("allowed.test", http);
     resolver.upstream("denied.test", http);
     resolver.upstream("api.test", https);
+    // Rebinding: the first lookup answers the (allowed) test upstream, every later one the
+    // metadata address.
+    resolver.sequence(
+        "rebind.test",
+        vec![
+            airlock_egress::TestAnswer::Upstream(http),
+            airlock_egress::TestAnswer::Dns(vec!["169.254.169.254".parse().unwrap()]),
+        ],
+    );
     resolver.upstream("git.test", start_git_upstream(&pki, &scratch).await);
     let options = EgressOptions {
         test_resolver: Some(Arc::new(resolver)),
@@ -161,6 +181,20 @@ async fn test_proxy_mode_from_inside_a_sandbox() {
     );
     assert_eq!(verdict("metadata"), "destination_blocked", "{out}");
     assert_eq!(verdict("metadata_decimal"), "destination_blocked", "{out}");
+    assert_eq!(verdict("metadata_hex"), "destination_blocked", "{out}");
+    assert_eq!(verdict("metadata_octal"), "destination_blocked", "{out}");
+    assert_eq!(verdict("metadata_ipv6"), "destination_blocked", "{out}");
+    // curl follows the upstream's redirect to the metadata address; the proxy refuses that hop.
+    assert_eq!(verdict("redirect"), "destination_blocked", "{out}");
+    assert_eq!(verdict("rebind_first"), "hello from http /hello", "{out}");
+    assert_eq!(verdict("rebind_second"), "destination_blocked", "{out}");
+    // CONNECT api.test with the SNI of another host: the proxy refuses before any certificate.
+    assert_eq!(
+        verdict("fronting_control"),
+        "1",
+        "the same handshake with a matching SNI: {out}"
+    );
+    assert_eq!(verdict("fronting"), "0", "{out}");
     assert_eq!(verdict("direct"), "000failed", "raw TCP to the host: {out}");
     assert_eq!(verdict("dns"), "failed", "{out}");
     assert_eq!(verdict("python"), "hello from https /py", "{out}");

@@ -244,7 +244,8 @@ fn parse_qname(packet: &[u8]) -> Option<(String, usize)> {
 
 /// The proxy named by `$HTTP_PROXY` (`http://HOST:PORT`), connected.
 fn connect_proxy() -> io::Result<std::net::TcpStream> {
-    let proxy = std::env::var("HTTP_PROXY").map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))?;
+    let proxy =
+        std::env::var("HTTP_PROXY").map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))?;
     let address = proxy
         .trim_start_matches("http://")
         .trim_end_matches('/')
@@ -275,7 +276,9 @@ fn read_head(stream: &mut std::net::TcpStream) -> io::Result<(u16, String)> {
         .lines()
         .find_map(|l| {
             let (name, value) = l.split_once(':')?;
-            name.trim().eq_ignore_ascii_case("x-airlock-error").then(|| value.trim().to_owned())
+            name.trim()
+                .eq_ignore_ascii_case("x-airlock-error")
+                .then(|| value.trim().to_owned())
         })
         .unwrap_or_else(|| "-".into());
     Ok((status, error))
@@ -284,12 +287,15 @@ fn read_head(stream: &mut std::net::TcpStream) -> io::Result<(u16, String)> {
 /// `GET url` through the proxy of `$HTTP_PROXY` (absolute form), with `Authorization:
 /// Bearer $token_env` when a variable is named.
 pub fn http_get(url: &str, token_env: &str) -> Outcome {
-    let rest = url.strip_prefix("http://").ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
     let host = rest.split('/').next().unwrap_or(rest);
     let mut stream = connect_proxy()?;
     let mut request = format!("GET {url} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
     if !token_env.is_empty() {
-        let token = std::env::var(token_env).map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let token =
+            std::env::var(token_env).map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))?;
         request.push_str(&format!("Authorization: Bearer {token}\r\n"));
     }
     request.push_str("\r\n");
@@ -317,22 +323,33 @@ pub fn proxy_connect(target: &str, sni: &str) -> Outcome {
     Ok(format!("status={status} then={then}"))
 }
 
-/// A minimal TLS 1.2 ClientHello carrying `server_name`.
+/// A TLS 1.3 ClientHello carrying `server_name`, with the extensions a TLS stack needs to
+/// parse it (the key share is a fixed, made-up X25519 value: the handshake never completes).
 fn client_hello(server_name: &str) -> Vec<u8> {
     let name = server_name.as_bytes();
     let len16 = |n: usize| u16::try_from(n).unwrap_or(u16::MAX).to_be_bytes();
+    let extension = |out: &mut Vec<u8>, kind: u16, data: &[u8]| {
+        out.extend_from_slice(&kind.to_be_bytes());
+        out.extend_from_slice(&len16(data.len()));
+        out.extend_from_slice(data);
+    };
     let mut sni = Vec::new();
     sni.extend_from_slice(&len16(name.len() + 3));
     sni.push(0);
     sni.extend_from_slice(&len16(name.len()));
     sni.extend_from_slice(name);
-    let mut extensions = vec![0, 0];
-    extensions.extend_from_slice(&len16(sni.len()));
-    extensions.extend_from_slice(&sni);
+    let mut key_share = vec![0, 36, 0, 0x1d, 0, 32];
+    key_share.extend_from_slice(&[0x42; 32]);
+    let mut extensions = Vec::new();
+    extension(&mut extensions, 0x0000, &sni);
+    extension(&mut extensions, 0x000a, &[0, 2, 0, 0x1d]);
+    extension(&mut extensions, 0x000d, &[0, 4, 0x08, 0x04, 0x04, 0x03]);
+    extension(&mut extensions, 0x002b, &[2, 3, 4]);
+    extension(&mut extensions, 0x0033, &key_share);
     let mut body = vec![3, 3];
     body.extend_from_slice(&[0x5a; 32]);
     body.push(0);
-    body.extend_from_slice(&[0, 4, 0xc0, 0x2f, 0x13, 0x01, 1, 0]);
+    body.extend_from_slice(&[0, 2, 0x13, 0x01, 1, 0]);
     body.extend_from_slice(&len16(extensions.len()));
     body.extend_from_slice(&extensions);
     let mut handshake = vec![1, 0];

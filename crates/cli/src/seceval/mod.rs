@@ -148,7 +148,9 @@ pub fn eval_run(args: EvalRunArgs) -> anyhow::Result<ExitCode> {
     if outcome.oom_killed {
         eprintln!("airlock: the command was killed by the sandbox's memory limit");
     }
-    Ok(ExitCode::from(u8::try_from(outcome.exit_code()).unwrap_or(u8::MAX)))
+    Ok(ExitCode::from(
+        u8::try_from(outcome.exit_code()).unwrap_or(u8::MAX),
+    ))
 }
 
 pub fn seceval(args: SecevalArgs) -> anyhow::Result<ExitCode> {
