@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)      # the benchmark's peer
 command -v setpriv >/dev/null || need+=(util-linux)    # the unprivileged-caller test
+command -v ip >/dev/null || need+=(iproute2)           # seceval's fake internet (netns, veth)
 command -v curl >/dev/null || need+=(curl)             # egress tests: a real client inside
 command -v openssl >/dev/null || need+=(openssl)       # egress tests: a TLS client with any SNI
 command -v git >/dev/null || need+=(git)               # egress tests: git over smart HTTP
@@ -34,7 +35,12 @@ scripts/e2b-tests.sh
 # The benchmark must keep working; its figures are printed, never asserted.
 cargo run --quiet --locked --bin airlock -- bench start --iterations 20 --phases
 cargo test --workspace --locked
-# Bounded fuzzing of the policy parser. A deterministic mutation run on stable (same invariants
-# as the cargo-fuzz target crates/policy/fuzz, which also runs here with `cargo fuzz run
-# --sanitizer none` but needs cargo-fuzz installed and its own build: see its Cargo.toml).
+# The security evaluation (docs/seceval.md) on every tier this machine has, beside bwrap: fails on
+# any case allowed or stopped by the wrong layer.
+cargo run --quiet --locked --bin airlock -- seceval --tier all --baseline bwrap
+# Fuzzing, bounded: deterministic mutation runs on stable that replay the kept regression inputs
+# first (the same invariants as the cargo-fuzz targets), then every cargo-fuzz target under
+# libFuzzer for a few seconds each (scripts/fuzz.sh; installs cargo-fuzz when missing).
+AIRLOCK_FUZZ_ITERATIONS=50000 cargo test --locked -p airlock-agent -p airlock-server --test fuzz --test fuzz_bodies
 AIRLOCK_FUZZ_ITERATIONS=50000 cargo test --locked -p airlock-policy --test fuzz_policy
+scripts/fuzz.sh 10

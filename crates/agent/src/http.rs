@@ -64,7 +64,7 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 }
 
 /// Decodes one `application/x-www-form-urlencoded` component (`+` is a space).
-fn form_decode(text: &str) -> Option<String> {
+pub(crate) fn form_decode(text: &str) -> Option<String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -72,8 +72,12 @@ fn form_decode(text: &str) -> Option<String> {
         match bytes[i] {
             b'+' => out.push(b' '),
             b'%' => {
-                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
+                // Two hex digits exactly: `from_str_radix` alone would also take a sign (`%+5`).
+                let hex = bytes.get(i + 1..i + 3)?;
+                if !hex.iter().all(u8::is_ascii_hexdigit) {
+                    return None;
+                }
+                out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
                 i += 2;
             }
             b => out.push(b),
@@ -84,7 +88,7 @@ fn form_decode(text: &str) -> Option<String> {
 }
 
 /// The decoded value of query parameter `key`; `Err` when the query is malformed.
-fn query_param(query: Option<&str>, key: &str) -> Result<Option<String>, String> {
+pub(crate) fn query_param(query: Option<&str>, key: &str) -> Result<Option<String>, String> {
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let k = form_decode(k).ok_or_else(|| format!("malformed query parameter name '{k}'"))?;
@@ -375,5 +379,7 @@ mod tests {
         assert_eq!(query_param(q, "username").unwrap().as_deref(), Some("user"));
         assert_eq!(query_param(q, "missing").unwrap(), None);
         assert!(query_param(Some("path=%zz"), "path").is_err());
+        // Found by fuzzing (fuzz/regressions/file_paths/lax-percent-sign): a sign is not a digit.
+        assert!(query_param(Some("path=%+5"), "path").is_err());
     }
 }

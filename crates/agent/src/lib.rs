@@ -12,6 +12,7 @@
 pub mod connect;
 pub mod files;
 pub mod filesystem;
+pub mod fuzzing;
 pub mod http;
 pub mod multipart;
 pub mod process;

@@ -28,7 +28,8 @@ impl User {
             return self.home.clone();
         }
         if let Some(rest) = path.strip_prefix("~/") {
-            return self.home.join(rest);
+            // `~//x` is `x` in the home, not `/x`: joining an absolute path would replace it.
+            return self.home.join(rest.trim_start_matches('/'));
         }
         let p = Path::new(path);
         if p.is_absolute() {
@@ -162,6 +163,8 @@ mod tests {
         };
         assert_eq!(user.resolve("~"), PathBuf::from("/home/u"));
         assert_eq!(user.resolve("~/a b"), PathBuf::from("/home/u/a b"));
+        // Found by fuzzing (fuzz/regressions/file_paths/tilde-double-slash).
+        assert_eq!(user.resolve("~//etc/x"), PathBuf::from("/home/u/etc/x"));
         assert_eq!(user.resolve("rel/x"), PathBuf::from("/home/u/rel/x"));
         assert_eq!(user.resolve("/abs"), PathBuf::from("/abs"));
     }

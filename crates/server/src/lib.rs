@@ -12,7 +12,8 @@
 //! - `routes`: the route table (also the source of the OpenAPI paths) and the handlers;
 //!   [`proxy`]: the streaming reverse proxy to a sandbox's agent; [`agent`]: the Connect client
 //!   for the agent's Unix socket.
-//! - [`openapi`]: generates `api/openapi.json`; [`client`]: the typed async client.
+//! - [`openapi`]: generates `api/openapi.json`; [`client`]: the typed async client;
+//!   [`fuzzing`]: the invariants of request handling that the fuzzers check.
 //! - [`e2b`]: the E2B-compatible API on the same port (control plane, data plane, the routing
 //!   between them and `/v1`); its module docs give the routing rules.
 //! - [`egress`]: `network: proxy` sandboxes' egress proxies (hot reload, approvals);
@@ -64,6 +65,7 @@ pub mod config;
 pub mod e2b;
 pub mod egress;
 pub mod error;
+pub mod fuzzing;
 pub mod http;
 pub mod keys_cmd;
 pub mod lifecycle;

@@ -273,7 +273,7 @@ impl Catalog {
             outcomes.extend(case.proofs.iter().map(|p| &p.outcome));
             outcomes.extend(case.control.iter().map(|c| &c.outcome));
             for outcome in outcomes {
-                Pattern::parse(outcome).map_err(|e| bad(e))?;
+                Pattern::parse(outcome).map_err(&bad)?;
             }
             match case.via {
                 Via::Scenario if case.scenario.is_none() => {

@@ -104,6 +104,13 @@ impl Daemon {
         let state = self.state.display().to_string();
         vec![
             (
+                "daemonaddr",
+                self.client
+                    .base_url()
+                    .trim_start_matches("http://")
+                    .to_owned(),
+            ),
+            (
                 "agentsock",
                 format!("{state}/sandboxes/{}/agent.sock", self.id(0)),
             ),
@@ -156,6 +163,44 @@ impl Daemon {
                         .block_on(with_a.exec_collect(self.id(1), &echo)),
                 ))
             }
+            "e2b-token-cross" => {
+                let anonymous = Client::new(&self.client.base_url(), None)?;
+                let get = |index: usize, token_of: usize| {
+                    let id = self.id(index).to_owned();
+                    let token = self
+                        .sandboxes
+                        .get(token_of)
+                        .map(|(_, t)| t.clone())
+                        .unwrap_or_default();
+                    let anonymous = anonymous.clone();
+                    async move {
+                        let headers = [
+                            ("e2b-sandbox-id", id.as_str()),
+                            ("e2b-sandbox-port", "49983"),
+                            ("x-access-token", token.as_str()),
+                        ];
+                        anonymous
+                            .raw(
+                                hyper::Method::GET,
+                                "/files?path=%2Fetc%2Fhostname",
+                                &headers,
+                                Vec::new(),
+                            )
+                            .await
+                    }
+                };
+                // Control: B's own token opens B's envd.
+                let (own, _, _) = self.runtime.block_on(get(1, 1))?;
+                if !own.is_success() {
+                    bail!("sandbox B's token does not open B's envd ({own})");
+                }
+                let (status, _, _) = self.runtime.block_on(get(1, 0))?;
+                Ok(if status.is_success() {
+                    Outcome::Ok(status.to_string())
+                } else {
+                    Outcome::Http(status.as_u16())
+                })
+            }
             "no-key" => {
                 let anonymous = Client::new(&self.client.base_url(), None)?;
                 Ok(api_outcome(
@@ -168,9 +213,15 @@ impl Daemon {
                     metadata: [("x".to_owned(), "a".repeat(2 << 20))].into(),
                     ..CreateSandboxRequest::default()
                 };
-                Ok(api_outcome(
-                    self.runtime.block_on(self.client.create(&request)),
-                ))
+                match self.runtime.block_on(self.client.create(&request)) {
+                    Ok(created) => {
+                        let _ = self
+                            .runtime
+                            .block_on(self.client.delete(&created.sandbox.id));
+                        Ok(Outcome::Ok("created".into()))
+                    }
+                    Err(err) => Ok(api_outcome::<()>(Err(err))),
+                }
             }
             "file-symlink-read" => {
                 let secret = format!("{}/.ssh/id_ed25519", env.fixtures.home.display());
@@ -272,11 +323,10 @@ impl Daemon {
             let _ = race.await;
         });
         let landed = std::fs::read_dir(&target).map(|d| d.count()).unwrap_or(0);
-        Ok(Outcome::Ok(format!("landed={landed}"))).inspect(|_| {
-            if std::env::var_os("AIRLOCK_SECEVAL_DEBUG").is_some() {
-                eprintln!("seceval: rename race: {refused} of 60 uploads refused");
-            }
-        })
+        if std::env::var_os("AIRLOCK_SECEVAL_DEBUG").is_some() {
+            eprintln!("seceval: rename race: {refused} of 60 uploads refused");
+        }
+        Ok(Outcome::Ok(format!("landed={landed}")))
     }
 
     /// The workload swaps a FIFO and a regular file at one path while the API downloads and

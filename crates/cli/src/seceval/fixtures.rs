@@ -73,7 +73,7 @@ impl Fixtures {
         let scratch = PathBuf::from("/var/tmp").join(&tag);
         let _ = fs::remove_dir_all(&scratch);
         fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
-        set_mode(&scratch, 0o777)?;
+        set_mode(&scratch, 0o1777)?;
         write_file(&scratch.join("victim"), "fixture\n", 0o666)?;
         let mut fixtures = Fixtures {
             home: PathBuf::from("/home").join(&tag),
@@ -137,12 +137,19 @@ impl Fixtures {
         let _ = fs::remove_file(self.scratch.join("late-ready"));
     }
 
-    /// A set-user-id root copy of the probe.
+    /// A set-user-id root copy of the probe that only the sandbox's user 1000 may execute: its
+    /// group is that user's host gid (a root caller maps gid N inside to `0x70000000 + N`, see
+    /// `SANDBOX_ID_BASE` in crates/policy/src/compile.rs), and its mode gives others nothing, so
+    /// that no host user gains a set-uid root binary while the suite runs.
     pub fn plant_setuid(&self, probe: &Path) -> anyhow::Result<()> {
+        const SANDBOX_GID_1000: u32 = 0x7000_0000 + 1000;
         let target = self.scratch.join("probe-suid");
         fs::copy(probe, &target)
             .with_context(|| format!("copying the probe to {}", target.display()))?;
-        set_mode(&target, 0o4755)
+        set_mode(&target, 0o700)?;
+        std::os::unix::fs::chown(&target, Some(0), Some(SANDBOX_GID_1000))
+            .with_context(|| format!("chown {}", target.display()))?;
+        set_mode(&target, 0o4710)
     }
 
     /// Starts every host-side sink and records where it listens.

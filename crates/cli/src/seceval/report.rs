@@ -173,17 +173,28 @@ pub fn scorecard(
                 bwrap.not_applicable
             )?;
         }
-        let failed = totals.allowed + totals.wrong_layer;
-        writeln!(
-            out,
-            "result: {}",
-            if failed == 0 {
-                "PASS (no case meant to be blocked was allowed)".to_owned()
-            } else {
-                format!("FAIL ({failed} case(s) allowed or stopped by the wrong layer)")
-            }
-        )?;
     }
+    let failed = tiers
+        .iter()
+        .flat_map(|t| &t.cases)
+        .filter(|c| c.airlock.fails())
+        .count();
+    let gaps = tiers
+        .iter()
+        .flat_map(|t| &t.cases)
+        .filter(|c| matches!(c.airlock, Verdict::KnownGap { .. }))
+        .count();
+    writeln!(
+        out,
+        "result: {}",
+        if failed == 0 {
+            format!(
+                "PASS (no case meant to be blocked was allowed; {gaps} known gap(s), SECURITY.md)"
+            )
+        } else {
+            format!("FAIL ({failed} case(s) allowed or stopped by the wrong layer)")
+        }
+    )?;
     Ok(())
 }
 
@@ -259,7 +270,7 @@ pub fn markdown(catalog: &Catalog) -> String {
         );
     }
     let _ = writeln!(md, "\n## The catalog ({} cases)\n", catalog.cases.len());
-    md.push_str("Expected outcomes use the runner's vocabulary: `errno NAME`, `killed SIGNAL`, `http STATUS`, `ok=TEXT` (the probe succeeded and saw exactly TEXT), `ok~TEXT` (saw something containing TEXT). Item numbers refer to the research catalog (`policy-and-security.md` §(d)).\n");
+    md.push_str("Expected outcomes use the runner's vocabulary: `errno NAME`, `killed SIGNAL`, `http STATUS`, `ok=TEXT` (the probe succeeded and saw exactly TEXT), `ok~TEXT` (saw something containing TEXT), `ok!~TEXT` (saw nothing containing TEXT). Item numbers refer to the research catalog (`policy-and-security.md` §(d)).\n");
     for group in &catalog.groups {
         let _ = writeln!(md, "\n### {} (§(d) {})\n", group.title, group.section);
         md.push_str("| Case | Attack | Expected layer | Expected errno | How the layer is proven | Source (§(d) items) |\n|---|---|---|---|---|---|\n");
@@ -371,6 +382,10 @@ No packet leaves the machine. The suite creates, and removes afterwards:
   `airlock-probe fake-servers`, which logs every connection and query); the other has a route to
   them and runs the controls. A case marked `silent` fails if any sink saw anything during the
   sandboxed attempt;
+- for `network: proxy` cases, a test upstream on the host's loopback that counts the bytes it
+  receives. The egress proxy of those sandboxes resolves only `allowed.test` and `other.test`
+  (to that upstream) and `rebind.test` (to 169.254.169.254, as a rebinding DNS server would);
+  any other name fails instead of reaching real DNS;
 - fake home directories with world-readable credentials (so that file modes are not what
   protects them), a set-uid root copy of the probe, and a daemon (`airlock serve` on loopback,
   with its own state directory) with three sandboxes.

@@ -487,6 +487,11 @@ fn find(method: &Method, path: &str) -> Result<Matched, ApiError> {
     }
 }
 
+/// The route pattern that `method path` reaches, if any (for `crate::fuzzing`).
+pub(crate) fn route_pattern(method: &Method, path: &str) -> Option<&'static str> {
+    find(method, path).ok().map(|matched| matched.route.path)
+}
+
 /// Whether a path parameter can be a sandbox id at all.
 fn plausible_id(id: &str) -> bool {
     !id.is_empty()

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs every cargo-fuzz target (libFuzzer) for a bounded time: the policy parser, the agent's
+# Connect framing, JSON messages and file paths, and the daemon's request bodies. Stable Rust
+# works without a sanitizer (`--sanitizer none`); nightly users may drop that flag to add
+# AddressSanitizer. Corpora grow under target/fuzz-corpus/, never in the repository; each
+# target also reads its kept seeds and regression inputs. Usage: scripts/fuzz.sh [SECONDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${1:-10}"
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    cargo install --locked cargo-fuzz --version 0.13.2
+fi
+corpora="$PWD/target/fuzz-corpus"
+run() {
+    local crate=$1 target=$2
+    local corpus="$corpora/$crate-$target"
+    mkdir -p "$corpus"
+    local inputs=("$corpus")
+    for kept in "crates/$crate/fuzz/seeds" "crates/$crate/fuzz/regressions/$target"; do
+        [ -d "$kept" ] && inputs+=("$PWD/$kept")
+    done
+    echo "fuzz: $crate/$target for ${seconds}s"
+    (cd "crates/$crate" && cargo fuzz run --sanitizer none "$target" "${inputs[@]}" -- \
+        -max_total_time="$seconds" -print_final_stats=1 2>&1 | tail -n 3)
+}
+run policy parse_policy
+run agent connect_framing
+run agent json_messages
+run agent file_paths
+run server request_bodies
