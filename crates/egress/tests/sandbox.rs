@@ -119,6 +119,7 @@ async fn test_proxy_mode_from_inside_a_sandbox() {
     ));
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(scratch.join("workspace")).unwrap();
+    let _scratch = RemoveOnDrop(scratch.clone());
     let secret_file = scratch.join("secret");
     std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
     std::fs::write(scratch.join("workspace/script.sh"), SCRIPT).unwrap();
@@ -251,7 +252,8 @@ async fn test_proxy_mode_from_inside_a_sandbox() {
         "{lines}"
     );
 
-    std::fs::remove_dir_all(&scratch).unwrap();
+    drop(_scratch);
+    assert!(!scratch.exists());
     let leftovers: Vec<_> = std::fs::read_dir(std::env::temp_dir())
         .unwrap()
         .flatten()
@@ -262,6 +264,15 @@ async fn test_proxy_mode_from_inside_a_sandbox() {
         leftovers.is_empty(),
         "the egress directory is removed: {leftovers:?}"
     );
+}
+
+/// Removes a scratch directory however the test ends.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// A bare repository with one commit, served over HTTPS by `git http-backend` (CGI).

@@ -24,6 +24,9 @@ async fn test_kill_9_during_50_creates_leaves_running_or_nothing() {
     common::require_binaries();
     let mut first = TestDaemon::start("crash", &[]);
     first.keep_state = true;
+    let _cleanup = common::CleanupOnPanic {
+        state_dir: first.state_dir.clone(),
+    };
     let client = first.client();
     let daemon_pid = first.pid();
 

@@ -492,6 +492,9 @@ async fn test_restarted_daemon_keeps_a_sandboxs_egress_and_placeholder() {
     let placeholder = sh(&client, &id, r#"printf %s "$API_TOKEN""#).await;
 
     daemon.keep_state = true;
+    let _cleanup = common::CleanupOnPanic {
+        state_dir: daemon.state_dir.clone(),
+    };
     assert!(daemon.terminate(), "the daemon stops cleanly");
     let flags: Vec<&str> = fake.flags.iter().map(String::as_str).collect();
     let daemon = TestDaemon::start_in(&daemon.state_dir.clone(), &daemon.key.clone(), &flags);

@@ -92,6 +92,9 @@ async fn test_restart_readopts_live_sandboxes_and_destroys_the_rest() {
     common::require_binaries();
     let mut first = TestDaemon::start("restart", &[]);
     first.keep_state = true;
+    let _cleanup = common::CleanupOnPanic {
+        state_dir: first.state_dir.clone(),
+    };
     let client = first.client();
     let kept = client
         .create(&CreateSandboxRequest::default())

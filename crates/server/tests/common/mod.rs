@@ -157,6 +157,40 @@ impl Drop for TestDaemon {
     }
 }
 
+/// For a test that stops its daemon on purpose (sandboxes outlive it by design): if the test
+/// panics, a fresh daemon reconciles the state directory and deletes every sandbox, and the
+/// directory is removed, so that a failure leaves nothing behind either.
+#[derive(Debug)]
+pub struct CleanupOnPanic {
+    pub state_dir: PathBuf,
+}
+
+impl Drop for CleanupOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() && self.state_dir.exists() {
+            // Deleting needs a key: make one for the cleanup (without panicking again).
+            let key = Command::new(env!("CARGO_BIN_EXE_airlockd"))
+                .args(["keys", "--state-dir"])
+                .arg(&self.state_dir)
+                .args(["create", "cleanup"])
+                .output()
+                .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+                .unwrap_or_default();
+            if let Ok((child, addr)) = spawn_daemon(&self.state_dir, &[]) {
+                drop(TestDaemon {
+                    child: Some(child),
+                    addr,
+                    state_dir: self.state_dir.clone(),
+                    key,
+                    extra: Vec::new(),
+                    keep_state: false,
+                });
+            }
+            let _ = std::fs::remove_dir_all(&self.state_dir);
+        }
+    }
+}
+
 /// Starts airlockd and waits for its "listening on" line.
 pub fn spawn_daemon(state_dir: &Path, extra: &[&str]) -> Result<(Child, String), String> {
     let dir = bin_dir();
