@@ -205,3 +205,86 @@ fn test_client_errors_are_one_line() {
     assert_eq!(down.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&down.stderr).contains("cannot connect to airlockd"));
 }
+
+#[test]
+fn test_policy_apply_and_approvals_from_the_cli() {
+    let daemon = Daemon::start();
+    let dir = PathBuf::from(format!(
+        "/var/tmp/airlock-cli-policy-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    let ask = write(
+        "ask.yaml",
+        "version: 1\nnetwork: {mode: proxy}\napprovals: {unmatched: ask, timeout: 60s}\n",
+    );
+    let secret = write("secret", "s3cret\n");
+    // A credential usable at a new host: a finding that needs review.
+    let wider = write(
+        "wider.yaml",
+        &format!(
+            "version: 1\nnetwork:\n  mode: proxy\n  egress: [{{name: api, host: api.example.org, ports: [443]}}]\ncredentials:\n  - {{name: tok, source: {{file: {secret}}}, env: TOKEN, inject: bearer, endpoints: [{{host: api.example.org}}]}}\napprovals: {{unmatched: ask, timeout: 60s}}\n"
+        ),
+    );
+    let id = daemon
+        .ok(&["sandbox", "create", "--policy", &ask])
+        .trim()
+        .to_owned();
+
+    // A widening needs review: refused without --approve, applied with it.
+    let refused = daemon.airlock(&["policy", "apply", &id, &wider], Some(&daemon.key));
+    assert_ne!(refused.status.code(), Some(0), "{refused:?}");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("conflict") || stderr.contains("review"),
+        "{stderr}"
+    );
+    daemon.ok(&["policy", "apply", &id, &wider, "--approve"]);
+
+    // An unmatched request is held, listed, and denied from the CLI.
+    let mut held = Command::new(common::airlock_bin())
+        .args([
+            "exec",
+            &id,
+            "--",
+            "curl",
+            "-sS",
+            "-D",
+            "-",
+            "-o",
+            "/dev/null",
+            "http://held.test/",
+        ])
+        .env("AIRLOCK_URL", &daemon.url)
+        .env("AIRLOCK_API_KEY", &daemon.key)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut approval = None;
+    assert!(common::eventually(|| {
+        let listed = daemon.ok(&["approvals", "ls", "--json"]);
+        let pending: Vec<serde_json::Value> = serde_json::from_str(&listed).unwrap_or_default();
+        approval = pending
+            .iter()
+            .find(|p| p.to_string().contains("held.test"))
+            .and_then(|p| p["id"].as_str().map(str::to_owned));
+        approval.is_some()
+    }));
+    daemon.ok(&["approvals", "deny", approval.as_deref().unwrap()]);
+    let output = held.wait_with_output().unwrap();
+    let headers = String::from_utf8_lossy(&output.stdout).to_lowercase();
+    assert!(
+        headers.contains("x-airlock-error: approval_denied"),
+        "{headers}"
+    );
+    assert!(daemon.ok(&["approvals", "ls", "--json"]).trim() == "[]");
+
+    daemon.ok(&["sandbox", "rm", &id]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
