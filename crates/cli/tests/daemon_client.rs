@@ -248,7 +248,7 @@ fn test_policy_apply_and_approvals_from_the_cli() {
     daemon.ok(&["policy", "apply", &id, &wider, "--approve"]);
 
     // An unmatched request is held, listed, and denied from the CLI.
-    let mut held = Command::new(common::airlock_bin())
+    let held = Command::new(common::airlock_bin())
         .args([
             "exec",
             &id,
