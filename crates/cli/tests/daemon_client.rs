@@ -24,9 +24,12 @@ struct Daemon {
 
 impl Daemon {
     fn start() -> Daemon {
+        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        // One per daemon: the tests of this file run in parallel, in one process.
         let state = PathBuf::from(format!(
-            "/var/tmp/airlock-cli-daemon-{}",
-            std::process::id()
+            "/var/tmp/airlock-cli-daemon-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
         let _ = std::fs::remove_dir_all(&state);
         let keys = Command::new(common::airlock_bin())
@@ -215,6 +218,7 @@ fn test_policy_apply_and_approvals_from_the_cli() {
     ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    let _dir = RemoveOnDrop(dir.clone());
     let write = |name: &str, text: &str| {
         let path = dir.join(name);
         std::fs::write(&path, text).unwrap();
@@ -286,5 +290,13 @@ fn test_policy_apply_and_approvals_from_the_cli() {
     assert!(daemon.ok(&["approvals", "ls", "--json"]).trim() == "[]");
 
     daemon.ok(&["sandbox", "rm", &id]);
-    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Removes a scratch directory however the test ends.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
