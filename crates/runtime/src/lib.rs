@@ -176,16 +176,14 @@ impl Runtime {
         adjust: impl FnOnce(&mut airlock_policy::Plan, &mut SpawnOptions),
     ) -> Result<Outcome, RuntimeError> {
         // The proxy's directory lives in a private (0700) scratch directory of this process.
-        let scratch = ScratchDir::new()?;
-        let session = match self.egress_plan(config)? {
-            Some(plan) => Some(EgressSession::start(
-                &scratch.name,
-                &plan,
-                &scratch.path,
-                egress,
-                None,
-            )?),
-            None => None,
+        let (scratch, session) = match self.egress_plan(config)? {
+            Some(plan) => {
+                let scratch = ScratchDir::new()?;
+                let session =
+                    EgressSession::start(&scratch.name, &plan, &scratch.path, egress, None)?;
+                (Some(scratch), Some(session))
+            }
+            None => (None, None),
         };
         let (sandbox, deadline) = self.start_with(config, |plan, options| {
             if let Some(session) = &session {
@@ -195,6 +193,7 @@ impl Runtime {
         })?;
         let outcome = sandbox.wait(deadline, signals, on_warning);
         drop(session);
+        drop(scratch);
         Ok(outcome?)
     }
 
@@ -238,8 +237,13 @@ struct ScratchDir {
 }
 
 impl ScratchDir {
+    const PREFIX: &str = "airlock-run";
+
     fn new() -> Result<ScratchDir, RuntimeError> {
         use std::os::unix::fs::DirBuilderExt;
+        // Those of `airlock` processes that were killed (no destructor ran) go first.
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(ScratchDir::sweep_stale);
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let name = format!(
             "run{}x{}",
@@ -247,6 +251,7 @@ impl ScratchDir {
             COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         );
         let path = std::env::temp_dir().join(format!("airlock-{name}"));
+        debug_assert!(path.to_string_lossy().contains(ScratchDir::PREFIX));
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&path)
@@ -257,6 +262,29 @@ impl ScratchDir {
                 })
             })?;
         Ok(ScratchDir { path, name })
+    }
+}
+
+impl ScratchDir {
+    /// Removes `airlock-run<pid>x<n>` directories whose process no longer exists.
+    fn sweep_stale() {
+        let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(ScratchDir::PREFIX))
+                .and_then(|rest| rest.split('x').next())
+                .and_then(|pid| pid.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
     }
 }
 
@@ -292,4 +320,23 @@ fn check_paths(config: &SandboxConfig) -> Result<(), RuntimeError> {
         return Err(RuntimeError::RootfsMissing(rootfs.clone()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod scratch_tests {
+    use super::ScratchDir;
+
+    #[test]
+    fn test_stale_scratch_directories_of_dead_processes_are_swept() {
+        let tmp = std::env::temp_dir();
+        // Above the kernel's largest pid (PID_MAX_LIMIT), so never a live process.
+        let dead = tmp.join("airlock-run4194305x7");
+        let alive = tmp.join(format!("airlock-run{}x4242", std::process::id()));
+        std::fs::create_dir_all(&dead).unwrap();
+        std::fs::create_dir_all(&alive).unwrap();
+        ScratchDir::sweep_stale();
+        assert!(!dead.exists(), "a dead process's directory is removed");
+        assert!(alive.exists(), "a live process's directory stays");
+        std::fs::remove_dir_all(&alive).unwrap();
+    }
 }
