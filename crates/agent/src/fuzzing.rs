@@ -193,27 +193,8 @@ fn check_resolved(user: &User, path: &str) {
     }
 }
 
-/// A small deterministic generator (xorshift64*), so that a stable run is reproducible.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed | 1)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// A number below `n` (which must not be 0).
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-}
+/// The policy parser's deterministic generator, shared by every stable fuzzing run.
+pub use airlock_policy::fuzzing::Rng;
 
 /// One mutation of `input`: byte flips, insertions from `dictionary`, deletions, splices with
 /// other seeds, and changed length prefixes (the envelope header).

@@ -102,7 +102,8 @@ fn covers_example(pattern: &HostPattern, example: &str) -> bool {
     pattern.matches(example) || net::host_covers(&pattern.0, example)
 }
 
-/// A small deterministic generator (xorshift64*), so that a stable run is reproducible.
+/// A small deterministic generator (xorshift64*), so that a stable run is reproducible. The
+/// agent's and the daemon's stable fuzzing use it too.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);
 

@@ -14,31 +14,13 @@
     reason = "tests: failing loudly is the point"
 )]
 
-use airlock_agent_free_mutator::{Rng, mutate};
+use airlock_policy::fuzzing::Rng;
 use airlock_server::fuzzing::request_bodies;
+use json_mutator::mutate;
 
-/// The same generator and mutations as the agent's stable fuzzing (kept here so that the
-/// daemon's tests need no dependency on the agent).
-mod airlock_agent_free_mutator {
-    #[derive(Debug, Clone)]
-    pub struct Rng(u64);
-
-    impl Rng {
-        pub fn new(seed: u64) -> Rng {
-            Rng(seed | 1)
-        }
-
-        pub fn next_u64(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-
-        pub fn below(&mut self, n: usize) -> usize {
-            (self.next_u64() % n as u64) as usize
-        }
-    }
+/// The agent's mutations minus its envelope-length one: request bodies have no length prefix.
+mod json_mutator {
+    use airlock_policy::fuzzing::Rng;
 
     pub fn mutate(input: &[u8], seeds: &[&[u8]], dictionary: &[&[u8]], rng: &mut Rng) -> Vec<u8> {
         let mut out = input.to_vec();
