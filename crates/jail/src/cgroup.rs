@@ -290,30 +290,6 @@ impl SandboxCgroup {
         Ok(cgroup)
     }
 
-    /// The cgroup `name` as it exists now, in whichever hierarchies hold it: for ending a
-    /// sandbox that this process did not create.
-    pub fn existing(layout: &Layout, name: &str) -> SandboxCgroup {
-        let mut cgroup = SandboxCgroup {
-            dirs: Vec::new(),
-            v2_dir: None,
-            leave: Vec::new(),
-        };
-        for controller in [Controller::Memory, Controller::Pids, Controller::Cpu] {
-            let dir = match layout.home(controller) {
-                Some(Home::V1 { own_dir }) => own_dir.join(name),
-                Some(Home::V2 { mount, .. }) => mount.join("airlock").join(name),
-                None => continue,
-            };
-            if dir.is_dir() {
-                if matches!(layout.home(controller), Some(Home::V2 { .. })) {
-                    cgroup.v2_dir = Some(dir.clone());
-                }
-                cgroup.dirs.push((controller, dir));
-            }
-        }
-        cgroup
-    }
-
     /// Every directory of this cgroup, each once: what a record must keep to find it again
     /// from another cgroup (a restarted daemon may run elsewhere in the hierarchy).
     pub fn dirs(&self) -> Vec<PathBuf> {

@@ -12,7 +12,7 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use airlock_policy::Plan;
 use serde::{Deserialize, Serialize};
@@ -192,18 +192,6 @@ pub fn sweep(layout: &Layout, keep: impl Fn(&str) -> bool) -> Vec<String> {
         let _ = cgroup.remove();
     }
     doomed.into_iter().map(|(name, _)| name).collect()
-}
-
-/// Waits until `pidfd`'s process exits or `deadline` passes; returns whether it exited.
-pub fn wait_exit(pidfd: &OwnedFd, deadline: Instant) -> bool {
-    let left = deadline
-        .saturating_duration_since(Instant::now())
-        .as_millis();
-    procctl::pidfd_exited(
-        pidfd,
-        libc::c_int::try_from(left).unwrap_or(libc::c_int::MAX),
-    )
-    .unwrap_or(false)
 }
 
 /// Reads the agent log's last `max_bytes`, for `airlock sandbox logs`.

@@ -67,9 +67,7 @@ pub struct EgressOptions {
 #[derive(Debug)]
 pub struct EgressSession {
     proxy: Proxy,
-    dir: PathBuf,
-    /// Removed on drop (the directory's private parent, when the session made one).
-    remove: PathBuf,
+    /// Its `host_dir` is the session's directory, removed on drop.
     setup: EgressSetup,
     env: Vec<(String, String)>,
     placeholders: Placeholders,
@@ -208,12 +206,10 @@ impl EgressSession {
         );
         Ok(EgressSession {
             proxy,
-            remove: dir.clone(),
             setup: EgressSetup {
-                host_dir: dir.clone(),
+                host_dir: dir,
                 relay_port: RELAY_PORT,
             },
-            dir,
             env,
             placeholders,
             thread,
@@ -233,10 +229,6 @@ impl EgressSession {
 
     pub fn proxy(&self) -> &Proxy {
         &self.proxy
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 
     pub fn placeholders(&self) -> &Placeholders {
@@ -281,6 +273,6 @@ impl Drop for EgressSession {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-        let _ = std::fs::remove_dir_all(&self.remove);
+        let _ = std::fs::remove_dir_all(&self.setup.host_dir);
     }
 }

@@ -96,14 +96,18 @@ impl Pending {
     }
 }
 
+/// 1 to `max` lower-case letters and digits: safe in a cgroup name, with `-` left as separator.
+fn is_name(text: &str, max: usize) -> bool {
+    !text.is_empty()
+        && text.len() <= max
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
 /// Why an id cannot name a sandbox.
 fn check_id(id: &str) -> Result<(), RuntimeError> {
-    let valid = !id.is_empty()
-        && id.len() <= 32
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-    if valid {
+    if is_name(id, 32) {
         Ok(())
     } else {
         Err(RuntimeError::BadSandboxId(id.to_owned()))
@@ -220,12 +224,7 @@ impl Runtime {
     /// that one daemon's sweep never ends another's sandboxes. 1 to 16 lower-case letters and
     /// digits; `run` by default.
     pub fn set_owner(&mut self, tag: &str) -> Result<(), RuntimeError> {
-        let valid = !tag.is_empty()
-            && tag.len() <= 16
-            && tag
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-        if !valid {
+        if !is_name(tag, 16) {
             return Err(RuntimeError::BadSandboxId(tag.to_owned()));
         }
         self.owner = tag.to_owned();
