@@ -34,6 +34,9 @@ cargo build --workspace --locked
 scripts/e2b-tests.sh
 # The benchmark must keep working; its figures are printed, never asserted.
 cargo run --quiet --locked --bin airlock -- bench start --iterations 20 --phases
+# The start-up floor the README compares against must keep building and running.
+cc -O2 -Wall -Wextra -Werror -o target/startup-floor scripts/startup-floor.c -lpthread
+target/startup-floor 20
 cargo test --workspace --locked
 # The security evaluation (docs/seceval.md) on every tier this machine has, beside bwrap: fails on
 # any case allowed or stopped by the wrong layer.

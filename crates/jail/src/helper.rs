@@ -5,8 +5,9 @@
 //!
 //! Order of layers: cgroup → user, mount, pid and cgroup namespaces (and the idmapped workspace,
 //! made while the helper is still privileged on the host) → network, ipc and uts namespaces
-//! (built by a thread of init while init builds the view) → view and pivot_root → rlimits →
-//! identity and capabilities → no_new_privs → Landlock → seccomp.
+//! (built by a thread of init from its birth, while init waits for its maps and builds the view)
+//! → view and pivot_root → rlimits → identity and capabilities → no_new_privs → Landlock →
+//! seccomp.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -49,7 +50,9 @@ fn with_source(context: &str, err: &dyn std::error::Error) -> Failure {
 pub fn main() -> i32 {
     // If the supervisor dies, so do we; init follows through its own death signal.
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-    for signal in [libc::SIGINT, libc::SIGQUIT, libc::SIGTSTP] {
+    // SIGPIPE as the Rust runtime would leave it (the binary has no Rust `main`): a write to a
+    // closed pipe fails with EPIPE instead of killing the helper.
+    for signal in [libc::SIGINT, libc::SIGQUIT, libc::SIGTSTP, libc::SIGPIPE] {
         sys::ignore_signal(signal);
     }
     // Only the spec and report channels may cross into the helper; anything else the caller
@@ -350,6 +353,28 @@ fn init(
 ) -> Result<i32, Failure> {
     let agent = host.agent.as_ref();
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+    // The network namespace costs more to create than anything else: a thread builds it, with
+    // the ipc and uts namespaces, while this one waits for its id maps and builds the filesystem
+    // view. It needs no maps: init holds every capability in its new user namespace from birth.
+    // Namespaces belong to a thread, so this thread joins them afterwards.
+    let hostname = plan.view.hostname.clone();
+    let namespaces = std::thread::Builder::new().spawn(move || -> io::Result<[OwnedFd; 3]> {
+        sys::unshare(libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS)?;
+        sys::loopback_up()?;
+        sys::sethostname(&hostname)?;
+        let open =
+            |kind: &str| File::open(format!("/proc/thread-self/ns/{kind}")).map(OwnedFd::from);
+        Ok([open("net")?, open("ipc")?, open("uts")?])
+    });
+    let namespaces = namespaces.map_err(|e| with_source("starting the namespace thread", &e))?;
+    let join_network = move || -> io::Result<()> {
+        let [net, ipc, uts] = namespaces
+            .join()
+            .map_err(|_| io::Error::other("the namespace thread panicked"))??;
+        sys::setns(&net, libc::CLONE_NEWNET)?;
+        sys::setns(&ipc, libc::CLONE_NEWIPC)?;
+        sys::setns(&uts, libc::CLONE_NEWUTS)
+    };
     let (message, idmapped) = sys::recv_with_fd(&socket).unwrap_or_default();
     if message != b"go" {
         // The helper is gone, and with it whoever would read a report.
@@ -369,27 +394,6 @@ fn init(
         sys::setresuid(0).map_err(|e| with_source("setresuid", &e))?;
     }
     sys::reset_signals();
-    // The network namespace costs more to create than anything else: a thread builds it, with
-    // the ipc and uts namespaces, while this one builds the filesystem view. Namespaces belong to
-    // a thread, so this thread joins them afterwards.
-    let hostname = plan.view.hostname.clone();
-    let namespaces = std::thread::Builder::new().spawn(move || -> io::Result<[OwnedFd; 3]> {
-        sys::unshare(libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS)?;
-        sys::loopback_up()?;
-        sys::sethostname(&hostname)?;
-        let open =
-            |kind: &str| File::open(format!("/proc/thread-self/ns/{kind}")).map(OwnedFd::from);
-        Ok([open("net")?, open("ipc")?, open("uts")?])
-    });
-    let namespaces = namespaces.map_err(|e| with_source("starting the namespace thread", &e))?;
-    let join_network = move || -> io::Result<()> {
-        let [net, ipc, uts] = namespaces
-            .join()
-            .map_err(|_| io::Error::other("the namespace thread panicked"))??;
-        sys::setns(&net, libc::CLONE_NEWNET)?;
-        sys::setns(&ipc, libc::CLONE_NEWIPC)?;
-        sys::setns(&uts, libc::CLONE_NEWUTS)
-    };
     let workspace = view::prepare_workspace(&plan.view.workspace, idmapped)
         .map_err(|e| with_source("filesystem view", &e))?;
     view::build(

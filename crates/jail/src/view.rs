@@ -140,17 +140,6 @@ pub fn build(
         ),
     )?;
     mount_proc(stage)?;
-    step(|| "creating the network namespace".into(), join_network())?;
-    // A fresh sysfs shows this network namespace, not the host's. It is optional: without it
-    // /sys is an empty directory, which hides more, not less.
-    let sysfs_flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
-    let _ = sys::mount(
-        Some("sysfs"),
-        &stage.join("sys"),
-        Some("sysfs"),
-        sysfs_flags,
-        None,
-    );
     mount_dev(stage)?;
     let tmp_options = format!("mode=1777,size={}", plan.tmp_size_bytes);
     step(
@@ -164,6 +153,19 @@ pub fn build(
         ),
     )?;
     mount_workspace(stage, workspace, uid, gid)?;
+    // Joined as late as possible, so that the thread building the namespace has had the most
+    // time: only sysfs needs it.
+    step(|| "creating the network namespace".into(), join_network())?;
+    // A fresh sysfs shows this network namespace, not the host's. It is optional: without it
+    // /sys is an empty directory, which hides more, not less.
+    let sysfs_flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
+    let _ = sys::mount(
+        Some("sysfs"),
+        &stage.join("sys"),
+        Some("sysfs"),
+        sysfs_flags,
+        None,
+    );
     protect_read_only(stage, &plan.read_only_paths)?;
     step(|| "entering the new root".into(), sys::chdir(stage))?;
     step(|| "pivot_root".into(), sys::pivot_root_here())?;
