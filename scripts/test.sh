@@ -11,6 +11,7 @@ command -v ip >/dev/null || need+=(iproute2)           # seceval's fake internet
 command -v curl >/dev/null || need+=(curl)             # egress tests: a real client inside
 command -v openssl >/dev/null || need+=(openssl)       # egress tests: a TLS client with any SNI
 command -v git >/dev/null || need+=(git)               # egress tests: git over smart HTTP
+command -v cc >/dev/null || need+=(gcc)                # the start-up floor, scripts/startup-floor.c
 /usr/bin/python3 -c 'import requests' 2>/dev/null || need+=(python3-requests)  # and another
 if ((${#need[@]})); then
     if [ "$(id -u)" -ne 0 ]; then
