@@ -69,13 +69,16 @@ static void write_file(const char *path, const char *text) {
 
 /* cgroups: v1 controllers if mounted separately, else the v2 hierarchy. */
 static int cgroup_v1;
+static pid_t owner;
 static const char *v1_controllers[] = {"memory", "pids", "cpu", NULL};
 
 static void cgroup_path(char *out, size_t size, const char *controller, int id, const char *file) {
+    /* The pid keeps two runs, or a crashed earlier one, from colliding. */
     if (cgroup_v1)
-        snprintf(out, size, "/sys/fs/cgroup/%s/startup-floor-%d/%s", controller, id, file);
+        snprintf(out, size, "/sys/fs/cgroup/%s/startup-floor-%d-%d/%s", controller, owner, id,
+                 file);
     else
-        snprintf(out, size, "/sys/fs/cgroup/startup-floor-%d/%s", id, file);
+        snprintf(out, size, "/sys/fs/cgroup/startup-floor-%d-%d/%s", owner, id, file);
 }
 
 static void cgroup_create(int id) {
@@ -416,6 +419,7 @@ int main(int argc, char **argv) {
     }
     struct stat info;
     cgroup_v1 = stat("/sys/fs/cgroup/memory/tasks", &info) == 0;
+    owner = getpid();
     char *bwrap[] = {"bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/",
                      "--dev", "/dev", "--proc", "/proc", "true", NULL};
     char *bare[] = {"/bin/true", NULL};

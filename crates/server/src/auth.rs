@@ -116,6 +116,17 @@ pub fn new_sandbox_id() -> Result<String, AuthError> {
     Ok(id)
 }
 
+/// Whether text can be a sandbox id at all: what [`new_sandbox_id`] issues is lower-case letters
+/// and digits. Checked before any lookup, so that a path or a host name never reaches the store
+/// or the file system with anything else.
+pub fn plausible_sandbox_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
 /// Creates an API key named `name` in the store.
 pub fn create_key(store: &Store, name: &str) -> Result<NewKey, AuthError> {
     if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) {

@@ -198,7 +198,7 @@ impl Daemon {
                 if live_ids.contains(&name) {
                     continue;
                 }
-                if plausible_id(&name) {
+                if crate::auth::plausible_sandbox_id(&name) {
                     self.runtime.destroy(&self.unrecorded(&name));
                 }
                 let _ = std::fs::remove_dir_all(entry.path());
@@ -757,14 +757,6 @@ fn agent_answers(socket: &std::path::Path) -> bool {
     stream.write_all(request).is_ok()
         && stream.read_exact(&mut head).is_ok()
         && head.starts_with(b"HTTP/1.1 2")
-}
-
-fn plausible_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 32
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
 fn row_state(state: RowState) -> SandboxState {

@@ -48,7 +48,7 @@ pub fn write_record(daemon: &Daemon, id: &str, record: &SandboxRecord) -> std::i
 
 /// The record of a sandbox, if the E2B surface created it.
 pub fn read_record(daemon: &Daemon, id: &str) -> Option<SandboxRecord> {
-    if !super::plausible_id(id) {
+    if !crate::auth::plausible_sandbox_id(id) {
         return None;
     }
     read_record_at(&record_path(daemon, id))

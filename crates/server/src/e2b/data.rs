@@ -37,7 +37,7 @@ async fn route(
     target: &Target,
 ) -> Response<Body> {
     let id = target.sandbox_id.as_str();
-    if !super::plausible_id(id) {
+    if !crate::auth::plausible_sandbox_id(id) {
         return sandbox_gone(id);
     }
     let Ok(agent) = daemon.agent(id) else {

@@ -122,7 +122,10 @@ fn has_api_key(headers: &HeaderMap) -> bool {
 pub fn host_target(host: &str) -> Option<Target> {
     let (label, domain) = host.split_once('.')?;
     let (port, id) = label.split_once('-')?;
-    if domain.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) || !plausible_id(id) {
+    if domain.is_empty()
+        || !port.bytes().all(|b| b.is_ascii_digit())
+        || !crate::auth::plausible_sandbox_id(id)
+    {
         return None;
     }
     let port = port.parse::<u16>().ok().filter(|p| *p != 0)?;
@@ -130,16 +133,6 @@ pub fn host_target(host: &str) -> Option<Target> {
         sandbox_id: id.to_owned(),
         port,
     })
-}
-
-/// Whether text can be a sandbox id at all (what the daemon issues: lower-case letters and
-/// digits).
-pub fn plausible_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 32
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
 /// The routing decision of the module docs.

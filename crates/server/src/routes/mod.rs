@@ -492,15 +492,6 @@ pub(crate) fn route_pattern(method: &Method, path: &str) -> Option<&'static str>
     find(method, path).ok().map(|matched| matched.route.path)
 }
 
-/// Whether a path parameter can be a sandbox id at all.
-fn plausible_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 32
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-}
-
 /// Serves one request.
 pub async fn dispatch(daemon: Arc<Daemon>, request: Request<Incoming>) -> Response<Body> {
     let (parts, body) = request.into_parts();
@@ -560,7 +551,7 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
             )?;
         }
     }
-    if route.path.starts_with("/v1/sandboxes/{id}") && !plausible_id(&id) {
+    if route.path.starts_with("/v1/sandboxes/{id}") && !crate::auth::plausible_sandbox_id(&id) {
         return Err(ApiError::no_sandbox(&id));
     }
     ctx.id = id;
