@@ -283,6 +283,11 @@ class Daemon:
             except AssertionError:
                 problems.append("processes of deleted sandboxes outlived the daemon:\n  "
                                 + "\n  ".join(still_alive(snapshot)))
+        storage = self.state_dir / "storage"
+        if os.path.ismount(storage):
+            # The daemon unmounts its disk scratch storage at exit once no volume is left.
+            problems.append(f"the scratch storage {storage} stayed mounted")
+            subprocess.run(["umount", "-l", str(storage)], check=False)
         cgroups = sandbox_cgroups(self.created_ids)
         if cgroups:
             problems.append(f"sandbox cgroups left: {cgroups}")

@@ -63,6 +63,18 @@ def test_a_command_killed_by_a_signal_reports_minus_one(sandbox):
     assert caught.value.stdout == "started\n"
 
 
+def test_an_oom_killed_command_says_so_and_the_sandbox_lives_on(sandbox):
+    # 3 GiB touched against the sandbox's 2 GiB: the OOM killer must pick the command, never
+    # the agent, and the end event's error says why it died.
+    sandbox.files.write("/workspace/kept", "still here")
+    with pytest.raises(CommandExitException) as caught:
+        sandbox.commands.run("python3 -c 'b = bytearray(3 << 30)'")
+    assert caught.value.exit_code != 0
+    assert "out of memory" in (caught.value.error or ""), caught.value
+    assert sandbox.commands.run("echo alive").stdout == "alive\n"
+    assert sandbox.files.read("/workspace/kept") == "still here"
+
+
 def test_sandbox_envs_and_command_envs_reach_the_process(new_sandbox):
     sandbox = new_sandbox(envs={"FROM_CREATE": "created value", "SHADOWED": "sandbox"})
     result = sandbox.commands.run(

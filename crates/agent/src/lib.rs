@@ -22,6 +22,7 @@ pub mod tunnel;
 pub mod user;
 pub mod watch;
 pub mod wire;
+pub mod workload;
 
 use std::ffi::OsString;
 use std::sync::Arc;
@@ -39,10 +40,14 @@ pub struct Agent {
 }
 
 /// Serves forever on `listener`. Must run inside a tokio runtime (current-thread is enough).
-/// Reaps every child of this process, orphans included, as PID 1 must.
-pub async fn run(listener: UnixListener) -> std::io::Result<()> {
+/// Reaps every child of this process, orphans included, as PID 1 must. Processes join
+/// `workload`'s cgroup when there is one.
+pub async fn run(
+    listener: UnixListener,
+    workload: Option<workload::WorkloadCgroup>,
+) -> std::io::Result<()> {
     let agent = Arc::new(Agent {
-        processes: Arc::default(),
+        processes: Arc::new(process::ProcessTable::new(workload)),
         watchers: watch::Watchers::default(),
         base_env: std::env::vars_os().collect(),
     });

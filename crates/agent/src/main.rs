@@ -1,7 +1,8 @@
 //! `airlock-agent --listen-fd N` (an inherited, listening AF_UNIX stream socket) or
 //! `airlock-agent --listen PATH` (binds PATH; for tests and development), optionally with
 //! `--egress-relay PORT:SOCKET` (see `relay`); or `--egress-relay PORT:SOCKET` alone, for a
-//! sandbox whose pid 1 is not the agent.
+//! sandbox whose pid 1 is not the agent. `--workload-cgroup-fd N --oom-events-fd M` hand it
+//! the workload's cgroup (see `airlock_agent::workload`).
 
 use std::os::unix::fs::FileTypeExt;
 
@@ -13,31 +14,58 @@ enum Listen {
     Path(std::path::PathBuf),
 }
 
-const USAGE: &str = "usage: airlock-agent (--listen-fd N | --listen PATH) [--egress-relay PORT:SOCKET] | --egress-relay PORT:SOCKET";
+const USAGE: &str = "usage: airlock-agent (--listen-fd N | --listen PATH) [--egress-relay PORT:SOCKET] [--workload-cgroup-fd N --oom-events-fd M] | --egress-relay PORT:SOCKET";
 
-fn parse_args() -> anyhow::Result<(Option<Listen>, Option<RelaySpec>)> {
+#[derive(Default)]
+struct Args {
+    listen: Option<Listen>,
+    relay: Option<RelaySpec>,
+    workload_cgroup_fd: Option<i32>,
+    oom_events_fd: Option<i32>,
+}
+
+fn fd_arg(flag: &str, value: &str) -> anyhow::Result<i32> {
+    value
+        .parse()
+        .with_context(|| format!("{flag} needs a descriptor number, got '{value}'"))
+}
+
+fn parse_args() -> anyhow::Result<Args> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (mut listen, mut relay) = (None, None);
+    let mut parsed = Args::default();
+    let Args {
+        listen,
+        relay,
+        workload_cgroup_fd,
+        oom_events_fd,
+    } = &mut parsed;
     let mut rest = args.as_slice();
     while let [flag, value, tail @ ..] = rest {
         match flag.as_str() {
             "--listen-fd" if listen.is_none() => {
-                listen = Some(Listen::Fd(value.parse().with_context(|| {
-                    format!("--listen-fd needs a descriptor number, got '{value}'")
-                })?));
+                *listen = Some(Listen::Fd(fd_arg(flag, value)?));
             }
-            "--listen" if listen.is_none() => listen = Some(Listen::Path(value.into())),
+            "--listen" if listen.is_none() => *listen = Some(Listen::Path(value.into())),
             "--egress-relay" if relay.is_none() => {
-                relay = Some(RelaySpec::parse(value).map_err(anyhow::Error::msg)?);
+                *relay = Some(RelaySpec::parse(value).map_err(anyhow::Error::msg)?);
+            }
+            "--workload-cgroup-fd" if workload_cgroup_fd.is_none() => {
+                *workload_cgroup_fd = Some(fd_arg(flag, value)?);
+            }
+            "--oom-events-fd" if oom_events_fd.is_none() => {
+                *oom_events_fd = Some(fd_arg(flag, value)?);
             }
             _ => bail!("{USAGE}"),
         }
         rest = tail;
     }
-    if !rest.is_empty() || (listen.is_none() && relay.is_none()) {
+    if !rest.is_empty()
+        || (listen.is_none() && relay.is_none())
+        || workload_cgroup_fd.is_some() != oom_events_fd.is_some()
+    {
         bail!("{USAGE}");
     }
-    Ok((listen, relay))
+    Ok(parsed)
 }
 
 fn listener(listen: Listen) -> anyhow::Result<std::os::unix::net::UnixListener> {
@@ -66,8 +94,16 @@ fn main() -> anyhow::Result<()> {
     // The workload shares the agent's uid; exec made the agent dumpable again, so the workload
     // could otherwise read its memory and environment and take its descriptors.
     airlock_jail::procctl::set_non_dumpable().context("PR_SET_DUMPABLE")?;
-    let (listen, relay) = parse_args()?;
-    let listener = listen.map(listener).transpose()?;
+    let args = parse_args()?;
+    let workload = match (args.workload_cgroup_fd, args.oom_events_fd) {
+        (Some(procs), Some(oom)) => Some(
+            airlock_agent::workload::WorkloadCgroup::inherited(procs, oom)
+                .context("the workload cgroup's descriptors")?,
+        ),
+        _ => None,
+    };
+    let relay = args.relay;
+    let listener = args.listen.map(listener).transpose()?;
     if let Some(listener) = &listener {
         listener
             .set_nonblocking(true)
@@ -99,6 +135,8 @@ fn main() -> anyhow::Result<()> {
         let listener =
             tokio::net::UnixListener::from_std(listener).context("registering the listener")?;
         eprintln!("airlock-agent: serving (pid {})", std::process::id());
-        airlock_agent::run(listener).await.context("serving")
+        airlock_agent::run(listener, workload)
+            .await
+            .context("serving")
     })
 }

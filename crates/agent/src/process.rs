@@ -23,6 +23,7 @@ use crate::connect::{self, Code, EnumValue, RpcError, RpcResult};
 use crate::process_io::{Outputs, Subscriber, pump_stream, run_process, write_all};
 use crate::user::User;
 use crate::wire::{Lenient, non_empty};
+use crate::workload::WorkloadCgroup;
 
 /// Events buffered per attached stream before the process is slowed down.
 const SUBSCRIBER_CAPACITY: usize = 8;
@@ -52,15 +53,31 @@ pub struct Proc {
     attach: mpsc::UnboundedSender<Subscriber>,
     exit: Mutex<Option<oneshot::Sender<ExitStatus>>>,
     exited: AtomicBool,
+    /// The workload cgroup's OOM kill count when the process started: a SIGKILL with a
+    /// higher count at its end was the OOM killer's.
+    pub(crate) oom_kills_at_start: u64,
 }
 
 /// Every process started by the agent and not yet ended, by pid.
 #[derive(Debug, Default)]
 pub struct ProcessTable {
     procs: Mutex<HashMap<u32, Arc<Proc>>>,
+    workload: Option<WorkloadCgroup>,
 }
 
 impl ProcessTable {
+    pub fn new(workload: Option<WorkloadCgroup>) -> ProcessTable {
+        ProcessTable {
+            procs: Mutex::default(),
+            workload,
+        }
+    }
+
+    /// The workload cgroup's OOM kill count, 0 without one.
+    pub(crate) fn oom_kills(&self) -> u64 {
+        self.workload.as_ref().map_or(0, WorkloadCgroup::oom_kills)
+    }
+
     fn insert(&self, proc: Arc<Proc>) {
         if let Ok(mut procs) = self.procs.lock() {
             procs.insert(proc.pid, proc);
@@ -398,6 +415,7 @@ pub fn start(
 ) -> RpcResult<mpsc::Receiver<Bytes>> {
     let launch = prepare_launch(&request, user, base_env)?;
     let (sub_tx, sub_rx) = mpsc::channel(SUBSCRIBER_CAPACITY);
+    let oom_kills_at_start = table.oom_kills();
     let spawned = child::spawn(&ChildSpec {
         program: &launch.program,
         argv: &launch.argv,
@@ -405,6 +423,7 @@ pub fn start(
         cwd: &launch.cwd,
         switch_ids: (!user.is_current()).then_some((user.uid, user.gid)),
         stdio: launch.stdio,
+        cgroup_procs: table.workload.as_ref().map(WorkloadCgroup::procs_fd),
     })
     .map_err(|e| spawn_error(e, user, &launch.program))?;
     let pid = spawned.pid;
@@ -452,6 +471,7 @@ pub fn start(
         attach: attach_tx,
         exit: Mutex::new(Some(exit_tx)),
         exited: AtomicBool::new(false),
+        oom_kills_at_start,
     });
     table.insert(proc.clone());
     eprintln!(

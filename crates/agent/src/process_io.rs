@@ -29,7 +29,16 @@ pub enum Event {
     Stdout(Bytes),
     Stderr(Bytes),
     Pty(Bytes),
-    End(ExitStatus),
+    End(Ending),
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Ending {
+    pub status: ExitStatus,
+    /// The kernel's OOM killer ended a workload process (this one or one of its children:
+    /// the sandbox's memory limit was reached) while this one ran.
+    pub oom_killed: bool,
 }
 
 pub(crate) type Subscriber = mpsc::Sender<Event>;
@@ -60,8 +69,22 @@ pub(crate) fn signal_description(signal: i32) -> String {
     name.to_string()
 }
 
-/// The `end` event JSON for an exit status (envd/Go conventions).
-pub(crate) fn end_json(status: ExitStatus) -> serde_json::Value {
+/// What an OOM-killed process's `end` event says in `error`.
+pub const OOM_KILLED: &str = "out of memory: the kernel's OOM killer ended a process of this command at the sandbox's memory limit";
+
+/// The `end` event JSON for an exit status (envd/Go conventions); an OOM kill also sets
+/// `error`, as envd does for a process that could not finish.
+pub(crate) fn end_json(ending: Ending) -> serde_json::Value {
+    let mut end = status_json(ending.status);
+    if ending.oom_killed
+        && let Some(fields) = end.as_object_mut()
+    {
+        fields.insert("error".to_owned(), OOM_KILLED.into());
+    }
+    end
+}
+
+fn status_json(status: ExitStatus) -> serde_json::Value {
     match (status.code(), status.signal()) {
         (Some(code), _) => {
             json!({"exitCode": code, "exited": true, "status": format!("exit status {code}")})
@@ -221,11 +244,16 @@ pub(crate) async fn run_process(
     while let Ok(sub) = attach_rx.try_recv() {
         subscribers.push(sub);
     }
-    broadcast(&mut subscribers, Event::End(status)).await;
+    let ending = Ending {
+        status,
+        // Counted, not guessed from SIGKILL: a shell whose child was killed exits with 137.
+        oom_killed: table.oom_kills() > proc.oom_kills_at_start,
+    };
+    broadcast(&mut subscribers, Event::End(ending)).await;
     eprintln!(
         "airlock-agent: process {} ended: {}",
         proc.pid,
-        end_json(status)
+        end_json(ending)
     );
 }
 
@@ -263,8 +291,8 @@ pub(crate) async fn pump_stream(
                 Some(Event::Stdout(d)) => data_envelope("stdout", &d),
                 Some(Event::Stderr(d)) => data_envelope("stderr", &d),
                 Some(Event::Pty(d)) => data_envelope("pty", &d),
-                Some(Event::End(status)) => {
-                    if frames.send(event_envelope(json!({"end": end_json(status)}))).await.is_ok() {
+                Some(Event::End(ending)) => {
+                    if frames.send(event_envelope(json!({"end": end_json(ending)}))).await.is_ok() {
                         let _ = frames.send(connect::end_envelope(None)).await;
                     }
                     return;

@@ -283,6 +283,11 @@ pub enum ExecEvent {
         exited: bool,
         /// `exit status N` or `signal: killed`.
         status: String,
+        /// The kernel's OOM killer ended a process of the sandbox while the command ran (the
+        /// command itself, or a child of it, reached the memory limit). Only the workload's
+        /// processes are ever chosen: the sandbox keeps running.
+        #[serde(default)]
+        oom_killed: bool,
     },
     Error {
         code: ErrorCode,
@@ -543,11 +548,12 @@ mod tests {
             exit_code: 3,
             exited: true,
             status: "exit status 3".into(),
+            oom_killed: false,
         };
         let line = serde_json::to_string(&exit).unwrap();
         assert_eq!(
             line,
-            r#"{"type":"exit","exit_code":3,"exited":true,"status":"exit status 3"}"#
+            r#"{"type":"exit","exit_code":3,"exited":true,"status":"exit status 3","oom_killed":false}"#
         );
         assert_eq!(serde_json::from_str::<ExecEvent>(&line).unwrap(), exit);
         assert!(serde_json::from_str::<ExecEvent>(r#"{"type":"start","pid":1,"x":1}"#).is_err());

@@ -331,7 +331,15 @@ pub fn exec(daemon: &DaemonArgs, args: ExecArgs) -> anyhow::Result<ExitCode> {
                     exit_code,
                     exited,
                     status,
-                } => return Ok(ExitCode::from(exit_status(exit_code, exited, &status))),
+                    oom_killed,
+                } => {
+                    if oom_killed {
+                        eprintln!(
+                            "airlock: the out-of-memory killer ended a process of this command (the sandbox's memory limit); the sandbox keeps running"
+                        );
+                    }
+                    return Ok(ExitCode::from(exit_status(exit_code, exited, &status)));
+                }
                 ExecEvent::Error { code, message } => {
                     bail!("the command's stream broke: {}: {message}", code.as_str())
                 }

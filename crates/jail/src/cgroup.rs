@@ -207,6 +207,12 @@ pub enum CgroupError {
 /// The cgroup directory name prefix of Airlock's sandboxes.
 pub const NAME_PREFIX: &str = "airlock-";
 
+/// The child cgroups of a sandbox whose workload has a memory cgroup of its own
+/// ([`CgroupLimits::workload_memory_bytes`]): the workload's, and on v2, where a cgroup with
+/// children holds no processes, a leaf for the agent.
+pub const WORKLOAD_CHILD: &str = "workload";
+pub const AGENT_CHILD: &str = "agent";
+
 /// One sandbox's cgroup, possibly spread over several v1 hierarchies.
 #[derive(Debug)]
 pub struct SandboxCgroup {
@@ -215,6 +221,8 @@ pub struct SandboxCgroup {
     v2_dir: Option<PathBuf>,
     /// The files through which the helper returns to the supervisor's cgroups.
     leave: Vec<PathBuf>,
+    /// The workload's own memory cgroup, when it has one.
+    workload: Option<PathBuf>,
 }
 
 fn write(path: PathBuf, value: &str) -> Result<(), CgroupError> {
@@ -241,6 +249,7 @@ impl SandboxCgroup {
             dirs: Vec::new(),
             v2_dir: None,
             leave: Vec::new(),
+            workload: None,
         };
         for &controller in &wanted {
             let home = layout
@@ -283,11 +292,73 @@ impl SandboxCgroup {
                 }
             }
         }
-        if let Err(err) = cgroup.set_limits(limits) {
+        let limited = cgroup
+            .set_limits(limits)
+            .and_then(|()| match limits.workload_memory_bytes {
+                Some(bytes) => cgroup.create_workload(bytes),
+                None => Ok(()),
+            });
+        if let Err(err) = limited {
             let _ = cgroup.remove();
             return Err(err);
         }
         Ok(cgroup)
+    }
+
+    /// Creates the workload's memory cgroup below the memory controller's directory (and, on
+    /// v2, the agent's leaf beside it).
+    fn create_workload(&mut self, bytes: u64) -> Result<(), CgroupError> {
+        let Some(memory) = self.dir(Controller::Memory).cloned() else {
+            return Ok(());
+        };
+        let v2 = self.v2_dir.as_ref() == Some(&memory);
+        let workload = memory.join(WORKLOAD_CHILD);
+        if v2 {
+            write(memory.join("cgroup.subtree_control"), "+memory")?;
+            create_dir(&memory.join(AGENT_CHILD))?;
+        }
+        create_dir(&workload)?;
+        self.workload = Some(workload.clone());
+        if v2 {
+            write(workload.join("memory.max"), &bytes.to_string())?;
+            write(workload.join("memory.swap.max"), "0")
+        } else {
+            write(workload.join("memory.limit_in_bytes"), &bytes.to_string())?;
+            let memsw = workload.join("memory.memsw.limit_in_bytes");
+            if memsw.exists() {
+                write(memsw, &bytes.to_string())?;
+            }
+            Ok(())
+        }
+    }
+
+    /// The workload cgroup's files for the helper, when the workload has one.
+    pub fn workload_files(&self) -> Option<crate::spec::WorkloadCgroupSpec> {
+        let dir = self.workload.as_ref()?;
+        Some(crate::spec::WorkloadCgroupSpec {
+            procs: dir.join("cgroup.procs"),
+            oom_events: oom_file(dir),
+        })
+    }
+
+    /// The memory cgroup the workload's OOM kills are counted in: its own, or the sandbox's.
+    fn workload_memory_dir(&self) -> Option<&PathBuf> {
+        self.workload
+            .as_ref()
+            .or_else(|| self.dir(Controller::Memory))
+    }
+
+    /// How many processes the OOM killer has ended in the workload's cgroup.
+    pub fn workload_oom_kills(&self) -> u64 {
+        self.workload_memory_dir().map_or(0, |dir| oom_kills(dir))
+    }
+
+    /// Notifications of the OOM killer's work in the workload's cgroup.
+    pub fn workload_oom_watch(&self) -> io::Result<crate::oom::OomWatch> {
+        let dir = self
+            .workload_memory_dir()
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        crate::oom::OomWatch::open(dir)
     }
 
     /// Every directory of this cgroup, each once: what a record must keep to find it again
@@ -309,6 +380,7 @@ impl SandboxCgroup {
             dirs: Vec::new(),
             v2_dir: None,
             leave: Vec::new(),
+            workload: None,
         };
         for dir in dirs {
             let named = dir
@@ -327,6 +399,9 @@ impl SandboxCgroup {
             };
             if dir.join("cgroup.controllers").exists() {
                 cgroup.v2_dir = Some(dir.clone());
+            }
+            if dir.join("memory.stat").exists() && dir.join(WORKLOAD_CHILD).is_dir() {
+                cgroup.workload = Some(dir.join(WORKLOAD_CHILD));
             }
             cgroup.dirs.push((controller, dir.clone()));
         }
@@ -395,7 +470,11 @@ impl SandboxCgroup {
         let mut files: Vec<PathBuf> = Vec::new();
         for (_, dir) in &self.dirs {
             let file = if self.v2_dir.as_ref() == Some(dir) {
-                dir.join("cgroup.procs")
+                if self.workload.is_some() && dir.join(AGENT_CHILD).is_dir() {
+                    dir.join(AGENT_CHILD).join("cgroup.procs")
+                } else {
+                    dir.join("cgroup.procs")
+                }
             } else {
                 dir.join("tasks")
             };
@@ -421,10 +500,16 @@ impl SandboxCgroup {
         else {
             return Vec::new();
         };
-        fs::read_to_string(dir.join("cgroup.procs"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
+        // Processes sit in the children when there are any (v2's leaves, or v1's workload).
+        [dir.clone(), dir.join(AGENT_CHILD), dir.join(WORKLOAD_CHILD)]
+            .iter()
+            .flat_map(|dir| {
+                fs::read_to_string(dir.join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|l| l.trim().parse().ok())
+                    .collect::<Vec<libc::pid_t>>()
+            })
             .collect()
     }
 
@@ -448,21 +533,12 @@ impl SandboxCgroup {
         }
     }
 
-    /// Whether the kernel's OOM killer acted inside this cgroup.
+    /// Whether the kernel's OOM killer acted inside this cgroup (v1 counts a kill only in
+    /// the victim's own cgroup, so the workload's is read too).
     pub fn oom_killed(&self) -> bool {
-        let Some(dir) = self.dir(Controller::Memory) else {
-            return false;
-        };
-        let (file, key) = if dir.join("memory.events").exists() {
-            ("memory.events", "oom_kill")
-        } else {
-            ("memory.oom_control", "oom_kill")
-        };
-        fs::read_to_string(dir.join(file))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.split_once(' '))
-            .any(|(k, v)| k == key && v.trim().parse::<u64>().unwrap_or(0) > 0)
+        self.dir(Controller::Memory)
+            .is_some_and(|dir| oom_kills(dir) > 0)
+            || self.workload.as_ref().is_some_and(|dir| oom_kills(dir) > 0)
     }
 
     /// Kills what is left and removes the directories. Exiting tasks can keep a cgroup busy for
@@ -470,7 +546,14 @@ impl SandboxCgroup {
     pub fn remove(&self) -> Result<(), CgroupError> {
         let deadline = Instant::now() + Duration::from_secs(2);
         let mut removed: Vec<&PathBuf> = Vec::new();
-        for (_, dir) in &self.dirs {
+        let children = self
+            .dirs
+            .iter()
+            .flat_map(|(_, dir)| [dir.join(WORKLOAD_CHILD), dir.join(AGENT_CHILD)])
+            .filter(|dir| dir.is_dir())
+            .collect::<Vec<_>>();
+        let parents = self.dirs.iter().map(|(_, dir)| dir);
+        for dir in children.iter().chain(parents) {
             if removed.contains(&dir) {
                 continue;
             }
@@ -494,6 +577,29 @@ impl SandboxCgroup {
         }
         Ok(())
     }
+}
+
+/// A memory cgroup's OOM counters file: `memory.events` on v2, `memory.oom_control` on v1.
+fn oom_file(dir: &Path) -> PathBuf {
+    if dir.join("memory.events").exists() {
+        dir.join("memory.events")
+    } else {
+        dir.join("memory.oom_control")
+    }
+}
+
+/// The `oom_kill` count of a memory cgroup; 0 when it cannot be read.
+fn oom_kills(dir: &Path) -> u64 {
+    parse_oom_kills(&fs::read_to_string(oom_file(dir)).unwrap_or_default())
+}
+
+/// The `oom_kill N` line of `memory.events` or `memory.oom_control`.
+pub fn parse_oom_kills(text: &str) -> u64 {
+    text.lines()
+        .filter_map(|l| l.split_once(' '))
+        .find(|(k, _)| *k == "oom_kill")
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 fn create_dir(dir: &Path) -> Result<(), CgroupError> {

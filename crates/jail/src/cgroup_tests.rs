@@ -108,6 +108,7 @@ fn fake_mount(tag: &str) -> PathBuf {
 fn limits() -> CgroupLimits {
     CgroupLimits {
         memory_bytes: Some(64 << 20),
+        workload_memory_bytes: None,
         pids_max: Some(33),
         cpu_quota_us: Some(150_000),
         cpu_period_us: 100_000,
@@ -187,4 +188,109 @@ fn test_create_writes_v1_limits_per_hierarchy() {
     assert!(cgroup.join_files().iter().all(|f| f.ends_with("tasks")));
     assert_eq!(cgroup.leave_files().len(), 3);
     fs::remove_dir_all(&mount).unwrap();
+}
+
+#[test]
+fn test_create_gives_the_workload_its_own_v1_memory_cgroup() {
+    let mount = fake_mount("v1-workload");
+    for name in ["memory", "pids"] {
+        fs::create_dir_all(mount.join(name)).unwrap();
+    }
+    let v1 = |name: &str| {
+        Some(Home::V1 {
+            own_dir: mount.join(name),
+        })
+    };
+    let layout = Layout {
+        memory: v1("memory"),
+        pids: v1("pids"),
+        cpu: None,
+    };
+    let split = CgroupLimits {
+        memory_bytes: Some(96 << 20),
+        workload_memory_bytes: Some(64 << 20),
+        cpu_quota_us: None,
+        ..limits()
+    };
+    let cgroup = SandboxCgroup::create(&layout, "airlock-sbx-1", &split).unwrap();
+    let read = |path: &str| fs::read_to_string(mount.join(path)).unwrap();
+    assert_eq!(
+        read("memory/airlock-sbx-1/memory.limit_in_bytes"),
+        (96u64 << 20).to_string()
+    );
+    assert_eq!(
+        read("memory/airlock-sbx-1/workload/memory.limit_in_bytes"),
+        (64u64 << 20).to_string()
+    );
+    // The agent joins the sandbox's own cgroup; the workload's processes move themselves.
+    assert!(
+        cgroup
+            .join_files()
+            .contains(&mount.join("memory/airlock-sbx-1/tasks"))
+    );
+    let workload = cgroup.workload_files().unwrap();
+    assert_eq!(
+        workload.procs,
+        mount.join("memory/airlock-sbx-1/workload/cgroup.procs")
+    );
+    assert_eq!(
+        workload.oom_events,
+        mount.join("memory/airlock-sbx-1/workload/memory.oom_control")
+    );
+    fs::write(
+        mount.join("memory/airlock-sbx-1/workload/memory.oom_control"),
+        "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+    )
+    .unwrap();
+    assert_eq!(cgroup.workload_oom_kills(), 2);
+    fs::remove_dir_all(&mount).unwrap();
+}
+
+#[test]
+fn test_create_puts_the_agent_in_a_v2_leaf_beside_the_workload() {
+    let mount = fake_mount("v2-workload");
+    let v2 = || {
+        Some(Home::V2 {
+            mount: mount.clone(),
+            own_dir: mount.join("user.slice"),
+        })
+    };
+    let layout = Layout {
+        memory: v2(),
+        pids: v2(),
+        cpu: None,
+    };
+    let split = CgroupLimits {
+        memory_bytes: Some(96 << 20),
+        workload_memory_bytes: Some(64 << 20),
+        cpu_quota_us: None,
+        ..limits()
+    };
+    let cgroup = SandboxCgroup::create(&layout, "airlock-sbx-2", &split).unwrap();
+    let dir = mount.join("airlock/airlock-sbx-2");
+    let read = |file: &str| fs::read_to_string(dir.join(file)).unwrap();
+    assert_eq!(read("memory.max"), (96u64 << 20).to_string());
+    assert_eq!(read("workload/memory.max"), (64u64 << 20).to_string());
+    assert_eq!(read("cgroup.subtree_control"), "+memory");
+    // A v2 cgroup with children holds no processes: the agent has a leaf of its own.
+    assert_eq!(cgroup.join_files(), vec![dir.join("agent/cgroup.procs")]);
+    assert_eq!(
+        cgroup.workload_files().unwrap().oom_events,
+        dir.join("workload/memory.oom_control"),
+        "memory.events does not exist in the fake mount, so the v1 name is chosen"
+    );
+    fs::remove_dir_all(&mount).unwrap();
+}
+
+#[test]
+fn test_parse_oom_kills_reads_both_versions() {
+    assert_eq!(
+        parse_oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n"),
+        3
+    );
+    assert_eq!(
+        parse_oom_kills("low 0\nhigh 0\nmax 4\noom 2\noom_kill 1\noom_group_kill 0\n"),
+        1
+    );
+    assert_eq!(parse_oom_kills(""), 0);
 }

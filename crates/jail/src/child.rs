@@ -40,6 +40,10 @@ pub struct ChildSpec<'a> {
     /// `None` keeps the caller's identity.
     pub switch_ids: Option<(u32, u32)>,
     pub stdio: Stdio,
+    /// A cgroup's `cgroup.procs`, opened for writing: the child moves itself into that cgroup
+    /// first thing after the fork (the workload's own memory cgroup, see
+    /// `CgroupLimits::workload_memory_bytes`).
+    pub cgroup_procs: Option<RawFd>,
 }
 
 /// The parent's ends of the child's standard descriptors. All are non-blocking and
@@ -65,6 +69,7 @@ pub struct Child {
 /// Where the child failed between the fork and the exec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
+    Cgroup,
     Session,
     ControllingTerminal,
     Descriptors,
@@ -76,7 +81,8 @@ pub enum Stage {
 }
 
 impl Stage {
-    const ALL: [Stage; 8] = [
+    const ALL: [Stage; 9] = [
+        Stage::Cgroup,
         Stage::Session,
         Stage::ControllingTerminal,
         Stage::Descriptors,
@@ -108,6 +114,7 @@ impl Stage {
 impl std::fmt::Display for Stage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            Stage::Cgroup => "enter the workload's cgroup",
             Stage::Session => "setsid",
             Stage::ControllingTerminal => "set the controlling terminal",
             Stage::Descriptors => "set up stdin/stdout/stderr",
@@ -312,6 +319,7 @@ pub fn spawn(spec: &ChildSpec<'_>) -> Result<Child, ChildError> {
     let error_fd = error_w.as_raw_fd();
     let pty_slave = prepared.pty_slave;
     let switch_ids = spec.switch_ids;
+    let cgroup_procs = spec.cgroup_procs;
 
     // SAFETY: after the fork the child only calls async-signal-safe raw syscalls on data
     // prepared above (C strings, pointer arrays, integers) and then execs or _exits; it never
@@ -325,6 +333,13 @@ pub fn spawn(spec: &ChildSpec<'_>) -> Result<Child, ChildError> {
             libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
             // Rust's runtime ignores SIGPIPE, and an ignored signal stays ignored across exec.
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            // Before anything can allocate: from here on the workload's memory is charged to
+            // the workload's cgroup, where the OOM killer cannot pick the agent.
+            if let Some(fd) = cgroup_procs
+                && libc::write(fd, b"0".as_ptr().cast(), 1) != 1
+            {
+                fail_in_child(error_fd, Stage::Cgroup);
+            }
             if libc::setsid() == -1 {
                 fail_in_child(error_fd, Stage::Session);
             }
@@ -439,6 +454,34 @@ pub fn set_window_size(master: &File, cols: u16, rows: u16) -> io::Result<()> {
 pub fn current_ids() -> (u32, u32) {
     // SAFETY: getuid/getgid cannot fail and have no memory effects.
     unsafe { (libc::getuid(), libc::getgid()) }
+}
+
+/// Takes ownership of an inherited descriptor that must be an open regular file or cgroup
+/// file (the workload cgroup's files the helper opened), marks it close-on-exec and returns
+/// it. Each number can be taken once.
+pub fn inherited_file(fd: RawFd) -> io::Result<File> {
+    let invalid = |why: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("fd {fd} {why}"));
+    if fd < 0 {
+        return Err(invalid("is negative"));
+    }
+    let mut taken = TAKEN_FDS.lock().map_err(|_| invalid("table poisoned"))?;
+    if taken.contains(&fd) {
+        return Err(invalid("was already taken"));
+    }
+    // SAFETY: a zeroed stat is a valid buffer for the kernel to fill.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `stat` is a valid out-pointer; fstat fails cleanly on a closed descriptor.
+    if unsafe { libc::fstat(fd, &mut stat) } == -1 {
+        return Err(invalid("is not open"));
+    }
+    if stat.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(invalid("is not a regular file"));
+    }
+    set_cloexec(fd)?;
+    taken.push(fd);
+    // SAFETY: the descriptor is open (checked above), and the table makes sure that this
+    // process takes ownership of it only once.
+    Ok(unsafe { File::from_raw_fd(fd) })
 }
 
 /// Descriptors already taken by [`inherited_listener`], so that none is owned twice.

@@ -49,6 +49,7 @@ fn pipes_carry_output_and_the_exit_status() {
         cwd: Path::new("/"),
         switch_ids: None,
         stdio: Stdio::Pipes { stdin: true },
+        cgroup_procs: None,
     })
     .unwrap();
     let ChildIo::Pipes {
@@ -76,6 +77,7 @@ fn a_missing_program_is_an_exec_error() {
         cwd: Path::new("/"),
         switch_ids: None,
         stdio: Stdio::Pipes { stdin: false },
+        cgroup_procs: None,
     })
     .unwrap_err();
     match err {
@@ -97,6 +99,7 @@ fn a_missing_cwd_is_a_chdir_error() {
         cwd: Path::new("/nonexistent/dir"),
         switch_ids: None,
         stdio: Stdio::Pipes { stdin: false },
+        cgroup_procs: None,
     })
     .unwrap_err();
     assert!(
@@ -121,6 +124,7 @@ fn the_child_leads_its_own_group_and_the_group_can_be_killed() {
         cwd: Path::new("/"),
         switch_ids: None,
         stdio: Stdio::Pipes { stdin: false },
+        cgroup_procs: None,
     })
     .unwrap();
     let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.pid)).unwrap();
@@ -147,6 +151,7 @@ fn a_pty_is_the_controlling_terminal_with_the_given_size() {
         cwd: Path::new("/"),
         switch_ids: None,
         stdio: Stdio::Pty { cols: 91, rows: 17 },
+        cgroup_procs: None,
     })
     .unwrap();
     let ChildIo::Pty { master } = child.io else {
@@ -169,6 +174,7 @@ fn window_size_changes_are_seen_by_the_child() {
         cwd: Path::new("/"),
         switch_ids: None,
         stdio: Stdio::Pty { cols: 80, rows: 24 },
+        cgroup_procs: None,
     })
     .unwrap();
     let ChildIo::Pty { mut master } = child.io else {

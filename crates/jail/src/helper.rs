@@ -16,7 +16,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 use airlock_api::Compat;
-use airlock_policy::{IdMap, Plan, RlimitResource, WorkspacePlan};
+use airlock_policy::{IdMap, Plan, RlimitResource, ScratchPlan, WorkspacePlan};
 
 use crate::helper_live::{self, HostFds};
 use crate::report::{self, CONTROL_FD, Phase, REPORT_FD, Report, SPEC_FD, mark};
@@ -100,7 +100,7 @@ fn start() -> Result<(), Failure> {
         .agent
         .as_ref()
         .map(|agent| {
-            helper_live::prepare(agent).map_err(|e| {
+            helper_live::prepare(agent, spec.workload_cgroup.as_ref()).map_err(|e| {
                 with_source(
                     &format!("preparing the agent at {}", agent.socket.display()),
                     &e,
@@ -121,7 +121,22 @@ fn start() -> Result<(), Failure> {
             })
         })
         .transpose()?;
-    let host = HostFds { agent, egress };
+    let scratch = match &spec.plan.view.scratch {
+        ScratchPlan::Disk { host_dir } => {
+            Some(helper_live::prepare_scratch(host_dir).map_err(|e| {
+                with_source(
+                    &format!("preparing the scratch space at {}", host_dir.display()),
+                    &e,
+                )
+            })?)
+        }
+        ScratchPlan::Memory { .. } => None,
+    };
+    let host = HostFds {
+        agent,
+        egress,
+        scratch,
+    };
     run(&spec.plan, &spec.cgroup_leave, host, spec.evaluation)
 }
 
@@ -400,6 +415,13 @@ fn init(
         &plan.view,
         workspace,
         view::Attachments {
+            scratch: host
+                .scratch
+                .as_ref()
+                .map(|scratch| view::PreparedScratch::Disk {
+                    tmp: &scratch.tmp,
+                    workspace: &scratch.workspace,
+                }),
             agent_binary: agent.map(|agent| &agent.binary),
             egress_dir: host.egress.as_ref().map(|egress| &egress.dir),
             trust_bundle: host.egress.as_ref().map(|egress| &egress.trust_bundle),

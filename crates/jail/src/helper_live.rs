@@ -14,7 +14,10 @@ use airlock_policy::Plan;
 
 use crate::procctl;
 use crate::report::CONTROL_FD;
-use crate::spec::{AGENT_LISTEN_FD, AGENT_PATH, AgentSpec};
+use crate::spec::{
+    AGENT_LISTEN_FD, AGENT_OOM_EVENTS_FD, AGENT_PATH, AGENT_WORKLOAD_CGROUP_FD, AgentSpec,
+    WorkloadCgroupSpec,
+};
 use crate::sys;
 
 /// What init needs to become the agent, opened by the helper on the host.
@@ -24,14 +27,37 @@ pub struct AgentFds {
     pub log: OwnedFd,
     /// A detached mount of the agent binary, attached at [`AGENT_PATH`] in the view.
     pub binary: OwnedFd,
+    /// The workload cgroup's `cgroup.procs` (write) and OOM counters (read).
+    pub workload_cgroup: Option<(OwnedFd, OwnedFd)>,
 }
 
-/// What the helper opens on the host for init: a long-lived sandbox's agent, and the egress
-/// attachments of a `proxy`-mode sandbox.
+/// What the helper opens on the host for init: a long-lived sandbox's agent, the egress
+/// attachments of a `proxy`-mode sandbox, and on-disk scratch directories.
 #[derive(Debug, Default)]
 pub struct HostFds {
     pub agent: Option<AgentFds>,
     pub egress: Option<EgressFds>,
+    pub scratch: Option<ScratchFds>,
+}
+
+/// Detached clones of the on-disk scratch space's `tmp/` and `workspace/`.
+#[derive(Debug)]
+pub struct ScratchFds {
+    pub tmp: OwnedFd,
+    pub workspace: OwnedFd,
+}
+
+/// Opened on the host by the helper: the scratch directories sit in the caller's private
+/// state, which the sandbox could not reach.
+pub fn prepare_scratch(host_dir: &std::path::Path) -> io::Result<ScratchFds> {
+    Ok(ScratchFds {
+        tmp: sys::open_tree_clone(None, &host_dir.join(airlock_policy::SCRATCH_TMP), false)?,
+        workspace: sys::open_tree_clone(
+            None,
+            &host_dir.join(airlock_policy::SCRATCH_WORKSPACE),
+            false,
+        )?,
+    })
 }
 
 /// The egress directory and trust bundle, as detached mounts the view attaches.
@@ -61,7 +87,7 @@ pub fn detach_from_caller() -> io::Result<()> {
     Ok(())
 }
 
-pub fn prepare(agent: &AgentSpec) -> io::Result<AgentFds> {
+pub fn prepare(agent: &AgentSpec, workload: Option<&WorkloadCgroupSpec>) -> io::Result<AgentFds> {
     match std::fs::symlink_metadata(&agent.socket) {
         Ok(meta) if std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) => {
             std::fs::remove_file(&agent.socket)?;
@@ -76,10 +102,21 @@ pub fn prepare(agent: &AgentSpec) -> io::Result<AgentFds> {
         .mode(0o600)
         .open(&agent.log)?;
     let binary = sys::open_tree_clone(None, &agent.binary, false)?;
+    // Above the descriptors init installs for the agent, so that installing one cannot
+    // clobber another.
+    let high = |file: File| sys::dup_above(&OwnedFd::from(file), AGENT_OOM_EVENTS_FD + 1);
+    let workload_cgroup = workload
+        .map(|cgroup| -> io::Result<(OwnedFd, OwnedFd)> {
+            let procs = high(File::options().write(true).open(&cgroup.procs)?)?;
+            let oom = high(File::open(&cgroup.oom_events)?)?;
+            Ok((procs, oom))
+        })
+        .transpose()?;
     Ok(AgentFds {
         listener: OwnedFd::from(listener),
         log: OwnedFd::from(log),
         binary,
+        workload_cgroup,
     })
 }
 
@@ -92,7 +129,13 @@ pub fn exec_agent(plan: &Plan, fds: &AgentFds) -> io::Error {
         procctl::dup_inheritable(fds.log.as_raw_fd(), 1)?;
         procctl::dup_inheritable(fds.log.as_raw_fd(), 2)?;
         procctl::dup_inheritable(fds.listener.as_raw_fd(), AGENT_LISTEN_FD)?;
-        sys::close_from(AGENT_LISTEN_FD + 1, &[crate::report::REPORT_FD])?;
+        let mut keep = vec![crate::report::REPORT_FD];
+        if let Some((procs, oom)) = &fds.workload_cgroup {
+            procctl::dup_inheritable(procs.as_raw_fd(), AGENT_WORKLOAD_CGROUP_FD)?;
+            procctl::dup_inheritable(oom.as_raw_fd(), AGENT_OOM_EVENTS_FD)?;
+            keep.extend([AGENT_WORKLOAD_CGROUP_FD, AGENT_OOM_EVENTS_FD]);
+        }
+        sys::close_from(AGENT_LISTEN_FD + 1, &keep)?;
         let c =
             |s: String| CString::new(s).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
         let program = c(AGENT_PATH.to_owned())?;
@@ -101,6 +144,16 @@ pub fn exec_agent(plan: &Plan, fds: &AgentFds) -> io::Error {
             c("--listen-fd".to_owned())?,
             c(AGENT_LISTEN_FD.to_string())?,
         ];
+        if fds.workload_cgroup.is_some() {
+            for arg in [
+                "--workload-cgroup-fd".to_owned(),
+                AGENT_WORKLOAD_CGROUP_FD.to_string(),
+                "--oom-events-fd".to_owned(),
+                AGENT_OOM_EVENTS_FD.to_string(),
+            ] {
+                argv.push(c(arg)?);
+            }
+        }
         if let Some(egress) = &plan.egress {
             // The agent is the relay to the egress proxy (see `airlock_agent::relay`).
             argv.push(c("--egress-relay".to_owned())?);

@@ -11,12 +11,14 @@
 
 pub mod cgroup;
 pub mod child;
+pub mod disk;
 pub mod helper;
 mod helper_live;
 pub mod host;
 pub mod inotify;
 pub mod landlock;
 pub mod live;
+pub mod oom;
 pub mod procctl;
 mod relay;
 pub mod report;

@@ -17,6 +17,10 @@ pub struct HelperSpec {
     pub trace: bool,
     /// Set for a long-lived sandbox: init execs the agent instead of a workload.
     pub agent: Option<AgentSpec>,
+    /// Set when the workload has a memory cgroup of its own (a long-lived sandbox with a
+    /// memory limit): the helper opens its files for the agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_cgroup: Option<WorkloadCgroupSpec>,
     /// Layers switched off or marked for a security evaluation; the default changes nothing.
     #[serde(default, skip_serializing_if = "Evaluation::is_default")]
     pub evaluation: Evaluation,
@@ -53,10 +57,25 @@ pub struct AgentSpec {
     pub log: std::path::PathBuf,
 }
 
+/// The workload's own cgroup, in host paths (see `CgroupLimits::workload_memory_bytes`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadCgroupSpec {
+    /// Its `cgroup.procs`: each workload process writes `0` to it, first thing after its fork,
+    /// through a descriptor the helper opened (the sandbox cannot open cgroup files itself).
+    pub procs: std::path::PathBuf,
+    /// Its OOM counters: `memory.events` on v2, `memory.oom_control` on v1 (`oom_kill N`).
+    pub oom_events: std::path::PathBuf,
+}
+
 /// Where the agent appears inside the sandbox.
 pub const AGENT_PATH: &str = "/run/airlock/agent";
 /// The descriptor the agent finds its listening socket on.
 pub const AGENT_LISTEN_FD: i32 = 3;
+/// The descriptors the agent finds the workload cgroup's `cgroup.procs` (write-only) and OOM
+/// counters (read-only) on, when the workload has its own cgroup.
+pub const AGENT_WORKLOAD_CGROUP_FD: i32 = 5;
+pub const AGENT_OOM_EVENTS_FD: i32 = 6;
 
 #[cfg(test)]
 mod tests {
@@ -79,6 +98,7 @@ mod tests {
             cgroup_leave: vec!["/sys/fs/cgroup/pids/tasks".into()],
             trace: false,
             agent: None,
+            workload_cgroup: None,
             evaluation: Evaluation::default(),
         }
     }

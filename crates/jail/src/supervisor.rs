@@ -227,6 +227,10 @@ impl Sandbox {
             .as_ref()
             .map(|cgroup| cgroup.leave_files().to_vec())
             .unwrap_or_default();
+        let workload_cgroup = sandbox
+            .cgroup
+            .as_ref()
+            .and_then(SandboxCgroup::workload_files);
         let spec = HelperSpec {
             plan: plan.clone(),
             supervisor_pid: sys::getpid(),
@@ -234,6 +238,7 @@ impl Sandbox {
             cgroup_leave,
             trace: options.trace,
             agent,
+            workload_cgroup,
             evaluation: options.evaluation,
         };
         let bytes = serde_json::to_vec(&spec).map_err(|e| JailError::SendSpec(e.into()))?;

@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use airlock_policy::{Mask, MaskKind, ViewPlan, WorkspacePlan};
+use airlock_policy::{Mask, MaskKind, ScratchPlan, ViewPlan, WorkspacePlan};
 
 use crate::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
 
@@ -46,7 +46,8 @@ fn step<T>(what: impl FnOnce() -> String, result: io::Result<T>) -> Result<T, Vi
 /// The workspace, prepared before the view is built (it may live under the staging path).
 #[derive(Debug)]
 pub enum PreparedWorkspace {
-    Fresh { size_bytes: u64 },
+    /// An empty directory of the scratch space.
+    Fresh,
     Tree(OwnedFd),
 }
 
@@ -56,9 +57,7 @@ pub fn prepare_workspace(
     idmapped: Option<OwnedFd>,
 ) -> Result<PreparedWorkspace, ViewError> {
     match (plan, idmapped) {
-        (WorkspacePlan::Fresh { size_bytes }, _) => Ok(PreparedWorkspace::Fresh {
-            size_bytes: *size_bytes,
-        }),
+        (WorkspacePlan::Fresh, _) => Ok(PreparedWorkspace::Fresh),
         (WorkspacePlan::Host { .. }, Some(tree)) => Ok(PreparedWorkspace::Tree(tree)),
         (WorkspacePlan::Host { path, .. }, None) => {
             let tree = step(
@@ -70,12 +69,26 @@ pub fn prepare_workspace(
     }
 }
 
+/// The scratch space (`/tmp` and a fresh `/workspace`), as the view receives it.
+#[derive(Debug)]
+pub enum PreparedScratch<'a> {
+    /// One tmpfs of this size, made by init.
+    Memory { size_bytes: u64 },
+    /// Detached clones of the on-disk scratch directories, made by the helper on the host.
+    Disk {
+        tmp: &'a OwnedFd,
+        workspace: &'a OwnedFd,
+    },
+}
+
 /// Builds the view and pivots into it. `uid`/`gid` own a fresh workspace.
 /// `join_network` moves the caller into the sandbox's network namespace; it runs just before
 /// sysfs is mounted, since sysfs shows the mounter's network namespace.
 /// Detached mounts the helper opened on the host, attached in the view.
 #[derive(Debug, Default)]
 pub struct Attachments<'a> {
+    /// Where `/tmp` and a fresh `/workspace` come from.
+    pub scratch: Option<PreparedScratch<'a>>,
     /// The agent's binary, at `AGENT_PATH`.
     pub agent_binary: Option<&'a OwnedFd>,
     /// The egress directory, at `EGRESS_DIR`.
@@ -139,20 +152,25 @@ pub fn build(
             None,
         ),
     )?;
+    let fresh = matches!(workspace, PreparedWorkspace::Fresh);
+    let scratch = match (attachments.scratch, &plan.scratch) {
+        (Some(prepared), _) => prepared,
+        (None, ScratchPlan::Memory { size_bytes }) => PreparedScratch::Memory {
+            size_bytes: *size_bytes,
+        },
+        (None, ScratchPlan::Disk { host_dir }) => {
+            return step(
+                || format!("the scratch space at {} was not opened", host_dir.display()),
+                Err(io::ErrorKind::NotFound.into()),
+            );
+        }
+    };
+    attach_scratch(stage, scratch, fresh, uid, gid)?;
     mount_proc(stage)?;
     mount_dev(stage)?;
-    let tmp_options = format!("mode=1777,size={}", plan.tmp_size_bytes);
-    step(
-        || "mounting /tmp".into(),
-        sys::mount(
-            Some("tmpfs"),
-            &stage.join("tmp"),
-            Some("tmpfs"),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            Some(&tmp_options),
-        ),
-    )?;
-    mount_workspace(stage, workspace, uid, gid)?;
+    if let PreparedWorkspace::Tree(tree) = workspace {
+        attach_host_workspace(stage, &tree)?;
+    }
     // Joined as late as possible, so that the thread building the namespace has had the most
     // time: only sysfs needs it.
     step(|| "creating the network namespace".into(), join_network())?;
@@ -479,38 +497,92 @@ fn mount_dev(stage: &Path) -> Result<(), ViewError> {
     )
 }
 
-fn mount_workspace(
+/// Mounts `/tmp` and, when `fresh`, `/workspace` from the scratch space. A tmpfs is mounted
+/// for a moment on the still-empty `/proc`, its two directories are bound into place, and it
+/// is detached again: `/tmp` and `/workspace` then share one size limit and nothing else of
+/// the tmpfs is reachable. Must run before `/proc` is mounted.
+fn attach_scratch(
     stage: &Path,
-    workspace: PreparedWorkspace,
+    scratch: PreparedScratch<'_>,
+    fresh: bool,
     uid: u32,
     gid: u32,
 ) -> Result<(), ViewError> {
-    let target = stage.join("workspace");
-    match workspace {
-        PreparedWorkspace::Fresh { size_bytes } => {
-            let options = format!("mode=0755,size={size_bytes},uid={uid},gid={gid}");
+    let tmp = stage.join("tmp");
+    let workspace = stage.join("workspace");
+    match scratch {
+        PreparedScratch::Memory { size_bytes } => {
+            let holder = stage.join("proc");
             step(
-                || "mounting the fresh /workspace".into(),
+                || "mounting the scratch space".into(),
                 sys::mount(
-                    Some("tmpfs"),
-                    &target,
+                    Some("airlock"),
+                    &holder,
                     Some("tmpfs"),
                     libc::MS_NOSUID | libc::MS_NODEV,
-                    Some(&options),
+                    Some(&format!("mode=0755,size={size_bytes}")),
                 ),
+            )?;
+            let bind = |name: &str, mode: u32, owner: Option<(u32, u32)>, target: &Path| {
+                let source = holder.join(name);
+                mkdir(&source, mode)?;
+                // The mode as given, whatever init's umask.
+                step(
+                    || format!("setting the mode of the scratch {name}"),
+                    fs::set_permissions(&source, fs::Permissions::from_mode(mode)),
+                )?;
+                if let Some((uid, gid)) = owner {
+                    step(
+                        || format!("handing the scratch {name} to {uid}:{gid}"),
+                        std::os::unix::fs::chown(&source, Some(uid), Some(gid)),
+                    )?;
+                }
+                step(
+                    || format!("binding the scratch {name}"),
+                    sys::mount(source.to_str(), target, None, libc::MS_BIND, None),
+                )
+            };
+            bind("tmp", 0o1777, None, &tmp)?;
+            if fresh {
+                bind("workspace", 0o755, Some((uid, gid)), &workspace)?;
+            }
+            step(
+                || "detaching the scratch space".into(),
+                sys::umount_detach(&holder),
             )
         }
-        PreparedWorkspace::Tree(tree) => {
-            step(
-                || "securing /workspace".into(),
-                sys::mount_setattr(&tree, true, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, None),
-            )?;
-            step(
-                || "attaching /workspace".into(),
-                sys::move_mount(&tree, &target),
-            )
+        PreparedScratch::Disk {
+            tmp: tmp_tree,
+            workspace: workspace_tree,
+        } => {
+            let mut attach = vec![(tmp_tree, &tmp, "/tmp")];
+            if fresh {
+                attach.push((workspace_tree, &workspace, "/workspace"));
+            }
+            for (tree, target, name) in attach {
+                step(
+                    || format!("securing {name}"),
+                    sys::mount_setattr(tree, true, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, None),
+                )?;
+                step(
+                    || format!("attaching {name}"),
+                    sys::move_mount(tree, target),
+                )?;
+            }
+            Ok(())
         }
     }
+}
+
+fn attach_host_workspace(stage: &Path, tree: &OwnedFd) -> Result<(), ViewError> {
+    step(
+        || "securing /workspace".into(),
+        sys::mount_setattr(tree, true, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, None),
+    )?;
+    step(
+        || "attaching /workspace".into(),
+        sys::move_mount(tree, &stage.join("workspace")),
+    )
 }
 
 /// A policy's protected paths inside the writable filesystems (`.git/hooks`, say): each one

@@ -15,6 +15,7 @@ fn reap_any_returns_each_exited_child_once_then_none() {
         cwd: Path::new("/"),
         switch_ids: None,
         stdio: Stdio::Pipes { stdin: false },
+        cgroup_procs: None,
     })
     .unwrap();
     let (pid, status) = loop {

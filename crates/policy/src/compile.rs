@@ -8,7 +8,7 @@ use crate::document::Policy;
 use crate::document_compile;
 use crate::plan::{
     CgroupLimits, IdMap, IdentityPlan, LandlockPlan, Mask, MaskKind, Plan, ProcessPlan, Rlimit,
-    RlimitResource, ViewPlan, WorkspacePlan,
+    RlimitResource, ScratchPlan, ViewPlan, WorkspacePlan,
 };
 use crate::seccomp::default_rules;
 
@@ -102,9 +102,7 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
     };
     let privileged_caller = host.caller_uid == 0;
     let workspace = match &config.workspace {
-        WorkspaceSource::Fresh => WorkspacePlan::Fresh {
-            size_bytes: config.resources.disk_bytes,
-        },
+        WorkspaceSource::Fresh => WorkspacePlan::Fresh,
         WorkspaceSource::Host { path } => WorkspacePlan::Host {
             path: absolute("--workspace", path)?,
             idmap: privileged_caller,
@@ -115,7 +113,9 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
         view: ViewPlan {
             rootfs,
             workspace,
-            tmp_size_bytes: config.resources.disk_bytes,
+            scratch: ScratchPlan::Memory {
+                size_bytes: config.resources.disk_bytes,
+            },
             masks: masks(&host.state_dirs),
             read_only_paths: Vec::new(),
             hostname: "airlock".to_owned(),
@@ -150,7 +150,13 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
             },
         ],
         cgroup: CgroupLimits {
-            memory_bytes: config.resources.memory_bytes,
+            // Disk and memory are separate budgets: the scratch tmpfs's pages are charged to the
+            // cgroup, so its limit holds both (`ScratchPlan::Memory`).
+            memory_bytes: config
+                .resources
+                .memory_bytes
+                .map(|bytes| bytes.saturating_add(config.resources.disk_bytes)),
+            workload_memory_bytes: None,
             // Init lives in the sandbox's cgroup too; the limit is the workload's.
             pids_max: config
                 .resources

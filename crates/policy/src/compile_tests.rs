@@ -154,7 +154,9 @@ fn test_compile_limits_follow_resources() {
     assert_eq!(
         plan.cgroup,
         CgroupLimits {
-            memory_bytes: Some(512 << 20),
+            // The scratch tmpfs's 100 MiB come on top of the workload's 512 MiB.
+            memory_bytes: Some((512 << 20) + (100 << 20)),
+            workload_memory_bytes: None,
             pids_max: Some(64 + AIRLOCK_PROCESSES),
             cpu_quota_us: Some(150_000),
             cpu_period_us: 100_000,
@@ -170,7 +172,45 @@ fn test_compile_limits_follow_resources() {
         soft: 100 << 20,
         hard: 100 << 20
     }));
-    assert_eq!(plan.view.tmp_size_bytes, 100 << 20);
+    assert_eq!(
+        plan.view.scratch,
+        ScratchPlan::Memory {
+            size_bytes: 100 << 20
+        }
+    );
+}
+
+#[test]
+fn test_plan_disk_scratch_leaves_memory_to_the_workload() {
+    let mut config = config();
+    config.resources.memory_bytes = Some(512 << 20);
+    config.resources.disk_bytes = 100 << 20;
+    let mut plan = compile(&config, &root_host()).unwrap();
+    plan.use_disk_scratch("/var/lib/airlock/storage/abc".into());
+    plan.isolate_workload_memory(64 << 20);
+    assert_eq!(plan.cgroup.workload_memory_bytes, Some(512 << 20));
+    assert_eq!(plan.cgroup.memory_bytes, Some((512 + 64) << 20));
+    assert_eq!(
+        plan.view.scratch,
+        ScratchPlan::Disk {
+            host_dir: "/var/lib/airlock/storage/abc".into()
+        }
+    );
+}
+
+#[test]
+fn test_plan_isolating_the_workload_keeps_a_memory_scratch_in_both_limits() {
+    let mut config = config();
+    config.resources.memory_bytes = Some(512 << 20);
+    config.resources.disk_bytes = 100 << 20;
+    let mut plan = compile(&config, &root_host()).unwrap();
+    plan.isolate_workload_memory(64 << 20);
+    assert_eq!(plan.cgroup.workload_memory_bytes, Some((512 + 100) << 20));
+    assert_eq!(plan.cgroup.memory_bytes, Some((512 + 100 + 64) << 20));
+    config.resources.memory_bytes = None;
+    let mut unlimited = compile(&config, &root_host()).unwrap();
+    unlimited.isolate_workload_memory(64 << 20);
+    assert_eq!(unlimited.cgroup.workload_memory_bytes, None);
 }
 
 #[test]

@@ -29,7 +29,7 @@ pub use explain::explain;
 pub use plan::{
     CgroupLimits, EGRESS_CA, EGRESS_DIR, EGRESS_SOCKET, EGRESS_TRUST_BUNDLE, EgressSetup, IdMap,
     IdentityPlan, LandlockPlan, Mask, MaskKind, Plan, ProcessPlan, Rlimit, RlimitResource,
-    SYSTEM_TRUST_STORE, ViewPlan, WorkspacePlan,
+    SCRATCH_TMP, SCRATCH_WORKSPACE, SYSTEM_TRUST_STORE, ScratchPlan, ViewPlan, WorkspacePlan,
 };
 pub use prover::{Counterexample, Finding, FindingKind, diff, within};
 pub use seccomp::{ArgCheck, SeccompRule, SyscallAction};

@@ -34,11 +34,29 @@ pub struct IdentityPlan {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum WorkspacePlan {
-    /// A private tmpfs of this size, owned by the workload's user.
-    Fresh { size_bytes: u64 },
+    /// An empty directory in the sandbox's scratch space, owned by the workload's user.
+    Fresh,
     /// A host directory bound read-write; `idmap` maps its owners into the sandbox's id range.
     Host { path: PathBuf, idmap: bool },
 }
+
+/// Where the sandbox's scratch space lives: `/tmp` and a fresh `/workspace`, one budget of
+/// `disk` bytes for both, kept apart from the memory budget.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ScratchPlan {
+    /// One tmpfs of this size. Its pages are charged to the sandbox's memory cgroup, so the
+    /// compiler raises the cgroup's memory limit by the same amount: a full tmpfs answers
+    /// `ENOSPC` and never pushes the workload past its own memory.
+    Memory { size_bytes: u64 },
+    /// A host directory on disk with a quota (a btrfs subvolume prepared by the runtime) that
+    /// holds `tmp/` and `workspace/`; beyond the quota writes fail with `EDQUOT`.
+    Disk { host_dir: PathBuf },
+}
+
+/// The scratch directories inside [`ScratchPlan::Disk`]'s `host_dir`.
+pub const SCRATCH_TMP: &str = "tmp";
+pub const SCRATCH_WORKSPACE: &str = "workspace";
 
 /// How a masked path is hidden.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,7 +83,7 @@ pub struct ViewPlan {
     /// The host directory shown read-only as `/`.
     pub rootfs: PathBuf,
     pub workspace: WorkspacePlan,
-    pub tmp_size_bytes: u64,
+    pub scratch: ScratchPlan,
     pub masks: Vec<Mask>,
     /// Paths inside the writable filesystems (`/workspace`, `/tmp`) made read-only by a bind
     /// mount over themselves, if they exist when the sandbox starts; shallower paths first.
@@ -115,7 +133,14 @@ pub struct Rlimit {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CgroupLimits {
+    /// The whole sandbox's memory: the workload's, the scratch tmpfs's when it is in memory,
+    /// and the agent's reserve when the workload has its own cgroup.
     pub memory_bytes: Option<u64>,
+    /// When set, the workload's processes run in a child cgroup (`workload`) with this memory
+    /// limit, so that the OOM killer, acting inside it, can only ever pick one of them: the
+    /// agent beside it, in the sandbox's own cgroup, is never a candidate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_memory_bytes: Option<u64>,
     pub pids_max: Option<u64>,
     /// CPU bandwidth: `cpu_quota_us` of every `cpu_period_us`.
     pub cpu_quota_us: Option<u64>,
@@ -169,4 +194,34 @@ pub struct Plan {
     /// Set for `proxy` network mode.
     #[serde(default)]
     pub egress: Option<EgressSetup>,
+}
+
+impl Plan {
+    /// Moves the scratch space onto disk at `host_dir` (see [`ScratchPlan::Disk`]): its bytes
+    /// stop counting against the memory limits the compiler raised for a tmpfs.
+    pub fn use_disk_scratch(&mut self, host_dir: PathBuf) {
+        if let ScratchPlan::Memory { size_bytes } = self.view.scratch {
+            for limit in [
+                &mut self.cgroup.memory_bytes,
+                &mut self.cgroup.workload_memory_bytes,
+            ] {
+                if let Some(bytes) = limit.as_mut() {
+                    *bytes = bytes.saturating_sub(size_bytes);
+                }
+            }
+        }
+        self.view.scratch = ScratchPlan::Disk { host_dir };
+    }
+
+    /// Gives the workload a memory cgroup of its own with the sandbox's memory limit, and
+    /// raises the sandbox's limit by `reserve_bytes` for Airlock's agent, which stays outside
+    /// it (see [`CgroupLimits::workload_memory_bytes`]). Without a memory limit nothing changes.
+    pub fn isolate_workload_memory(&mut self, reserve_bytes: u64) {
+        if let Some(bytes) = self.cgroup.memory_bytes
+            && self.cgroup.workload_memory_bytes.is_none()
+        {
+            self.cgroup.workload_memory_bytes = Some(bytes);
+            self.cgroup.memory_bytes = Some(bytes.saturating_add(reserve_bytes));
+        }
+    }
 }

@@ -15,6 +15,7 @@ mod backend;
 pub mod egress;
 mod evaluation;
 mod live;
+pub mod storage;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -25,11 +26,13 @@ use airlock_policy::egress::{EgressPlan, NetworkMode};
 use airlock_policy::{CompileError, HostFacts};
 pub use egress::{EgressOptions, EgressSession};
 
+pub use airlock_jail::oom::OomWatch;
 pub use airlock_jail::report::Phase;
-pub use airlock_jail::{Ending, TerminationSignals as Signals};
+pub use airlock_jail::{Ending, TerminationSignals as Signals, error_chain};
 pub use backend::{Backend, BackendSupport};
 pub use evaluation::{Ablation, SECCOMP_TAG_ERRNO};
-pub use live::{LiveSandbox, LiveSpec, Pending, find_agent};
+pub use live::{AGENT_RESERVE_BYTES, LiveSandbox, LiveSpec, Pending, find_agent};
+pub use storage::{Storage, StorageError};
 
 /// Why a sandbox could not be run.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +57,8 @@ pub enum RuntimeError {
     Egress(#[from] egress::EgressSetupError),
     #[error("the {0} network mode is not supported yet")]
     NetworkMode(&'static str),
+    #[error("the sandbox's scratch space could not be made")]
+    Storage(#[from] StorageError),
 }
 
 /// One runtime per process: it knows where its helper is and what the host supports.
@@ -66,6 +71,8 @@ pub struct Runtime {
     state_dirs: Vec<PathBuf>,
     /// Tags the cgroups of long-lived sandboxes (see [`Runtime::set_owner`]).
     owner: String,
+    /// On-disk scratch space for long-lived sandboxes; without it, theirs is a tmpfs.
+    storage: Option<std::sync::Arc<Storage>>,
 }
 
 impl Runtime {
@@ -81,7 +88,18 @@ impl Runtime {
             trace: false,
             state_dirs: default_state_dirs(),
             owner: "run".to_owned(),
+            storage: None,
         }
+    }
+
+    /// Puts long-lived sandboxes' scratch space (`/tmp` and a fresh `/workspace`) on `storage`,
+    /// one quota-limited volume each, instead of a tmpfs.
+    pub fn set_storage(&mut self, storage: Storage) {
+        self.storage = Some(std::sync::Arc::new(storage));
+    }
+
+    pub fn storage(&self) -> Option<&Storage> {
+        self.storage.as_deref()
     }
 
     /// Times each phase of every sandbox's life into [`Outcome::phases`](airlock_jail::Outcome).

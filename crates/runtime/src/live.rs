@@ -11,6 +11,7 @@ use airlock_jail::live::{self, LiveRecord, Starting};
 use airlock_jail::spec::{AGENT_LISTEN_FD, AGENT_PATH, AgentSpec};
 use serde::{Deserialize, Serialize};
 
+use crate::storage::{Storage, VolumeOwners};
 use crate::{Backend, Runtime, RuntimeError, check_paths};
 
 /// What the caller asks for.
@@ -58,6 +59,17 @@ impl LiveSandbox {
         })
     }
 
+    /// How many workload processes the OOM killer has ended so far.
+    pub fn oom_kills(&self) -> u64 {
+        airlock_jail::cgroup::SandboxCgroup::from_dirs(&self.cgroup_dirs).workload_oom_kills()
+    }
+
+    /// A descriptor that becomes readable when the OOM killer acts in the sandbox (see
+    /// [`airlock_jail::oom::OomWatch`]).
+    pub fn oom_watch(&self) -> io::Result<airlock_jail::oom::OomWatch> {
+        airlock_jail::cgroup::SandboxCgroup::from_dirs(&self.cgroup_dirs).workload_oom_watch()
+    }
+
     /// Reaps the sandbox's helper if it is this process's child and has ended.
     pub fn reap(&self) {
         live::reap(&self.jail_record());
@@ -72,11 +84,33 @@ impl LiveSandbox {
 const AGENT_SOCKET: &str = "agent.sock";
 const AGENT_LOG: &str = "agent.log";
 
-/// A sandbox whose agent serves, not yet committed: dropping it ends the sandbox.
+/// What a long-lived sandbox's memory limit holds beyond the workload's own: the agent, which
+/// stays outside the workload's cgroup (`Plan::isolate_workload_memory`).
+pub const AGENT_RESERVE_BYTES: u64 = 64 << 20;
+
+/// A sandbox whose agent serves, not yet committed: dropping it ends the sandbox (and then
+/// removes its volume).
 #[derive(Debug)]
 pub struct Pending {
     starting: Starting,
+    volume: Option<VolumeGuard>,
     record: LiveSandbox,
+}
+
+/// A scratch volume that is removed when dropped, until its sandbox is committed.
+#[derive(Debug)]
+struct VolumeGuard {
+    storage: std::sync::Arc<Storage>,
+    id: String,
+    armed: bool,
+}
+
+impl Drop for VolumeGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.storage.remove_volume(&self.id);
+        }
+    }
 }
 
 impl Pending {
@@ -91,8 +125,18 @@ impl Pending {
 
     /// Lets the sandbox outlive this process. Call once its record is durable.
     pub fn commit(self) -> Result<LiveSandbox, RuntimeError> {
-        self.starting.commit()?;
-        Ok(self.record)
+        let Pending {
+            starting,
+            volume,
+            record,
+        } = self;
+        let mut volume = volume;
+        starting.commit()?;
+        // Committed: the volume is the sandbox's now, and goes with `Runtime::destroy`.
+        if let Some(volume) = volume.as_mut() {
+            volume.armed = false;
+        }
+        Ok(record)
     }
 }
 
@@ -111,6 +155,23 @@ fn check_id(id: &str) -> Result<(), RuntimeError> {
         Ok(())
     } else {
         Err(RuntimeError::BadSandboxId(id.to_owned()))
+    }
+}
+
+/// The host ids that own a volume's `tmp/` (the sandbox's root) and `workspace/` (the
+/// workload's user), through the sandbox's id maps.
+fn volume_owners(identity: &airlock_policy::IdentityPlan) -> VolumeOwners {
+    let outside = |maps: &[airlock_policy::IdMap], inside: u32| {
+        maps.iter()
+            .find(|m| inside >= m.inside && inside - m.inside < m.count)
+            .map_or(inside, |m| m.outside + (inside - m.inside))
+    };
+    VolumeOwners {
+        root: (outside(&identity.uid_map, 0), outside(&identity.gid_map, 0)),
+        workload: (
+            outside(&identity.uid_map, identity.uid),
+            outside(&identity.gid_map, identity.gid),
+        ),
     }
 }
 
@@ -158,6 +219,21 @@ impl Runtime {
         config.timeout_ms = None;
         check_paths(&config)?;
         let mut plan = airlock_policy::compile(&config, &self.facts())?;
+        let volume = match &self.storage {
+            Some(storage) => {
+                let owners = volume_owners(&plan.identity);
+                let dir = storage.create_volume(&spec.id, config.resources.disk_bytes, owners)?;
+                plan.use_disk_scratch(dir);
+                Some(VolumeGuard {
+                    storage: storage.clone(),
+                    id: spec.id.clone(),
+                    armed: true,
+                })
+            }
+            None => None,
+        };
+        // The OOM killer acts inside the cgroup whose limit was reached: the workload's own.
+        plan.isolate_workload_memory(AGENT_RESERVE_BYTES);
         match (self.egress_plan(&config)?, egress) {
             (Some(_), Some(session)) => session.attach(&mut plan),
             (None, None) => {}
@@ -182,7 +258,11 @@ impl Runtime {
             cgroup_dirs: jail.cgroup_dirs.clone(),
             dir: spec.dir.clone(),
         };
-        Ok(Pending { starting, record })
+        Ok(Pending {
+            starting,
+            volume,
+            record,
+        })
     }
 
     /// Checks that a recorded sandbox still runs (same helper pid and start time).
@@ -197,6 +277,9 @@ impl Runtime {
     /// repeat.
     pub fn destroy(&self, record: &LiveSandbox) {
         live::destroy(&self.support.cgroups, &record.jail_record());
+        if let Some(storage) = &self.storage {
+            storage.remove_volume(&record.id);
+        }
         let _ = std::fs::remove_dir_all(&record.dir);
     }
 
@@ -205,13 +288,24 @@ impl Runtime {
     /// sandboxes are never touched.
     pub fn sweep_orphans(&self, live_ids: &HashSet<String>) -> Vec<String> {
         let prefix = format!("{}-", self.owner);
-        live::sweep(&self.support.cgroups, |name| {
+        let mut swept: Vec<String> = live::sweep(&self.support.cgroups, |name| {
             name.strip_prefix(&prefix)
                 .is_none_or(|id| live_ids.contains(id))
         })
         .into_iter()
         .filter_map(|name| name.strip_prefix(&prefix).map(str::to_owned))
-        .collect()
+        .collect();
+        if let Some(storage) = &self.storage {
+            for id in storage.volumes() {
+                if !live_ids.contains(&id) {
+                    storage.remove_volume(&id);
+                    if !swept.contains(&id) {
+                        swept.push(id);
+                    }
+                }
+            }
+        }
+        swept
     }
 
     /// The cgroup name of this owner's long-lived sandbox `id`: for ending a sandbox whose

@@ -75,6 +75,8 @@ pub struct ExecOutput {
     pub exit_code: i32,
     pub exited: bool,
     pub status: String,
+    /// The OOM killer ended a process of the sandbox while the command ran.
+    pub oom_killed: bool,
 }
 
 impl Client {
@@ -362,10 +364,12 @@ impl Client {
                     exit_code,
                     exited,
                     status,
+                    oom_killed,
                 } => {
                     output.exit_code = exit_code;
                     output.exited = exited;
                     output.status = status;
+                    output.oom_killed = oom_killed;
                     return Ok(output);
                 }
                 ExecEvent::Error { code, message } => {

@@ -93,6 +93,17 @@ pub struct ServeArgs {
     /// before it is rotated to `.1` (one older file is kept).
     #[arg(long, value_name = "SIZE", default_value = "32MiB", value_parser = parse_size)]
     pub audit_max_bytes: u64,
+    /// Where each sandbox's scratch space (`/tmp` and a fresh `/workspace`, one budget of its
+    /// `disk_bytes`) lives: `disk` (a btrfs image in the state directory, one volume with a
+    /// quota per sandbox: files survive anything the processes do), `memory` (a tmpfs, whose
+    /// size the sandbox's memory limit also holds), or `auto` (disk when this host can, else
+    /// memory; the choice is logged at start).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub scratch: ScratchMode,
+    /// The size of the disk scratch image, reserved on the host's disk when it is first made
+    /// [default: half the state directory's free space, at most 16GiB].
+    #[arg(long = "storage-size", value_name = "SIZE", value_parser = parse_size)]
+    pub storage_size_bytes: Option<u64>,
     /// TEST EQUIPMENT, like curl's --resolve: the egress proxies of `proxy`-mode sandboxes
     /// resolve NAME to the loopback upstream IP:PORT (comma-separated list) instead of DNS,
     /// and nothing else resolves. Refused unless --listen is loopback.
@@ -102,6 +113,14 @@ pub struct ServeArgs {
     /// test upstreams' CA). Refused unless --listen is loopback.
     #[arg(long, value_name = "FILE", hide = true)]
     pub test_egress_roots: Option<PathBuf>,
+}
+
+/// `--scratch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ScratchMode {
+    Auto,
+    Disk,
+    Memory,
 }
 
 /// What the daemon's egress proxies are started with.
@@ -187,6 +206,8 @@ pub struct Config {
     pub workspace_root: Option<PathBuf>,
     pub egress: EgressConfig,
     pub audit_max_bytes: u64,
+    pub scratch: ScratchMode,
+    pub storage_size_bytes: Option<u64>,
 }
 
 impl Config {
@@ -229,6 +250,8 @@ impl Config {
             workspace_root,
             egress: EgressConfig::from_args(args)?,
             audit_max_bytes: args.audit_max_bytes,
+            scratch: args.scratch,
+            storage_size_bytes: args.storage_size_bytes,
         })
     }
 

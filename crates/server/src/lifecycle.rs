@@ -25,6 +25,8 @@
 
 mod checks;
 mod egress_ops;
+mod scratch;
+mod watcher;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -39,7 +41,6 @@ use airlock_api::v1::{
 use airlock_api::{ResourceLimits, SandboxConfig, WorkspaceSource};
 use airlock_policy::{Limit, Policy};
 use airlock_runtime::{LiveSandbox, LiveSpec, Runtime, RuntimeError};
-use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 
 use crate::agent::Agent;
@@ -64,6 +65,8 @@ pub enum LifecycleError {
     Busy(PathBuf),
     #[error("cannot start the sandbox runtime")]
     Runtime(#[source] RuntimeError),
+    #[error("--scratch disk: {0}")]
+    Storage(String),
 }
 
 /// A running sandbox's in-memory state.
@@ -126,6 +129,9 @@ impl Daemon {
         runtime
             .set_owner(&owner_tag(&config.state_dir))
             .map_err(LifecycleError::Runtime)?;
+        if let Some(storage) = scratch::open_storage(&config)? {
+            runtime.set_storage(storage);
+        }
         let audit = Audit::new(
             &config.state_dir,
             config.sandboxes_dir(),
@@ -140,6 +146,13 @@ impl Daemon {
             _lock: lock,
         });
         Ok(daemon)
+    }
+
+    /// Unmounts the disk scratch storage if no sandbox uses it any more (at shutdown).
+    pub fn release_storage(&self) {
+        if let Some(storage) = self.runtime.storage() {
+            storage.release();
+        }
     }
 
     fn slots(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
@@ -268,49 +281,6 @@ impl Daemon {
             },
         );
         tokio::spawn(self.clone().watch(id.to_owned(), live, receiver));
-    }
-
-    async fn watch(
-        self: Arc<Self>,
-        id: String,
-        live: Arc<Live>,
-        mut deadline: watch::Receiver<u64>,
-    ) {
-        #[allow(
-            deprecated,
-            reason = "the safe constructor: the OwnedFd owns its descriptor for the AsyncFd's whole \
-                      life, which is the I/O-safety condition the unsafe replacement asks for"
-        )]
-        let pidfd = live.record.pidfd().and_then(AsyncFd::new);
-        let Ok(pidfd) = pidfd else {
-            self.end(&id, "ended", "the sandbox was gone when its watch began")
-                .await;
-            return;
-        };
-        loop {
-            let deadline_ms = *deadline.borrow_and_update();
-            if deadline_ms == u64::MAX {
-                return;
-            }
-            let remaining = Duration::from_millis(deadline_ms.saturating_sub(now_ms()));
-            tokio::select! {
-                () = tokio::time::sleep(remaining) => {
-                    if *deadline.borrow() == deadline_ms {
-                        self.end(&id, "timeout", "the sandbox reached its timeout").await;
-                        return;
-                    }
-                }
-                _ = pidfd.readable() => {
-                    self.end(&id, "ended", "the sandbox's agent exited").await;
-                    return;
-                }
-                changed = deadline.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                }
-            }
-        }
     }
 
     /// Ends a running sandbox: marks it deleting, destroys it, drops its row, records why.
@@ -697,6 +667,11 @@ impl Daemon {
     /// The agent of a running sandbox.
     pub fn agent(&self, id: &str) -> Result<Agent, ApiError> {
         Ok(Agent::new(&self.running(id)?.record.socket))
+    }
+
+    /// How many workload processes of a running sandbox the OOM killer has ended so far.
+    pub fn oom_kills(&self, id: &str) -> Result<u64, ApiError> {
+        Ok(self.running(id)?.record.oom_kills())
     }
 
     /// The stored hash of a sandbox's access token, if the daemon knows the sandbox.

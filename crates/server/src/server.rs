@@ -115,6 +115,7 @@ async fn serve(config: Config) -> Result<(), ServeError> {
         "daemon_stop",
         "stopped by a signal; sandboxes keep running",
     );
+    daemon.release_storage();
     Ok(())
 }
 

@@ -28,6 +28,7 @@ const DEFAULT_CWD: &str = "/workspace";
 pub async fn exec(ctx: &mut Ctx) -> Result<Response<crate::http::Body>, ApiError> {
     let request: ExecRequest = ctx.json().await?;
     let agent = ctx.daemon.agent(&ctx.id)?;
+    let oom_kills_before = ctx.daemon.oom_kills(&ctx.id)?;
     let (cmd, args) = match (&request.argv, &request.shell) {
         (Some(argv), None) if !argv.is_empty() => (argv[0].clone(), argv[1..].to_vec()),
         (None, Some(shell)) => ("/bin/sh".to_owned(), vec!["-c".to_owned(), shell.clone()]),
@@ -86,12 +87,15 @@ pub async fn exec(ctx: &mut Ctx) -> Result<Response<crate::http::Body>, ApiError
     }
     let mut reader = EnvelopeReader::new(response.into_body());
     let pid = first_event(&mut reader).await?;
+    let daemon = ctx.daemon.clone();
+    let id = ctx.id.clone();
+    let oom_kills = move || daemon.oom_kills(&id).unwrap_or(0);
     let (tx, body) = ChannelBody::new(32);
     let _ = tx.send(Ok(line(&ExecEvent::Start { pid }))).await;
     if let Some(bytes) = stdin {
         tokio::spawn(feed_stdin(agent, pid, bytes, tx.clone()));
     }
-    tokio::spawn(pump(reader, tx));
+    tokio::spawn(pump(reader, tx, move || oom_kills() > oom_kills_before));
     Ok(with_type(StatusCode::OK, NDJSON, body.boxed_unsync()))
 }
 
@@ -129,11 +133,27 @@ fn line(event: &ExecEvent) -> Bytes {
     Bytes::from(bytes)
 }
 
-/// Relays the rest of the agent's stream as NDJSON lines until `exit` or a failure.
-async fn pump(mut reader: EnvelopeReader, tx: mpsc::Sender<Result<Bytes, BoxError>>) {
+/// Relays the rest of the agent's stream as NDJSON lines until `exit` or a failure;
+/// `oom_killed` says, at the end, whether the OOM killer acted while the command ran.
+async fn pump(
+    mut reader: EnvelopeReader,
+    tx: mpsc::Sender<Result<Bytes, BoxError>>,
+    oom_killed: impl Fn() -> bool,
+) {
     loop {
         let event = match reader.next().await {
             Ok(Some(Envelope::Message(value))) => match translate(&value) {
+                Some(ExecEvent::Exit {
+                    exit_code,
+                    exited,
+                    status,
+                    ..
+                }) => ExecEvent::Exit {
+                    exit_code,
+                    exited,
+                    status,
+                    oom_killed: oom_killed(),
+                },
                 Some(event) => event,
                 None => continue,
             },
@@ -183,6 +203,7 @@ fn translate(value: &Value) -> Option<ExecEvent> {
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_owned(),
+        oom_killed: false,
     })
 }
 
@@ -230,7 +251,8 @@ mod tests {
             Some(ExecEvent::Exit {
                 exit_code: 0,
                 exited: true,
-                status: "exit status 0".into()
+                status: "exit status 0".into(),
+                oom_killed: false,
             })
         );
         let out = translate(&json!({"event": {"data": {"stderr": "aGk="}}}));

@@ -152,8 +152,22 @@ impl Drop for TestDaemon {
             self.kill9();
         }
         if !self.keep_state {
+            release_storage(&self.state_dir);
             let _ = std::fs::remove_dir_all(&self.state_dir);
         }
+    }
+}
+
+/// Unmounts a state directory's disk scratch storage (a daemon killed with -9 leaves it
+/// mounted, by design, for the next daemon). Its loop device detaches itself.
+pub fn release_storage(state_dir: &Path) {
+    let mount = state_dir.join("storage");
+    if std::fs::metadata(&mount).is_ok() {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&mount)
+            .stderr(Stdio::null())
+            .status();
     }
 }
 
@@ -186,10 +200,15 @@ impl Drop for CleanupOnPanic {
                     keep_state: false,
                 });
             }
+            release_storage(&self.state_dir);
             let _ = std::fs::remove_dir_all(&self.state_dir);
         }
     }
 }
+
+/// The disk scratch image of a test daemon: small, since several run at once and each
+/// reserves its image's space on the host's disk.
+pub const TEST_STORAGE_SIZE: &str = "2GiB";
 
 /// Starts airlockd and waits for its "listening on" line.
 pub fn spawn_daemon(state_dir: &Path, extra: &[&str]) -> Result<(Child, String), String> {
@@ -199,6 +218,12 @@ pub fn spawn_daemon(state_dir: &Path, extra: &[&str]) -> Result<(Child, String),
         .arg("127.0.0.1:0")
         .arg("--state-dir")
         .arg(state_dir)
+        .args(
+            (!extra.contains(&"--storage-size"))
+                .then_some(["--storage-size", TEST_STORAGE_SIZE])
+                .into_iter()
+                .flatten(),
+        )
         .args(extra)
         .env("AIRLOCK_JAIL_BIN", dir.join("airlock-jail"))
         .env("AIRLOCK_AGENT_BIN", agent_bin())

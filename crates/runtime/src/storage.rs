@@ -1,0 +1,292 @@
+//! On-disk scratch space for long-lived sandboxes: one btrfs filesystem per state directory,
+//! in a preallocated image file on a loop device, with one subvolume per sandbox whose quota
+//! is the sandbox's disk limit. `/tmp` and a fresh `/workspace` live there (`tmp/` and
+//! `workspace/`), so a full disk answers `EDQUOT` instead of growing memory, and the files
+//! survive anything that happens to the sandbox's processes.
+//!
+//! Why btrfs: a subvolume with a quota costs about 0.03 ms to create (measured here), its
+//! deletion is one call, and a snapshot of it is O(1), which pause, snapshots and forks of
+//! the workspace build on. Why an image: the host's own filesystem (ext4 here) has no
+//! per-directory quota without remounting it, and the image's space is reserved up front, so
+//! the sandboxes can never fill the host's disk.
+//!
+//! The filesystem stays mounted while any volume exists (sandboxes outlive the daemon, and
+//! their binds keep the mount's superblock); [`Storage::release`] unmounts it when the last
+//! one is gone. A daemon that starts again finds it still mounted and reuses it.
+
+use std::io;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use airlock_jail::disk;
+
+/// The image file and the mount point, in the state directory.
+const IMAGE: &str = "storage.img";
+const MOUNT: &str = "storage";
+/// The default image size: at most this, and at most half the free space.
+pub const DEFAULT_MAX_BYTES: u64 = 16 << 30;
+/// btrfs needs about 110 MiB for itself; below this an image is not worth making.
+pub const MIN_BYTES: u64 = 256 << 20;
+
+/// Why the scratch storage cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error(
+        "the storage image {path} would need {size_bytes} bytes, but only {free_bytes} are free"
+    )]
+    NoSpace {
+        path: PathBuf,
+        size_bytes: u64,
+        free_bytes: u64,
+    },
+    #[error("a storage image must be at least {MIN_BYTES} bytes, not {0}")]
+    TooSmall(u64),
+    #[error("creating the storage image {path}")]
+    CreateImage {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("running mkfs.btrfs on {path} (install btrfs-progs, or use memory scratch)")]
+    Format {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("mkfs.btrfs failed on {path}: {stderr}")]
+    FormatFailed { path: PathBuf, stderr: String },
+    #[error("attaching {path} to a loop device")]
+    Attach {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("mounting {device} at {target}")]
+    Mount {
+        device: PathBuf,
+        target: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("enabling quotas on {path}")]
+    Quota {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} is a mount point, but not of a btrfs filesystem")]
+    NotBtrfs { path: PathBuf },
+    #[error("creating the scratch volume {path}")]
+    Volume {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn volume_error(path: &Path) -> impl FnOnce(io::Error) -> StorageError + '_ {
+    move |source| StorageError::Volume {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The scratch storage of one state directory.
+#[derive(Debug)]
+pub struct Storage {
+    mount: PathBuf,
+}
+
+/// Who owns a volume's directories, in host ids: the sandbox's root owns `tmp/`, the
+/// workload's user `workspace/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VolumeOwners {
+    pub root: (u32, u32),
+    pub workload: (u32, u32),
+}
+
+impl Storage {
+    /// The default image size for a state directory: half of its free space, at most
+    /// [`DEFAULT_MAX_BYTES`].
+    pub fn default_size(state_dir: &Path) -> io::Result<u64> {
+        Ok((disk::free_bytes(state_dir)? / 2).min(DEFAULT_MAX_BYTES))
+    }
+
+    /// Mounts the storage of `state_dir`, making its image of `size_bytes` on first use. An
+    /// existing image keeps its size (and its volumes).
+    pub fn open(state_dir: &Path, size_bytes: u64) -> Result<Storage, StorageError> {
+        let mount = state_dir.join(MOUNT);
+        let image = state_dir.join(IMAGE);
+        if is_mount_point(&mount) {
+            if disk::filesystem_magic(&mount).ok() != Some(disk::BTRFS_MAGIC) {
+                return Err(StorageError::NotBtrfs { path: mount });
+            }
+            return Ok(Storage { mount });
+        }
+        let fresh = !image.exists();
+        if fresh {
+            make_image(&image, size_bytes)?;
+        }
+        std::fs::create_dir_all(&mount).map_err(|source| StorageError::CreateImage {
+            path: mount.clone(),
+            source,
+        })?;
+        let device = disk::loop_attach(&image).map_err(|source| StorageError::Attach {
+            path: image.clone(),
+            source,
+        })?;
+        // The loop device detaches itself when the mount goes (or if it fails).
+        disk::mount_btrfs(&device.path, &mount).map_err(|source| StorageError::Mount {
+            device: device.path.clone(),
+            target: mount.clone(),
+            source,
+        })?;
+        drop(device);
+        disk::btrfs_enable_quota(&mount).map_err(|source| {
+            let _ = disk::unmount(&mount);
+            StorageError::Quota {
+                path: mount.clone(),
+                source,
+            }
+        })?;
+        std::fs::set_permissions(&mount, std::fs::Permissions::from_mode(0o700)).map_err(
+            |source| StorageError::CreateImage {
+                path: mount.clone(),
+                source,
+            },
+        )?;
+        Ok(Storage { mount })
+    }
+
+    pub fn mount_point(&self) -> &Path {
+        &self.mount
+    }
+
+    /// The host directory of sandbox `id`'s volume.
+    pub fn volume_dir(&self, id: &str) -> PathBuf {
+        self.mount.join(id)
+    }
+
+    /// Creates sandbox `id`'s volume, limited to `limit_bytes`, with an empty `tmp/` and
+    /// `workspace/`. A volume left by an earlier sandbox of the same id is replaced.
+    pub fn create_volume(
+        &self,
+        id: &str,
+        limit_bytes: u64,
+        owners: VolumeOwners,
+    ) -> Result<PathBuf, StorageError> {
+        let dir = self.volume_dir(id);
+        if dir.exists() {
+            self.remove_volume(id);
+        }
+        disk::btrfs_create_subvolume(&self.mount, id).map_err(volume_error(&dir))?;
+        let made = (|| -> io::Result<()> {
+            disk::btrfs_limit_subvolume(&dir, limit_bytes)?;
+            for (name, mode, (uid, gid)) in [
+                (airlock_policy::SCRATCH_TMP, 0o1777, owners.root),
+                (airlock_policy::SCRATCH_WORKSPACE, 0o755, owners.workload),
+            ] {
+                let path = dir.join(name);
+                std::fs::create_dir(&path)?;
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid))?;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
+            }
+            Ok(())
+        })();
+        if let Err(source) = made {
+            self.remove_volume(id);
+            return Err(StorageError::Volume { path: dir, source });
+        }
+        Ok(dir)
+    }
+
+    /// Deletes sandbox `id`'s volume and its files; nothing if there is none. The quota group
+    /// goes too, unless the kernel is still freeing the volume (the next sweep takes it).
+    pub fn remove_volume(&self, id: &str) {
+        let dir = self.volume_dir(id);
+        let subvolume = disk::btrfs_subvolume_id(&dir).ok();
+        let _ = disk::btrfs_delete_subvolume(&self.mount, id);
+        if let Some(subvolume) = subvolume {
+            let _ = disk::btrfs_remove_qgroup(&self.mount, subvolume);
+        }
+    }
+
+    /// The ids of the volumes that exist.
+    pub fn volumes(&self) -> Vec<String> {
+        std::fs::read_dir(&self.mount)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|entry| entry.file_name().into_string().ok())
+            .collect()
+    }
+
+    /// Unmounts the storage if no volume is left; returns whether it did. The image stays.
+    pub fn release(&self) -> bool {
+        self.volumes().is_empty() && disk::unmount(&self.mount).is_ok()
+    }
+}
+
+/// Whether `path` is a directory with another filesystem mounted on it.
+fn is_mount_point(path: &Path) -> bool {
+    let (Ok(here), Some(Ok(parent))) = (
+        std::fs::metadata(path),
+        path.parent().map(std::fs::metadata),
+    ) else {
+        return false;
+    };
+    here.is_dir() && here.dev() != parent.dev()
+}
+
+fn make_image(image: &Path, size_bytes: u64) -> Result<(), StorageError> {
+    if size_bytes < MIN_BYTES {
+        return Err(StorageError::TooSmall(size_bytes));
+    }
+    let parent = image.parent().unwrap_or(Path::new("/"));
+    let free_bytes = disk::free_bytes(parent).unwrap_or(0);
+    if free_bytes < size_bytes {
+        return Err(StorageError::NoSpace {
+            path: image.to_path_buf(),
+            size_bytes,
+            free_bytes,
+        });
+    }
+    let create_error = |source| StorageError::CreateImage {
+        path: image.to_path_buf(),
+        source,
+    };
+    // Made under a temporary name and renamed: a crash never leaves a half-made image behind
+    // that a later start would take for a formatted one.
+    let partial = image.with_extension("img.partial");
+    let file = std::fs::File::options()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&partial)
+        .map_err(create_error)?;
+    let result = (|| {
+        disk::preallocate(&file, size_bytes).map_err(create_error)?;
+        drop(file);
+        let output = Command::new("mkfs.btrfs")
+            .args(["-q", "-f"])
+            .arg(&partial)
+            .output()
+            .map_err(|source| StorageError::Format {
+                path: image.to_path_buf(),
+                source,
+            })?;
+        if !output.status.success() {
+            return Err(StorageError::FormatFailed {
+                path: image.to_path_buf(),
+                stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+            });
+        }
+        std::fs::rename(&partial, image).map_err(create_error)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    result
+}
