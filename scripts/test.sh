@@ -12,6 +12,7 @@ command -v curl >/dev/null || need+=(curl)             # egress tests: a real cl
 command -v openssl >/dev/null || need+=(openssl)       # egress tests: a TLS client with any SNI
 command -v git >/dev/null || need+=(git)               # egress tests: git over smart HTTP
 command -v cc >/dev/null || need+=(gcc)                # the start-up floor, scripts/startup-floor.c
+command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs) # airlockd's disk scratch storage
 /usr/bin/python3 -c 'import requests' 2>/dev/null || need+=(python3-requests)  # and another
 if ((${#need[@]})); then
     if [ "$(id -u)" -ne 0 ]; then

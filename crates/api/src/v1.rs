@@ -132,7 +132,8 @@ pub struct Resources {
     /// Thousandths of a CPU (1500 = 1.5 CPUs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_millis: Option<u32>,
-    /// Size of `/tmp` and of a fresh `/workspace`, and the largest file the workload may write.
+    /// The scratch space that `/tmp` and a fresh `/workspace` share (a budget of its own,
+    /// separate from memory), which is also the largest file the workload may write.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_bytes: Option<u64>,
 }

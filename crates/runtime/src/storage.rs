@@ -229,6 +229,15 @@ impl Storage {
     }
 }
 
+/// Where `mkfs.btrfs` is: on `PATH`, or in the sbin directories a non-login `PATH` may lack.
+pub fn mkfs_btrfs() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join("mkfs.btrfs"))
+        .find(|candidate| candidate.is_file())
+}
+
 /// Whether `path` is a directory with another filesystem mounted on it.
 fn is_mount_point(path: &Path) -> bool {
     let (Ok(here), Some(Ok(parent))) = (
@@ -269,7 +278,11 @@ fn make_image(image: &Path, size_bytes: u64) -> Result<(), StorageError> {
     let result = (|| {
         disk::preallocate(&file, size_bytes).map_err(create_error)?;
         drop(file);
-        let output = Command::new("mkfs.btrfs")
+        let mkfs = mkfs_btrfs().ok_or_else(|| StorageError::Format {
+            path: image.to_path_buf(),
+            source: io::ErrorKind::NotFound.into(),
+        })?;
+        let output = Command::new(mkfs)
             .args(["-q", "-f"])
             .arg(&partial)
             .output()

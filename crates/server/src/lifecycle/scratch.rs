@@ -49,9 +49,7 @@ fn disk_unavailable() -> Option<String> {
     if !std::path::Path::new("/dev/loop-control").exists() {
         return Some("no /dev/loop-control".to_owned());
     }
-    let on_path = std::env::var_os("PATH").is_some_and(|path| {
-        std::env::split_paths(&path).any(|dir| dir.join("mkfs.btrfs").is_file())
-    }) || std::path::Path::new("/usr/sbin/mkfs.btrfs").is_file()
-        || std::path::Path::new("/sbin/mkfs.btrfs").is_file();
-    (!on_path).then(|| "mkfs.btrfs is not installed (Debian: btrfs-progs)".to_owned())
+    airlock_runtime::storage::mkfs_btrfs()
+        .is_none()
+        .then(|| "mkfs.btrfs is not installed (Debian: btrfs-progs)".to_owned())
 }
