@@ -132,8 +132,9 @@ pub struct Resources {
     /// Thousandths of a CPU (1500 = 1.5 CPUs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_millis: Option<u32>,
-    /// The scratch space that `/tmp` and a fresh `/workspace` share (a budget of its own,
-    /// separate from memory), which is also the largest file the workload may write.
+    /// The scratch space that `/tmp` and a fresh `/workspace` share, which is also the largest
+    /// file the workload may write. On disk (airlockd's default) it is a budget of its own; in
+    /// memory it is at most half of `memory_bytes`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_bytes: Option<u64>,
 }

@@ -114,7 +114,7 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
             rootfs,
             workspace,
             scratch: ScratchPlan::Memory {
-                size_bytes: config.resources.disk_bytes,
+                size_bytes: memory_scratch_bytes(config),
             },
             masks: masks(&host.state_dirs),
             read_only_paths: Vec::new(),
@@ -150,12 +150,7 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
             },
         ],
         cgroup: CgroupLimits {
-            // Disk and memory are separate budgets: the scratch tmpfs's pages are charged to the
-            // cgroup, so its limit holds both (`ScratchPlan::Memory`).
-            memory_bytes: config
-                .resources
-                .memory_bytes
-                .map(|bytes| bytes.saturating_add(config.resources.disk_bytes)),
+            memory_bytes: config.resources.memory_bytes,
             workload_memory_bytes: None,
             // Init lives in the sandbox's cgroup too; the limit is the workload's.
             pids_max: config
@@ -182,6 +177,16 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
         document_compile::apply(&policy, config, &mut plan)?;
     }
     Ok(plan)
+}
+
+/// The size of a scratch space in memory: the disk limit, but at most half the memory limit.
+/// Its pages are charged to the sandbox's memory cgroup, so a full scratch space must still
+/// leave the workload room: it answers `ENOSPC` long before the OOM killer would act.
+pub fn memory_scratch_bytes(config: &SandboxConfig) -> u64 {
+    match config.resources.memory_bytes {
+        Some(memory) => config.resources.disk_bytes.min(memory / 2),
+        None => config.resources.disk_bytes,
+    }
 }
 
 fn validate_process(config: &SandboxConfig) -> Result<(), CompileError> {

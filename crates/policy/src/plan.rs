@@ -46,8 +46,8 @@ pub enum WorkspacePlan {
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ScratchPlan {
     /// One tmpfs of this size. Its pages are charged to the sandbox's memory cgroup, so the
-    /// compiler raises the cgroup's memory limit by the same amount: a full tmpfs answers
-    /// `ENOSPC` and never pushes the workload past its own memory.
+    /// compiler makes it at most half the memory limit (`memory_scratch_bytes`): a full
+    /// tmpfs answers `ENOSPC` and leaves the workload room.
     Memory { size_bytes: u64 },
     /// A host directory on disk with a quota (a btrfs subvolume prepared by the runtime) that
     /// holds `tmp/` and `workspace/`; beyond the quota writes fail with `EDQUOT`.
@@ -198,18 +198,8 @@ pub struct Plan {
 
 impl Plan {
     /// Moves the scratch space onto disk at `host_dir` (see [`ScratchPlan::Disk`]): its bytes
-    /// stop counting against the memory limits the compiler raised for a tmpfs.
+    /// stop counting as memory, and its size is the volume's quota.
     pub fn use_disk_scratch(&mut self, host_dir: PathBuf) {
-        if let ScratchPlan::Memory { size_bytes } = self.view.scratch {
-            for limit in [
-                &mut self.cgroup.memory_bytes,
-                &mut self.cgroup.workload_memory_bytes,
-            ] {
-                if let Some(bytes) = limit.as_mut() {
-                    *bytes = bytes.saturating_sub(size_bytes);
-                }
-            }
-        }
         self.view.scratch = ScratchPlan::Disk { host_dir };
     }
 

@@ -46,18 +46,21 @@ async fn run(client: &Client, id: &str, command: &str) -> (i32, String, String, 
     )
 }
 
-/// Fills `/tmp` and then `/workspace` past the sandbox's disk budget from inside; each write
-/// fails with `full_error`, and afterwards the sandbox still runs commands and still has a
-/// file written before.
-async fn fill_the_disk_from_inside(client: &Client, id: &str, full_error: &str) {
+/// Fills `/tmp` and then `/workspace` past the sandbox's scratch budget (`budget_mib`) from
+/// inside; each write fails with `full_error`, and afterwards the sandbox still runs commands
+/// and still has a file written before.
+async fn fill_the_disk_from_inside(client: &Client, id: &str, budget_mib: u64, full_error: &str) {
     let (code, _, err, _) = run(client, id, "echo kept > /workspace/before").await;
     assert_eq!(code, 0, "{err}");
     for dir in ["/tmp", "/workspace"] {
-        // 96 MiB into a 64 MiB budget: dd must stop with the disk's error, not be killed.
+        // More than the budget: dd must stop with the disk's error, not be killed.
         let (code, _, err, oom) = run(
             client,
             id,
-            &format!("dd if=/dev/zero of={dir}/fill bs=1M count=96"),
+            &format!(
+                "dd if=/dev/zero of={dir}/fill bs=1M count={}",
+                budget_mib * 3 / 2
+            ),
         )
         .await;
         assert_eq!(code, 1, "dd into {dir} should fail, not be killed: {err}");
@@ -80,8 +83,8 @@ async fn fill_the_disk_from_inside(client: &Client, id: &str, full_error: &str) 
     );
     let used_kib: u64 = lines.next().unwrap().trim().parse().unwrap();
     assert!(
-        used_kib <= 64 * 1024 + 1024,
-        "{used_kib} KiB landed in a 64 MiB budget"
+        used_kib <= budget_mib * 1024 + 1024,
+        "{used_kib} KiB landed in a {budget_mib} MiB budget"
     );
     // Freeing space makes room again: it is a disk, not a broken sandbox.
     let (code, _, err, _) = run(
@@ -104,7 +107,7 @@ async fn test_disk_scratch_full_disk_fails_writes_and_keeps_the_sandbox() {
     let daemon = TestDaemon::start("diskfull", &["--scratch", "disk"]);
     let client = daemon.client();
     let id = create(&client, 256 * MIB, 64 * MIB).await;
-    fill_the_disk_from_inside(&client, &id, "Disk quota exceeded").await;
+    fill_the_disk_from_inside(&client, &id, 64, "Disk quota exceeded").await;
 }
 
 #[tokio::test]
@@ -112,10 +115,10 @@ async fn test_memory_scratch_full_disk_fails_writes_and_keeps_the_sandbox() {
     common::require_binaries();
     let daemon = TestDaemon::start("memfull", &["--scratch", "memory"]);
     let client = daemon.client();
-    // The tmpfs's pages count as memory, so the limit holds both: 64 MiB of scratch never
-    // pushes a 64 MiB workload out.
-    let id = create(&client, 64 * MIB, 64 * MIB).await;
-    fill_the_disk_from_inside(&client, &id, "No space left on device").await;
+    // The tmpfs's pages count as memory, so it is at most half the memory limit: 64 MiB of
+    // disk in 96 MiB of memory is a 48 MiB tmpfs, and a full one leaves the workload room.
+    let id = create(&client, 96 * MIB, 64 * MIB).await;
+    fill_the_disk_from_inside(&client, &id, 48, "No space left on device").await;
 }
 
 #[tokio::test]
