@@ -222,3 +222,85 @@ fn test_compile_memory_scratch_leaves_the_workload_half_its_memory() {
     isolated.isolate_workload_memory(64 << 20);
     assert_eq!(isolated.cgroup.workload_memory_bytes, None);
 }
+
+#[test]
+fn test_compile_environment_is_not_inherited_and_caller_wins() {
+    let mut config = config();
+    config.env = vec![
+        ("HOME".into(), "/workspace".into()),
+        ("A".into(), "b".into()),
+    ];
+    let plan = compile(&config, &root_host()).unwrap();
+    let env = plan.process.env;
+    assert!(env.contains(&("HOME".into(), "/workspace".into())));
+    assert!(env.contains(&("A".into(), "b".into())));
+    assert_eq!(env.iter().filter(|(k, _)| k == "HOME").count(), 1);
+    assert_eq!(env.len(), 4);
+}
+
+#[test]
+fn test_compile_rejects_bad_input_by_name() {
+    let mut empty = config();
+    empty.command.clear();
+    assert_eq!(
+        compile(&empty, &root_host()),
+        Err(CompileError::EmptyCommand)
+    );
+    empty.command = vec![String::new(), "arg".into()];
+    assert_eq!(
+        compile(&empty, &root_host()),
+        Err(CompileError::EmptyCommand)
+    );
+
+    let mut bad_env = config();
+    bad_env.env = vec![("A=B".into(), "c".into())];
+    assert_eq!(
+        compile(&bad_env, &root_host()),
+        Err(CompileError::BadEnvName("A=B".into()))
+    );
+
+    let mut relative = config();
+    relative.cwd = "work".into();
+    assert_eq!(
+        compile(&relative, &root_host()),
+        Err(CompileError::RelativePath {
+            what: "--cwd",
+            path: "work".into()
+        })
+    );
+
+    let mut nul = config();
+    nul.command = vec!["a\0b".into()];
+    assert!(matches!(
+        compile(&nul, &root_host()),
+        Err(CompileError::NulByte { .. })
+    ));
+
+    let mut pids = config();
+    pids.resources.pids_max = Some(PIDS_LIMIT);
+    assert_eq!(
+        compile(&pids, &root_host()),
+        Err(CompileError::TooLarge {
+            what: "--pids",
+            max: PIDS_LIMIT - AIRLOCK_PROCESSES,
+            value: PIDS_LIMIT
+        })
+    );
+
+    let mut tier = config();
+    tier.tier = Tier::Microvm;
+    assert_eq!(
+        compile(&tier, &root_host()),
+        Err(CompileError::UnsupportedTier("microvm"))
+    );
+}
+
+#[test]
+fn test_compile_plan_round_trips_through_json() {
+    let mut config = config();
+    config.compat = Compat::BestEffort;
+    let plan = compile(&config, &root_host()).unwrap();
+    let json = serde_json::to_vec(&plan).unwrap();
+    let back: Plan = serde_json::from_slice(&json).unwrap();
+    assert_eq!(back, plan);
+}
