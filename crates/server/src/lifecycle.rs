@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use airlock_api::v1::{
-    CreateSandboxRequest, CreateSandboxResponse, ErrorCode, Sandbox, SandboxState, Workspace,
+    self, CreateSandboxRequest, CreateSandboxResponse, ErrorCode, Sandbox, SandboxState, Workspace,
 };
 use airlock_api::{ResourceLimits, SandboxConfig, WorkspaceSource};
 use airlock_policy::{Limit, Policy};
@@ -48,7 +48,8 @@ use crate::auth;
 use crate::config::{Config, ConfigError, LOCK_FILE, prepare_state_dir};
 use crate::egress::{SandboxEgress, proxy_plan};
 use crate::error::ApiError;
-use checks::{check_map, check_min};
+pub use checks::{check_map, env_key_ok};
+use checks::{check_max, check_min};
 
 use crate::store::{BASE_TEMPLATE, RowState, SandboxRow, Store, StoreError, now_ms};
 
@@ -559,9 +560,10 @@ impl Daemon {
             .clone()
             .unwrap_or_else(|| BASE_TEMPLATE.to_owned());
         let Some(template) = self.store.get_template(&template_name)? else {
-            return Err(ApiError::unprocessable(format!(
-                "unknown template {template_name:?}"
-            )));
+            return Err(ApiError::new(
+                ErrorCode::NotFound,
+                format!("no template {template_name:?} (GET /v1/templates lists them)"),
+            ));
         };
         request.template = Some(template_name);
         let timeout_ms = request
@@ -583,16 +585,32 @@ impl Daemon {
                 .or(settings.disk_bytes)
                 .unwrap_or(defaults.disk_bytes),
         );
-        check_min("resources.memory_bytes", r.memory_bytes, 16 << 20)?;
-        check_min("resources.pids_max", r.pids_max, 4)?;
-        check_min("resources.disk_bytes", r.disk_bytes, 1 << 20)?;
-        check_min("resources.cpu_millis", r.cpu_millis.map(u64::from), 10)?;
-        check_map("env", &request.env, 256, |key| {
-            !key.is_empty() && !key.contains('=') && !key.contains('\0')
-        })?;
-        check_map("metadata", &request.metadata, 64, |key| {
-            !key.is_empty() && key.len() <= 256
-        })?;
+        check_min(
+            "resources.memory_bytes",
+            r.memory_bytes,
+            v1::MIN_MEMORY_BYTES,
+        )?;
+        check_min("resources.pids_max", r.pids_max, v1::MIN_PIDS)?;
+        check_max("resources.pids_max", r.pids_max, v1::MAX_PIDS)?;
+        check_min("resources.disk_bytes", r.disk_bytes, v1::MIN_DISK_BYTES)?;
+        check_min(
+            "resources.cpu_millis",
+            r.cpu_millis.map(u64::from),
+            u64::from(v1::MIN_CPU_MILLIS),
+        )?;
+        check_map("env", &request.env, v1::MAX_ENV_ENTRIES, env_key_ok)
+            .map_err(ApiError::unprocessable)?;
+        check_map(
+            "metadata",
+            &request.metadata,
+            v1::MAX_METADATA_ENTRIES,
+            |key| {
+                !key.is_empty()
+                    && !key.contains('\0')
+                    && key.chars().count() <= v1::MAX_METADATA_KEY_CHARS
+            },
+        )
+        .map_err(ApiError::unprocessable)?;
         let workspace = match &request.workspace {
             Workspace::Fresh => WorkspaceSource::Fresh,
             Workspace::Host { path } => WorkspaceSource::Host {
@@ -622,6 +640,7 @@ impl Daemon {
     }
 
     fn check_timeout(&self, timeout_ms: u64) -> Result<(), ApiError> {
+        // --max-timeout is at most v1::MAX_TIMEOUT_MS (config), so this is the spec's range too.
         if timeout_ms == 0 || timeout_ms > self.config.max_timeout_ms {
             return Err(ApiError::unprocessable(format!(
                 "timeout_ms must be between 1 and {} (--max-timeout), got {timeout_ms}",
@@ -687,7 +706,7 @@ impl Daemon {
                 format!("sandbox {id} is still being created"),
             )),
             Some(SlotState::Deleting) => Err(ApiError::new(
-                ErrorCode::Unavailable,
+                ErrorCode::SandboxStopping,
                 format!("sandbox {id} is being removed"),
             )),
             None => Err(ApiError::no_sandbox(id)),

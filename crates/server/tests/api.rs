@@ -318,7 +318,7 @@ async fn test_auth_routing_validation_and_body_limits() {
         ..Default::default()
     })
     .await;
-    assert_eq!(code_of(err), ErrorCode::Unprocessable);
+    assert_eq!(code_of(err), ErrorCode::NotFound);
     let err = create(CreateSandboxRequest {
         tier: Tier::Microvm,
         ..Default::default()
@@ -745,7 +745,7 @@ async fn test_host_workspaces_only_beneath_the_workspace_root() {
     };
     let closed = TestDaemon::start("wsclosed", &[]);
     let err = closed.client().create(&request("/tmp")).await.unwrap_err();
-    assert_eq!(err.code(), Some(ErrorCode::Unprocessable));
+    assert_eq!(err.code(), Some(ErrorCode::PermissionDenied));
     assert!(err.to_string().contains("--workspace-root"), "{err}");
     drop(closed);
 
@@ -764,7 +764,7 @@ async fn test_host_workspaces_only_beneath_the_workspace_root() {
         let err = client.create(&request(outside)).await.unwrap_err();
         assert_eq!(
             err.code(),
-            Some(ErrorCode::Unprocessable),
+            Some(ErrorCode::PermissionDenied),
             "{outside}: {err}"
         );
     }

@@ -4,7 +4,13 @@
 //! sandbox's Landlock rules: `../../etc/shadow` or `/etc/passwd` name files of the sandbox's
 //! view (masked or read-only), never the host's. The edge only rejects what cannot be a path
 //! (empty, NUL). Uploads and downloads stream in both directions; an upload larger than
-//! `--max-upload-bytes` is cut off and answered with 413.
+//! `--max-upload-bytes` is cut off and answered with 413. An upload the agent refuses (a
+//! read-only path, a full disk, the file-size limit) is answered as soon as the agent
+//! answers, before the rest of the body arrives, with `Connection: close`; the rest is read
+//! away in the background (`http::linger`, bounded) so that the client sees the answer.
+//! Write errors are the caller's (`read_only`, `permission_denied`, `file_too_large`,
+//! `insufficient_storage`) by the errno the agent names; `agent_error` is left for an agent
+//! that failed.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -121,12 +127,13 @@ pub async fn put(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
 
 async fn agent_failure(response: Response<Incoming>) -> ApiError {
     let status = response.status();
+    let errno = crate::proxy::errno_of(&response);
     let body = http_body_util::Limited::new(response.into_body(), 64 << 10)
         .collect()
         .await
         .map(|c| c.to_bytes())
         .unwrap_or_default();
-    connect_error(status, &body)
+    connect_error(status, errno.as_deref(), &body)
 }
 
 async fn stat_entry(agent: &Agent, path: &str) -> Result<FileEntry, ApiError> {
@@ -214,13 +221,24 @@ pub async fn rename(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
 
 /// An upload body that fails once more than `limit` bytes have passed, and says so. The rest
 /// of the client's body is then read and dropped in the background (`linger`), so that the
-/// client sees the 413 rather than a reset connection.
+/// client sees the 413 rather than a reset connection; the same happens when the agent stops
+/// reading (it refused the upload) and hyper drops this body.
 #[derive(Debug)]
 struct CappedBody {
     inner: Option<Incoming>,
     seen: u64,
     limit: u64,
     tripped: Arc<AtomicBool>,
+}
+
+impl Drop for CappedBody {
+    fn drop(&mut self) {
+        if let Some(rest) = self.inner.take()
+            && !hyper::body::Body::is_end_stream(&rest)
+        {
+            linger(rest);
+        }
+    }
 }
 
 impl hyper::body::Body for CappedBody {
