@@ -220,6 +220,21 @@ fn written_entry(path: &Path) -> serde_json::Value {
     json!({"path": path.to_string_lossy(), "name": name, "type": "file"})
 }
 
+/// After an early answer: reads away at most 64 MiB of the rest of a body, for at most 10 s.
+async fn discard_rest(mut body: Incoming) {
+    let discard = async {
+        let mut left: u64 = 64 << 20;
+        while let Some(Ok(frame)) = body.frame().await {
+            let len = frame.data_ref().map_or(0, |d| d.len() as u64);
+            left = match left.checked_sub(len) {
+                Some(left) => left,
+                None => return,
+            };
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), discard).await;
+}
+
 /// Reads and discards the rest of a request body (keep-alive safety).
 pub async fn drain(body: &mut Incoming) {
     while let Some(frame) = body.frame().await {
@@ -272,8 +287,9 @@ pub async fn upload(
             "application/json",
             json!(written).to_string(),
         ),
-        // Answered at once, not after reading a body that will never be written: the
-        // connection closes after the answer, so nothing unread is left on it.
+        // Answered at once, not after reading a body that will never be written, and the
+        // connection is not reused. The rest is read away beside the answer (bounded), so that
+        // a client still sending sees the answer, not a broken pipe.
         Err(error) => {
             let mut response = error.response();
             if !hyper::body::Body::is_end_stream(&body) {
@@ -281,6 +297,7 @@ pub async fn upload(
                     header::CONNECTION,
                     header::HeaderValue::from_static("close"),
                 );
+                tokio::spawn(discard_rest(body));
             }
             response
         }

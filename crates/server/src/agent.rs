@@ -31,6 +31,25 @@ pub struct Agent {
     socket: PathBuf,
 }
 
+/// The task of one connection to an agent; dropping it closes the connection.
+#[derive(Debug)]
+pub struct Connection(Option<tokio::task::JoinHandle<()>>);
+
+impl Connection {
+    /// Lets the connection run until it ends by itself.
+    pub fn detach(mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
+
 impl Agent {
     pub fn new(socket: &Path) -> Agent {
         Agent {
@@ -44,7 +63,18 @@ impl Agent {
     }
 
     /// Sends one request on a fresh connection; the response body streams.
-    pub async fn send(&self, mut request: Request<Body>) -> Result<Response<Incoming>, ApiError> {
+    pub async fn send(&self, request: Request<Body>) -> Result<Response<Incoming>, ApiError> {
+        let (response, connection) = self.send_attached(request).await?;
+        connection.detach();
+        Ok(response)
+    }
+
+    /// [`Agent::send`], keeping the connection: dropping it ends the connection, and with it
+    /// the request body still being sent (after an early error answer).
+    pub async fn send_attached(
+        &self,
+        mut request: Request<Body>,
+    ) -> Result<(Response<Incoming>, Connection), ApiError> {
         let unreachable = |what: &str, err: &dyn std::fmt::Display| {
             ApiError::new(
                 ErrorCode::AgentError,
@@ -57,17 +87,19 @@ impl Agent {
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| unreachable("handshake", &e))?;
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             // Ends when the response body is consumed or dropped.
             let _ = connection.await;
         });
+        let connection = Connection(Some(task));
         request
             .headers_mut()
             .insert(HOST, HeaderValue::from_static("localhost"));
-        sender
+        let response = sender
             .send_request(request)
             .await
-            .map_err(|e| unreachable("request", &e))
+            .map_err(|e| unreachable("request", &e))?;
+        Ok((response, connection))
     }
 
     /// A Connect unary call with the JSON codec.

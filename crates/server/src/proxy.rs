@@ -156,24 +156,46 @@ pub async fn forward_native(
 ) -> Result<Response<Body>, ApiError> {
     let route = agent_route(&parts.method, rest)?;
     let path = agent_path(rest, parts.uri.query());
-    let (response, closed) = send(agent, parts, body, &path).await?;
+    let (response, connection) = send(agent, parts, body, &path).await?;
     if route == AgentRoute::Plain && !response.status().is_success() {
         let status = response.status();
         let errno = errno_of(&response);
-        let bytes = http_body_util::BodyExt::collect(http_body_util::Limited::new(
-            response.into_body(),
-            64 << 10,
-        ))
-        .await
-        .map(|c| c.to_bytes())
-        .unwrap_or_default();
+        let bytes = read_small(response).await;
+        drop(connection);
         return Err(connect_error(status, errno.as_deref(), &bytes));
     }
-    let mut answer = relay(response);
-    if closed {
-        set_close(&mut answer);
+    Ok(finish(response, connection).await)
+}
+
+/// The agent's error answers are small; anything past this is cut.
+const MAX_EARLY_ANSWER_BYTES: usize = 64 << 10;
+
+async fn read_small(response: Response<Incoming>) -> Bytes {
+    http_body_util::BodyExt::collect(http_body_util::Limited::new(
+        response.into_body(),
+        MAX_EARLY_ANSWER_BYTES,
+    ))
+    .await
+    .map(|c| c.to_bytes())
+    .unwrap_or_default()
+}
+
+/// Relays the agent's answer. An early one (the agent closes: it stopped reading the body) is
+/// read whole, the agent's connection dropped, and the answer marked `Connection: close`.
+async fn finish(
+    response: Response<Incoming>,
+    connection: crate::agent::Connection,
+) -> Response<Body> {
+    if !closes(&response) {
+        connection.detach();
+        return relay(response);
     }
-    Ok(answer)
+    let (parts, body) = response.into_parts();
+    let bytes = read_small(Response::from_parts(parts.clone(), body)).await;
+    drop(connection);
+    let mut answer = relay_parts(&parts, crate::http::full(bytes));
+    set_close(&mut answer);
+    answer
 }
 
 /// The errno an agent named for a failed file operation (`airlock-errno`).
@@ -210,21 +232,17 @@ pub async fn forward(
     body: Incoming,
     path_and_query: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let (response, closed) = send(agent, parts, body, path_and_query).await?;
-    let mut answer = relay(response);
-    if closed {
-        set_close(&mut answer);
-    }
-    Ok(answer)
+    let (response, connection) = send(agent, parts, body, path_and_query).await?;
+    Ok(finish(response, connection).await)
 }
 
-/// Sends the request; the answer, and whether the agent closes (the body was not all read).
+/// Sends the request; the answer and its connection.
 async fn send(
     agent: &Agent,
     parts: &Parts,
     body: Incoming,
     path_and_query: &str,
-) -> Result<(Response<Incoming>, bool), ApiError> {
+) -> Result<(Response<Incoming>, crate::agent::Connection), ApiError> {
     let mut builder = Request::builder()
         .method(parts.method.clone())
         .uri(path_and_query);
@@ -237,15 +255,17 @@ async fn send(
     let request = builder
         .body(boxed(LingeringBody::new(body)))
         .map_err(|e| ApiError::invalid(format!("cannot forward the request: {e}")))?;
-    let response = agent.send(request).await?;
-    let closed = closes(&response);
-    Ok((response, closed))
+    agent.send_attached(request).await
 }
 
 /// The agent's answer as the client's: status, end-to-end headers, the streaming body.
 fn relay(response: Response<Incoming>) -> Response<Body> {
     let (parts, body) = response.into_parts();
-    let mut answer = Response::new(boxed(body));
+    relay_parts(&parts, boxed(body))
+}
+
+fn relay_parts(parts: &hyper::http::response::Parts, body: Body) -> Response<Body> {
+    let mut answer = Response::new(body);
     *answer.status_mut() = parts.status;
     for (name, value) in &parts.headers {
         if !is_hop_by_hop(name) {

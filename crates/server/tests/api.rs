@@ -533,12 +533,12 @@ async fn test_exec_streams_and_access_tokens() {
     let out = client.exec_collect(&id, &request).await.unwrap();
     assert!(!out.exited, "killed by its timeout: {out:?}");
 
-    // The agent's own refusal surfaces as an HTTP error.
+    // The agent's own refusal surfaces as an HTTP error: what the sandbox lacks is 404.
     let mut request = shell("true");
     request.cwd = Some("/no/such/dir".into());
     assert_eq!(
         code_of(client.exec(&id, &request).await),
-        ErrorCode::InvalidRequest
+        ErrorCode::NotFound
     );
     let both = ExecRequest {
         argv: Some(vec!["true".into()]),

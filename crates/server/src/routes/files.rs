@@ -110,15 +110,20 @@ pub async fn put(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
     let request = builder
         .body(body.boxed_unsync())
         .map_err(|e| ApiError::invalid(format!("bad path: {e}")))?;
-    let sent = agent.send(request).await;
+    let sent = agent.send_attached(request).await;
     if tripped.load(Ordering::Relaxed) {
         return Err(too_large(limit));
     }
-    let response = sent?;
+    let (response, connection) = sent?;
     if response.status() != StatusCode::OK {
-        return Err(agent_failure(response).await);
+        // The agent answered early: its answer, then the connection ends, and with it the
+        // forwarding of the rest of the client's body (`CappedBody` lingers it, bounded).
+        let err = agent_failure(response).await;
+        drop(connection);
+        return Err(err);
     }
     let _ = response.into_body().collect().await;
+    drop(connection);
     Ok(json_response(
         StatusCode::OK,
         &stat_entry(&agent, &path).await?,
