@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use airlock_api::v1::{
-    self, CreateSandboxRequest, CreateSandboxResponse, ErrorCode, Sandbox, SandboxState, Workspace,
+    CreateSandboxRequest, CreateSandboxResponse, ErrorCode, Sandbox, SandboxState, Workspace,
 };
 use airlock_api::{ResourceLimits, SandboxConfig, WorkspaceSource};
 use airlock_policy::{Limit, Policy};
@@ -49,7 +49,6 @@ use crate::config::{Config, ConfigError, LOCK_FILE, prepare_state_dir};
 use crate::egress::{SandboxEgress, proxy_plan};
 use crate::error::ApiError;
 pub use checks::{check_map, env_key_ok};
-use checks::{check_max, check_min};
 
 use crate::store::{BASE_TEMPLATE, RowState, SandboxRow, Store, StoreError, now_ms};
 
@@ -585,32 +584,7 @@ impl Daemon {
                 .or(settings.disk_bytes)
                 .unwrap_or(defaults.disk_bytes),
         );
-        check_min(
-            "resources.memory_bytes",
-            r.memory_bytes,
-            v1::MIN_MEMORY_BYTES,
-        )?;
-        check_min("resources.pids_max", r.pids_max, v1::MIN_PIDS)?;
-        check_max("resources.pids_max", r.pids_max, v1::MAX_PIDS)?;
-        check_min("resources.disk_bytes", r.disk_bytes, v1::MIN_DISK_BYTES)?;
-        check_min(
-            "resources.cpu_millis",
-            r.cpu_millis.map(u64::from),
-            u64::from(v1::MIN_CPU_MILLIS),
-        )?;
-        check_map("env", &request.env, v1::MAX_ENV_ENTRIES, env_key_ok)
-            .map_err(ApiError::unprocessable)?;
-        check_map(
-            "metadata",
-            &request.metadata,
-            v1::MAX_METADATA_ENTRIES,
-            |key| {
-                !key.is_empty()
-                    && !key.contains('\0')
-                    && key.chars().count() <= v1::MAX_METADATA_KEY_CHARS
-            },
-        )
-        .map_err(ApiError::unprocessable)?;
+        checks::check_limits(r, &request.env, &request.metadata)?;
         let workspace = match &request.workspace {
             Workspace::Fresh => WorkspaceSource::Fresh,
             Workspace::Host { path } => WorkspaceSource::Host {
@@ -637,17 +611,6 @@ impl Daemon {
             config.policy = Some(Box::new(policy.document().clone()));
         }
         Ok((request, config))
-    }
-
-    fn check_timeout(&self, timeout_ms: u64) -> Result<(), ApiError> {
-        // --max-timeout is at most v1::MAX_TIMEOUT_MS (config), so this is the spec's range too.
-        if timeout_ms == 0 || timeout_ms > self.config.max_timeout_ms {
-            return Err(ApiError::unprocessable(format!(
-                "timeout_ms must be between 1 and {} (--max-timeout), got {timeout_ms}",
-                self.config.max_timeout_ms
-            )));
-        }
-        Ok(())
     }
 
     /// A listed sandbox (creating or running), or 404.

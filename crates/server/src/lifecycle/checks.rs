@@ -3,12 +3,23 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use airlock_api::v1::{ErrorCode, MAX_VALUE_CHARS};
+use airlock_api::v1::{self, ErrorCode, MAX_VALUE_CHARS, Resources};
 
 use super::Daemon;
 use crate::error::ApiError;
 
 impl Daemon {
+    pub(super) fn check_timeout(&self, timeout_ms: u64) -> Result<(), ApiError> {
+        // --max-timeout is at most v1::MAX_TIMEOUT_MS (config), so this is the spec's range too.
+        if timeout_ms == 0 || timeout_ms > self.config.max_timeout_ms {
+            return Err(ApiError::unprocessable(format!(
+                "timeout_ms must be between 1 and {} (--max-timeout), got {timeout_ms}",
+                self.config.max_timeout_ms
+            )));
+        }
+        Ok(())
+    }
+
     /// A host workspace is allowed only beneath `--workspace-root`, checked after resolving
     /// symlinks, so that no API key opens the rest of the host. Refusals by that rule are 403
     /// (the request is fine, this daemon does not permit it); a path that is no directory, 422.
@@ -42,6 +53,33 @@ impl Daemon {
             ))),
         }
     }
+}
+
+/// A create request's limits and maps, as `api/openapi.json` states them.
+pub(super) fn check_limits(
+    r: &Resources,
+    env: &BTreeMap<String, String>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), ApiError> {
+    check_min(
+        "resources.memory_bytes",
+        r.memory_bytes,
+        v1::MIN_MEMORY_BYTES,
+    )?;
+    check_min("resources.pids_max", r.pids_max, v1::MIN_PIDS)?;
+    check_max("resources.pids_max", r.pids_max, v1::MAX_PIDS)?;
+    check_min("resources.disk_bytes", r.disk_bytes, v1::MIN_DISK_BYTES)?;
+    check_min(
+        "resources.cpu_millis",
+        r.cpu_millis.map(u64::from),
+        u64::from(v1::MIN_CPU_MILLIS),
+    )?;
+    check_map("env", env, v1::MAX_ENV_ENTRIES, env_key_ok).map_err(ApiError::unprocessable)?;
+    check_map("metadata", metadata, v1::MAX_METADATA_ENTRIES, |key| {
+        !key.is_empty() && !key.contains('\0') && key.chars().count() <= v1::MAX_METADATA_KEY_CHARS
+    })
+    .map_err(ApiError::unprocessable)?;
+    Ok(())
 }
 
 pub(super) fn check_min(name: &str, value: Option<u64>, min: u64) -> Result<(), ApiError> {
