@@ -34,6 +34,9 @@ cargo build --workspace --locked
 # The E2B compatibility suite: the unmodified Python SDKs (newest and 2.45.1) and the npm SDK
 # against a fresh airlockd (installs its venvs and node_modules on first use).
 scripts/e2b-tests.sh
+# Schemathesis against a fresh airlockd: every operation of api/openapi.json, every check, 20
+# examples each with a fixed seed (installs its venv on first use).
+scripts/schemathesis.sh
 # The benchmark must keep working; its figures are printed, never asserted.
 cargo run --quiet --locked --bin airlock -- bench start --iterations 20 --phases
 # The start-up floor the README compares against must keep building and running.

@@ -71,12 +71,36 @@ impl Code {
     }
 }
 
+/// The response header that names the errno of a failed file operation when it is the
+/// caller's doing (see [`caller_errno`]); the daemon maps it to its own error codes.
+pub const ERRNO_HEADER: &str = "airlock-errno";
+
+/// The errnos of file operations that are the caller's doing, not the agent's: a read-only
+/// path, a denied one, a full disk or quota, the file-size limit, a file or directory where
+/// the other is wanted.
+pub fn caller_errno(err: &std::io::Error) -> Option<&'static str> {
+    match err.raw_os_error()? {
+        libc::EISDIR => Some("EISDIR"),
+        libc::ENOTDIR => Some("ENOTDIR"),
+        libc::EEXIST => Some("EEXIST"),
+        libc::EROFS => Some("EROFS"),
+        libc::EACCES => Some("EACCES"),
+        libc::EPERM => Some("EPERM"),
+        libc::ENOSPC => Some("ENOSPC"),
+        libc::EDQUOT => Some("EDQUOT"),
+        libc::EFBIG => Some("EFBIG"),
+        _ => None,
+    }
+}
+
 /// An RPC failure: a code and a message for the client.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}: {message}", code.as_str())]
 pub struct RpcError {
     pub code: Code,
     pub message: String,
+    /// The caller's errno behind a file error, sent as [`ERRNO_HEADER`].
+    pub errno: Option<&'static str>,
 }
 
 impl RpcError {
@@ -84,23 +108,28 @@ impl RpcError {
         RpcError {
             code,
             message: message.into(),
+            errno: None,
         }
     }
 
-    /// Maps a filesystem error on `path` to the closest code.
+    /// Maps a filesystem error on `path` to the closest code. Connect has no code for a
+    /// read-only file system or a full disk; the errno header says which.
     pub fn from_io(err: &std::io::Error, what: &str) -> RpcError {
         use std::io::ErrorKind as K;
         let code = match err.kind() {
             K::NotFound => Code::NotFound,
             K::AlreadyExists => Code::AlreadyExists,
-            K::PermissionDenied => Code::PermissionDenied,
-            K::StorageFull | K::QuotaExceeded => Code::ResourceExhausted,
+            K::PermissionDenied | K::ReadOnlyFilesystem => Code::PermissionDenied,
+            K::StorageFull | K::QuotaExceeded | K::FileTooLarge => Code::ResourceExhausted,
             K::NotADirectory | K::IsADirectory | K::InvalidInput | K::InvalidFilename => {
                 Code::InvalidArgument
             }
             _ => Code::Internal,
         };
-        RpcError::new(code, format!("{what}: {err}"))
+        RpcError {
+            errno: caller_errno(err),
+            ..RpcError::new(code, format!("{what}: {err}"))
+        }
     }
 
     pub fn to_json(&self) -> serde_json::Value {
@@ -323,13 +352,19 @@ pub fn unary_ok(message: &serde_json::Value) -> HttpResponse {
     full(StatusCode::OK, "application/json", message.to_string())
 }
 
-/// A unary error: the code's HTTP status and the Connect error JSON.
+/// A unary error: the code's HTTP status and the Connect error JSON (and the errno header).
 pub fn unary_error(error: &RpcError) -> HttpResponse {
-    full(
+    let mut response = full(
         error.code.http_status(),
         "application/json",
         error.to_json().to_string(),
-    )
+    );
+    if let Some(errno) = error.errno {
+        response
+            .headers_mut()
+            .insert(ERRNO_HEADER, header::HeaderValue::from_static(errno));
+    }
+    response
 }
 
 /// A server-stream response whose frames come from `rx` (already enveloped).

@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use hyper::{Response, StatusCode, header};
 use serde_json::json;
 
-use crate::connect::{HttpResponse, ResponseBody, full};
+use crate::connect::{ERRNO_HEADER, HttpResponse, ResponseBody, caller_errno, full};
 use crate::multipart::{Multipart, Part};
 use crate::user::User;
 
@@ -82,10 +82,7 @@ pub fn download(path: Option<&str>, user: &User) -> HttpResponse {
         }
     };
     match file.metadata() {
-        Ok(m) if m.is_dir() => http_error(
-            StatusCode::BAD_REQUEST,
-            format!("path '{}' is a directory", path.display()),
-        ),
+        Ok(m) if m.is_dir() => is_a_directory(&path).response(),
         Ok(m) if !m.is_file() => http_error(
             StatusCode::BAD_REQUEST,
             format!("path '{}' is not a regular file", path.display()),
@@ -111,12 +108,15 @@ fn open_nonblocking(path: &Path, options: &mut std::fs::OpenOptions) -> std::io:
         .open(path)
 }
 
+/// envd's statuses (507 for a full disk, which the E2B SDKs raise as "not enough space"),
+/// and the caller's mistakes as 4xx: a read-only or denied path 403, the file-size limit 413.
 fn io_status(err: &std::io::Error) -> StatusCode {
     use std::io::ErrorKind as K;
     match err.kind() {
         K::NotFound => StatusCode::NOT_FOUND,
-        K::PermissionDenied => StatusCode::FORBIDDEN,
+        K::PermissionDenied | K::ReadOnlyFilesystem => StatusCode::FORBIDDEN,
         K::StorageFull | K::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,
+        K::FileTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         K::IsADirectory | K::NotADirectory | K::InvalidInput | K::InvalidFilename => {
             StatusCode::BAD_REQUEST
         }
@@ -124,10 +124,11 @@ fn io_status(err: &std::io::Error) -> StatusCode {
     }
 }
 
-/// A failed transfer: what to answer (once the rest of the body is drained).
+/// A failed transfer: what to answer.
 struct UploadError {
     status: StatusCode,
     message: String,
+    errno: Option<&'static str>,
 }
 
 impl UploadError {
@@ -135,15 +136,37 @@ impl UploadError {
         UploadError {
             status,
             message: message.into(),
+            errno: None,
         }
     }
 
     fn io(err: &std::io::Error, what: &str) -> UploadError {
-        UploadError::new(io_status(err), format!("{what}: {err}"))
+        UploadError {
+            errno: caller_errno(err),
+            ..UploadError::new(io_status(err), format!("{what}: {err}"))
+        }
     }
 
     fn response(self) -> HttpResponse {
-        http_error(self.status, self.message)
+        let mut response = http_error(self.status, self.message);
+        if let Some(errno) = self.errno {
+            response
+                .headers_mut()
+                .insert(ERRNO_HEADER, header::HeaderValue::from_static(errno));
+        }
+        response
+    }
+}
+
+/// envd's 400 for a directory where a file is wanted; `EISDIR` tells the daemon it is a
+/// conflict with what exists, not a malformed request.
+fn is_a_directory(path: &Path) -> UploadError {
+    UploadError {
+        errno: Some("EISDIR"),
+        ..UploadError::new(
+            StatusCode::BAD_REQUEST,
+            format!("path '{}' is a directory", path.display()),
+        )
     }
 }
 
@@ -155,10 +178,7 @@ fn open_target(path: &Path) -> Result<File, UploadError> {
         )
     };
     if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
-        return Err(UploadError::new(
-            StatusCode::BAD_REQUEST,
-            format!("path '{}' is a directory", path.display()),
-        ));
+        return Err(is_a_directory(path));
     }
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)
@@ -172,10 +192,7 @@ fn open_target(path: &Path) -> Result<File, UploadError> {
             _ => UploadError::io(&e, &format!("cannot create '{}'", path.display())),
         })?;
     match file.metadata() {
-        Ok(m) if m.is_dir() => Err(UploadError::new(
-            StatusCode::BAD_REQUEST,
-            format!("path '{}' is a directory", path.display()),
-        )),
+        Ok(m) if m.is_dir() => Err(is_a_directory(path)),
         Ok(m) if !m.is_file() => Err(not_regular()),
         Ok(_) => {
             file.set_len(0).map_err(|e| {
@@ -201,6 +218,21 @@ fn written_entry(path: &Path) -> serde_json::Value {
         .map(|n| n.to_string_lossy())
         .unwrap_or_default();
     json!({"path": path.to_string_lossy(), "name": name, "type": "file"})
+}
+
+/// After an early answer: reads away at most 64 MiB of the rest of a body, for at most 10 s.
+async fn discard_rest(mut body: Incoming) {
+    let discard = async {
+        let mut left: u64 = 64 << 20;
+        while let Some(Ok(frame)) = body.frame().await {
+            let len = frame.data_ref().map_or(0, |d| d.len() as u64);
+            left = match left.checked_sub(len) {
+                Some(left) => left,
+                None => return,
+            };
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), discard).await;
 }
 
 /// Reads and discards the rest of a request body (keep-alive safety).
@@ -255,9 +287,19 @@ pub async fn upload(
             "application/json",
             json!(written).to_string(),
         ),
+        // Answered at once, not after reading a body that will never be written, and the
+        // connection is not reused. The rest is read away beside the answer (bounded), so that
+        // a client still sending sees the answer, not a broken pipe.
         Err(error) => {
-            drain(&mut body).await;
-            error.response()
+            let mut response = error.response();
+            if !hyper::body::Body::is_end_stream(&body) {
+                response.headers_mut().insert(
+                    header::CONNECTION,
+                    header::HeaderValue::from_static("close"),
+                );
+                tokio::spawn(discard_rest(body));
+            }
+            response
         }
     }
 }

@@ -204,10 +204,13 @@ pub fn make_dir(request: &PathRequest, user: &User) -> RpcResult<serde_json::Val
             ));
         }
         Ok(_) => {
-            return Err(RpcError::new(
-                Code::InvalidArgument,
-                format!("path '{}' exists and is not a directory", path.display()),
-            ));
+            return Err(RpcError {
+                errno: Some("EEXIST"),
+                ..RpcError::new(
+                    Code::InvalidArgument,
+                    format!("path '{}' exists and is not a directory", path.display()),
+                )
+            });
         }
         Err(_) => {}
     }
@@ -284,10 +287,13 @@ pub fn list_dir(request: &ListDirRequest, user: &User) -> RpcResult<serde_json::
             ));
         }
         Ok(m) if !m.is_dir() => {
-            return Err(RpcError::new(
-                Code::InvalidArgument,
-                format!("path '{}' is not a directory", path.display()),
-            ));
+            return Err(RpcError {
+                errno: Some("ENOTDIR"),
+                ..RpcError::new(
+                    Code::InvalidArgument,
+                    format!("path '{}' is not a directory", path.display()),
+                )
+            });
         }
         Ok(_) => {}
     }

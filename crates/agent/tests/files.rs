@@ -152,7 +152,7 @@ fn octet_stream_upload_with_a_tilde_path_overwrites() {
 }
 
 #[test]
-fn files_errors_have_the_right_statuses_and_keep_the_connection() {
+fn files_errors_have_the_right_statuses_and_a_refused_upload_closes_at_once() {
     let agent = TestAgent::start("files-errors");
     let mut conn = agent.connect();
     let (status, body) = get_file(&mut conn, "/nonexistent/file");
@@ -172,17 +172,25 @@ fn files_errors_have_the_right_statuses_and_keep_the_connection() {
     );
     conn.send("GET", "/files", &[], Body::None);
     assert_eq!(conn.response().0.status, 400, "no path");
-    // Writing onto a directory fails; the large body is drained so the connection survives.
+    // Writing onto a directory fails at once: the answer names EISDIR and closes the
+    // connection instead of reading a body that will not be written.
     let big = vec![7u8; 500_000];
-    conn.send(
+    conn.send_cut_off(
         "POST",
         &format!("/files?path={}", form(path_str(&agent.dir))),
         &[("Content-Type", "application/octet-stream")],
         Body::Fixed(&big),
     );
-    assert_eq!(conn.response().0.status, 400);
+    let (head, _) = conn.response();
+    assert_eq!(head.status, 400);
+    assert_eq!(head.header("airlock-errno"), Some("EISDIR"));
+    assert_eq!(head.header("connection"), Some("close"));
+    let mut conn = agent.connect();
+    // A body read to its end keeps the connection, even when it fails.
     conn.send("POST", "/files", &[("Content-Type", "multipart/form-data; boundary=b")], Body::Fixed(b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/tmp/x\"\r\n\r\ntruncated"));
-    assert_eq!(conn.response().0.status, 400, "a truncated multipart body");
+    let (head, _) = conn.response();
+    assert_eq!(head.status, 400, "a truncated multipart body");
+    assert_eq!(head.header("connection"), None);
     // A FIFO would block the agent's single thread on open: refused both ways.
     let fifo = agent.dir.join("fifo");
     assert!(
@@ -193,13 +201,14 @@ fn files_errors_have_the_right_statuses_and_keep_the_connection() {
             .success()
     );
     assert_eq!(get_file(&mut conn, path_str(&fifo)).0, 400);
-    conn.send(
+    conn.send_cut_off(
         "POST",
         &format!("/files?path={}", form(path_str(&fifo))),
         &[("Content-Type", "application/octet-stream")],
         Body::Fixed(b"x"),
     );
     assert_eq!(conn.response().0.status, 400);
+    let mut conn = agent.connect();
     conn.send("GET", "/health", &[], Body::None);
     assert_eq!(conn.response().0.status, 204);
 }

@@ -7,6 +7,7 @@ pub mod policy;
 pub mod sandbox;
 pub mod units;
 pub mod v1;
+pub mod whole;
 
 pub use sandbox::{Compat, ResourceLimits, SandboxConfig, Tier, UserSpec, WorkspaceSource};
 pub use units::{parse_cpus_milli, parse_duration_ms, parse_size_bytes};

@@ -22,11 +22,13 @@ pub const POLICY_VERSION: u32 = 1;
 #[serde(deny_unknown_fields)]
 pub struct PolicyDocument {
     /// Always `1`.
+    #[schemars(range(min = 1, max = 1))]
     pub version: u32,
     /// Built-in profiles merged first, in order (`read-only`, `workspace`, `networked-dev`);
     /// this document is merged last. Maps override by key, lists append, named entries
     /// (egress rules, credentials) replace an earlier entry of the same name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("uniqueItems" = true))]
     pub extends: Vec<String>,
     /// The weakest tier this policy may run on; a stronger one is always allowed.
     #[serde(default, skip_serializing_if = "Option::is_none")]

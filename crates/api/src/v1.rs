@@ -11,6 +11,63 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 use crate::Tier;
+use crate::whole;
+
+/// The longest lifetime a sandbox may have: `timeout_ms` above it is refused, and so is a
+/// daemon's `--max-timeout` (a daemon may set a lower cap; then longer requests get 422).
+pub const MAX_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
+/// The smallest limits a create accepts (below them a sandbox cannot start its agent).
+pub const MIN_MEMORY_BYTES: u64 = 16 << 20;
+pub const MIN_PIDS: u64 = 4;
+/// The kernel's largest pid number (`PID_MAX_LIMIT` on 64-bit), and so the largest pid cap.
+pub const MAX_PIDS: u64 = 4_194_303;
+pub const MIN_DISK_BYTES: u64 = 1 << 20;
+pub const MIN_CPU_MILLIS: u32 = 10;
+/// The most entries of `metadata` and `env`, and the longest keys and values (in characters).
+pub const MAX_METADATA_ENTRIES: usize = 64;
+pub const MAX_ENV_ENTRIES: usize = 256;
+pub const MAX_METADATA_KEY_CHARS: usize = 256;
+pub const MAX_VALUE_CHARS: usize = 32 << 10;
+
+/// A non-empty string without NUL: paths, names.
+pub const NON_EMPTY_NO_NUL: &str = r"^[^\u0000]+$";
+/// A string without NUL.
+pub const NO_NUL: &str = r"^[^\u0000]*$";
+/// Canonical standard base64 with padding (what `stdin_base64` must be).
+pub const BASE64_PATTERN: &str =
+    r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?$";
+
+/// The `tier` of a create request: the tiers this build runs.
+fn available_tier(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "The isolation tier. This build runs only `process`; `container` and `microvm` (and a policy whose tier needs them) are refused with 422 and the reason.",
+        "type": "string",
+        "enum": ["process"],
+        "default": "process",
+    })
+}
+
+/// `metadata`: at most 64 labels, keys of 1 to 256 characters.
+fn metadata_map(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "Free-form labels, returned as given and usable as list filters: at most 64, keys of 1 to 256 characters, values of at most 32768 characters, no NUL anywhere.",
+        "type": "object",
+        "maxProperties": MAX_METADATA_ENTRIES,
+        "propertyNames": { "minLength": 1, "maxLength": MAX_METADATA_KEY_CHARS, "pattern": NON_EMPTY_NO_NUL },
+        "additionalProperties": { "type": "string", "maxLength": MAX_VALUE_CHARS, "pattern": NO_NUL },
+    })
+}
+
+/// `env`: at most 256 variables, names without `=` or NUL.
+fn env_map(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "Environment variables: at most 256, names non-empty without `=` or NUL, values of at most 32768 characters without NUL.",
+        "type": "object",
+        "maxProperties": MAX_ENV_ENTRIES,
+        "propertyNames": { "minLength": 1, "pattern": "^[^=\\u0000]+$" },
+        "additionalProperties": { "type": "string", "maxLength": MAX_VALUE_CHARS, "pattern": NO_NUL },
+    })
+}
 
 impl JsonSchema for Tier {
     fn schema_name() -> Cow<'static, str> {
@@ -34,8 +91,12 @@ pub enum ErrorCode {
     InvalidRequest,
     /// 401: no valid API key or access token.
     Unauthenticated,
-    /// 403: the sandbox refused the operation (a write outside `/workspace` and `/tmp`).
+    /// 403: the sandbox or the daemon refused the operation (a write the sandbox's Landlock
+    /// rules forbid, a host workspace the daemon does not allow).
     PermissionDenied,
+    /// 403: the path is on a read-only part of the sandbox's view (outside `/workspace` and
+    /// `/tmp`).
+    ReadOnly,
     /// 404: no such sandbox, route, template or file.
     NotFound,
     /// 405: the route exists but not with this method.
@@ -43,53 +104,62 @@ pub enum ErrorCode {
     /// 409: the request conflicts with the current state (the file exists, the sandbox is
     /// still starting).
     Conflict,
+    /// 409: the sandbox is being removed.
+    SandboxStopping,
     /// 413: the body is larger than the configured cap.
     PayloadTooLarge,
-    /// 422: well-formed but not possible (unknown template, unavailable tier, bad limits).
+    /// 413: the file would pass the sandbox's file-size limit (`resources.disk_bytes`).
+    FileTooLarge,
+    /// 422: well-formed but not possible (unknown template, bad limits, an invalid policy).
     Unprocessable,
     /// 500: a bug or a host failure; the message says which.
     Internal,
     /// 502: the sandbox's agent did not answer or answered nonsense.
     AgentError,
-    /// 503: the daemon is at its cap on concurrent sandboxes.
+    /// 503: the daemon is at its cap on concurrent sandboxes (`Retry-After` says when to try
+    /// again).
     Capacity,
-    /// 503: the daemon is shutting down or the sandbox is being removed.
-    Unavailable,
     /// 504: the command's own `timeout_ms` expired.
     Timeout,
+    /// 507: the sandbox's disk is full (its `/tmp` or `/workspace` reached its size or quota).
+    InsufficientStorage,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 13] = [
+    pub const ALL: [ErrorCode; 16] = [
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthenticated,
         ErrorCode::PermissionDenied,
+        ErrorCode::ReadOnly,
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::Conflict,
+        ErrorCode::SandboxStopping,
         ErrorCode::PayloadTooLarge,
+        ErrorCode::FileTooLarge,
         ErrorCode::Unprocessable,
         ErrorCode::Internal,
         ErrorCode::AgentError,
         ErrorCode::Capacity,
-        ErrorCode::Unavailable,
         ErrorCode::Timeout,
+        ErrorCode::InsufficientStorage,
     ];
 
     pub fn http_status(self) -> u16 {
         match self {
             ErrorCode::InvalidRequest => 400,
             ErrorCode::Unauthenticated => 401,
-            ErrorCode::PermissionDenied => 403,
+            ErrorCode::PermissionDenied | ErrorCode::ReadOnly => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
-            ErrorCode::Conflict => 409,
-            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::Conflict | ErrorCode::SandboxStopping => 409,
+            ErrorCode::PayloadTooLarge | ErrorCode::FileTooLarge => 413,
             ErrorCode::Unprocessable => 422,
             ErrorCode::Internal => 500,
             ErrorCode::AgentError => 502,
-            ErrorCode::Capacity | ErrorCode::Unavailable => 503,
+            ErrorCode::Capacity => 503,
             ErrorCode::Timeout => 504,
+            ErrorCode::InsufficientStorage => 507,
         }
     }
 
@@ -98,16 +168,19 @@ impl ErrorCode {
             ErrorCode::InvalidRequest => "invalid_request",
             ErrorCode::Unauthenticated => "unauthenticated",
             ErrorCode::PermissionDenied => "permission_denied",
+            ErrorCode::ReadOnly => "read_only",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::Conflict => "conflict",
+            ErrorCode::SandboxStopping => "sandbox_stopping",
             ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::FileTooLarge => "file_too_large",
             ErrorCode::Unprocessable => "unprocessable",
             ErrorCode::Internal => "internal",
             ErrorCode::AgentError => "agent_error",
             ErrorCode::Capacity => "capacity",
-            ErrorCode::Unavailable => "unavailable",
             ErrorCode::Timeout => "timeout",
+            ErrorCode::InsufficientStorage => "insufficient_storage",
         }
     }
 }
@@ -125,17 +198,39 @@ pub struct ErrorBody {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Resources {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// At least 16 MiB.
+    #[serde(
+        default,
+        deserialize_with = "whole::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = MIN_MEMORY_BYTES, max = u64::MAX))]
     pub memory_bytes: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// From 4 to 4194303.
+    #[serde(
+        default,
+        deserialize_with = "whole::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = MIN_PIDS, max = MAX_PIDS))]
     pub pids_max: Option<u64>,
-    /// Thousandths of a CPU (1500 = 1.5 CPUs).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Thousandths of a CPU (1500 = 1.5 CPUs), at least 10.
+    #[serde(
+        default,
+        deserialize_with = "whole::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = MIN_CPU_MILLIS, max = u32::MAX))]
     pub cpu_millis: Option<u32>,
     /// The scratch space that `/tmp` and a fresh `/workspace` share, which is also the largest
-    /// file the workload may write. On disk (airlockd's default) it is a budget of its own; in
-    /// memory it is at most half of `memory_bytes`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// file the workload may write; at least 1 MiB. On disk (airlockd's default) it is a budget
+    /// of its own; in memory it is at most half of `memory_bytes`.
+    #[serde(
+        default,
+        deserialize_with = "whole::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = MIN_DISK_BYTES, max = u64::MAX))]
     pub disk_bytes: Option<u64>,
 }
 
@@ -146,8 +241,13 @@ pub enum Workspace {
     /// A fresh, private tmpfs that disappears with the sandbox.
     #[default]
     Fresh,
-    /// An absolute host directory, bound read-write.
-    Host { path: String },
+    /// An absolute host directory, bound read-write. Allowed only beneath the daemon's
+    /// `--workspace-root`: without it, or outside it, the create is refused with 403
+    /// `permission_denied`; a path that is not a directory is 422.
+    Host {
+        #[schemars(extend("pattern" = "^/"))]
+        path: String,
+    },
 }
 
 /// `POST /v1/sandboxes`.
@@ -155,20 +255,31 @@ pub enum Workspace {
 #[serde(deny_unknown_fields)]
 pub struct CreateSandboxRequest {
     #[serde(default)]
+    #[schemars(schema_with = "available_tier")]
     pub tier: Tier,
-    /// A template name (`GET /v1/templates`); default `base`, the host's root read-only.
+    /// A template name (`GET /v1/templates`); default `base`, the host's root read-only. An
+    /// unknown one is 404.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = NON_EMPTY_NO_NUL))]
     pub template: Option<String>,
     #[serde(default)]
     pub resources: Resources,
-    /// Lifetime from now; the daemon's default when absent. The sandbox is destroyed then.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Lifetime from now, from 1 ms to 24 h (a daemon's `--max-timeout` may cap it lower:
+    /// then longer is 422); the daemon's default when absent. The sandbox is destroyed then.
+    #[serde(
+        default,
+        deserialize_with = "whole::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = 1, max = MAX_TIMEOUT_MS))]
     pub timeout_ms: Option<u64>,
     /// Environment added to every command run in the sandbox.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "env_map")]
     pub env: BTreeMap<String, String>,
     /// Free-form labels, returned as given and usable as list filters.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "metadata_map")]
     pub metadata: BTreeMap<String, String>,
     #[serde(default)]
     pub workspace: Workspace,
@@ -235,6 +346,9 @@ pub struct SandboxList {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetTimeoutRequest {
+    /// From 1 ms to 24 h (or the daemon's lower `--max-timeout`; then longer is 422).
+    #[serde(deserialize_with = "whole::integer")]
+    #[schemars(range(min = 1, max = MAX_TIMEOUT_MS))]
     pub timeout_ms: u64,
 }
 
@@ -242,25 +356,47 @@ pub struct SetTimeoutRequest {
 /// `shell` (run with `/bin/sh -c`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("oneOf" = [
+    {"required": ["argv"], "properties": {"argv": {"type": "array"}, "shell": {"type": "null"}}},
+    {"required": ["shell"], "properties": {"shell": {"type": "string"}, "argv": {"type": "null"}}},
+]))]
 pub struct ExecRequest {
+    /// The program (non-empty) and its arguments, without NUL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1),
+        inner(regex(pattern = NO_NUL)),
+        extend("prefixItems" = [{"type": "string", "pattern": NON_EMPTY_NO_NUL}])
+    )]
     pub argv: Option<Vec<String>>,
+    /// A command line for `/bin/sh -c`, without NUL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = NO_NUL))]
     pub shell: Option<String>,
     /// Added to the sandbox's environment for this command.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "env_map")]
     pub env: BTreeMap<String, String>,
     /// Working directory inside the sandbox; `/workspace` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = NON_EMPTY_NO_NUL))]
     pub cwd: Option<String>,
     /// User name to run as, passed to the agent; its default user when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = NON_EMPTY_NO_NUL))]
     pub user: Option<String>,
-    /// The command is killed after this long (exit event with `exited: false`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The command is killed after this long (exit event with `exited: false`); 0 or absent
+    /// means no limit.
+    #[serde(
+        default,
+        deserialize_with = "whole::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = 0, max = u64::MAX))]
     pub timeout_ms: Option<u64>,
     /// Bytes written to the command's stdin, which is then closed. Without it stdin is empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = BASE64_PATTERN))]
     pub stdin_base64: Option<String>,
 }
 
@@ -340,6 +476,7 @@ pub struct FileList {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MkdirRequest {
+    #[schemars(regex(pattern = NON_EMPTY_NO_NUL))]
     pub path: String,
 }
 
@@ -347,7 +484,9 @@ pub struct MkdirRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MoveRequest {
+    #[schemars(regex(pattern = NON_EMPTY_NO_NUL))]
     pub source: String,
+    #[schemars(regex(pattern = NON_EMPTY_NO_NUL))]
     pub destination: String,
 }
 
@@ -570,5 +709,7 @@ mod tests {
         }
         assert_eq!(ErrorCode::Capacity.http_status(), 503);
         assert_eq!(ErrorCode::PayloadTooLarge.http_status(), 413);
+        assert_eq!(ErrorCode::InsufficientStorage.http_status(), 507);
+        assert_eq!(ErrorCode::SandboxStopping.http_status(), 409);
     }
 }

@@ -21,9 +21,33 @@ use crate::http::{Body, full};
 /// The largest Connect message accepted from an agent (a big directory listing).
 const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
+/// The header in which the agent names the errno of a failed file operation (`EROFS`,
+/// `ENOSPC`, ...): Connect's codes and envd's statuses cannot tell a read-only path from a
+/// Landlock denial, nor a full disk from a file-size limit.
+pub const ERRNO_HEADER: &str = "airlock-errno";
+
 #[derive(Debug, Clone)]
 pub struct Agent {
     socket: PathBuf,
+}
+
+/// The task of one connection to an agent; dropping it closes the connection.
+#[derive(Debug)]
+pub struct Connection(Option<tokio::task::JoinHandle<()>>);
+
+impl Connection {
+    /// Lets the connection run until it ends by itself.
+    pub fn detach(mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
 }
 
 impl Agent {
@@ -39,7 +63,18 @@ impl Agent {
     }
 
     /// Sends one request on a fresh connection; the response body streams.
-    pub async fn send(&self, mut request: Request<Body>) -> Result<Response<Incoming>, ApiError> {
+    pub async fn send(&self, request: Request<Body>) -> Result<Response<Incoming>, ApiError> {
+        let (response, connection) = self.send_attached(request).await?;
+        connection.detach();
+        Ok(response)
+    }
+
+    /// [`Agent::send`], keeping the connection: dropping it ends the connection, and with it
+    /// the request body still being sent (after an early error answer).
+    pub async fn send_attached(
+        &self,
+        mut request: Request<Body>,
+    ) -> Result<(Response<Incoming>, Connection), ApiError> {
         let unreachable = |what: &str, err: &dyn std::fmt::Display| {
             ApiError::new(
                 ErrorCode::AgentError,
@@ -52,17 +87,19 @@ impl Agent {
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| unreachable("handshake", &e))?;
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             // Ends when the response body is consumed or dropped.
             let _ = connection.await;
         });
+        let connection = Connection(Some(task));
         request
             .headers_mut()
             .insert(HOST, HeaderValue::from_static("localhost"));
-        sender
+        let response = sender
             .send_request(request)
             .await
-            .map_err(|e| unreachable("request", &e))
+            .map_err(|e| unreachable("request", &e))?;
+        Ok((response, connection))
     }
 
     /// A Connect unary call with the JSON codec.
@@ -80,9 +117,14 @@ impl Agent {
             .map_err(|e| ApiError::internal(format!("cannot build the agent request: {e}")))?;
         let response = self.send(request).await?;
         let status = response.status();
+        let errno = response
+            .headers()
+            .get(ERRNO_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let bytes = read_limited(response.into_body()).await?;
         if status != StatusCode::OK {
-            return Err(connect_error(status, &bytes));
+            return Err(connect_error(status, errno.as_deref(), &bytes));
         }
         serde_json::from_slice(&bytes).map_err(|e| {
             ApiError::new(
@@ -106,8 +148,9 @@ async fn read_limited(body: Incoming) -> Result<Bytes, ApiError> {
         })
 }
 
-/// Maps a Connect (or plain envd HTTP) error to ours.
-pub fn connect_error(status: StatusCode, body: &[u8]) -> ApiError {
+/// Maps a Connect (or plain envd HTTP) error to ours: by the errno the agent named if it did,
+/// else by the Connect code, else by the HTTP status. Only what is left is `agent_error`.
+pub fn connect_error(status: StatusCode, errno: Option<&str>, body: &[u8]) -> ApiError {
     let parsed: Option<Value> = serde_json::from_slice(body).ok();
     let code_name = parsed
         .as_ref()
@@ -120,19 +163,35 @@ pub fn connect_error(status: StatusCode, body: &[u8]) -> ApiError {
         .and_then(Value::as_str)
         .map(str::to_owned)
         .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned());
-    let code = match code_name.as_deref() {
-        Some(name) => connect_code(name),
-        None => match status.as_u16() {
-            400 => ErrorCode::InvalidRequest,
+    let by_errno = errno.and_then(errno_code);
+    let code = match (by_errno, code_name.as_deref()) {
+        (Some(code), _) => code,
+        (None, Some(name)) => connect_code(name),
+        (None, None) => match status.as_u16() {
+            400 | 415 => ErrorCode::InvalidRequest,
             401 => ErrorCode::Unauthenticated,
             403 => ErrorCode::PermissionDenied,
             404 => ErrorCode::NotFound,
             409 => ErrorCode::Conflict,
-            413 | 507 => ErrorCode::Unprocessable,
+            413 => ErrorCode::FileTooLarge,
+            507 => ErrorCode::InsufficientStorage,
             _ => ErrorCode::AgentError,
         },
     };
     ApiError::new(code, message)
+}
+
+/// The caller's errors among the errnos of file operations; others are the agent's. A file
+/// where a directory is wanted (or the reverse) conflicts with what exists: 409.
+fn errno_code(errno: &str) -> Option<ErrorCode> {
+    match errno {
+        "EROFS" => Some(ErrorCode::ReadOnly),
+        "EACCES" | "EPERM" => Some(ErrorCode::PermissionDenied),
+        "ENOSPC" | "EDQUOT" => Some(ErrorCode::InsufficientStorage),
+        "EFBIG" => Some(ErrorCode::FileTooLarge),
+        "EISDIR" | "ENOTDIR" | "EEXIST" => Some(ErrorCode::Conflict),
+        _ => None,
+    }
 }
 
 /// Connect error code names to ours.
@@ -314,21 +373,53 @@ mod tests {
     fn test_connect_errors_map_to_stable_codes() {
         let err = connect_error(
             StatusCode::NOT_FOUND,
+            None,
             br#"{"code":"not_found","message":"no file"}"#,
         );
         assert_eq!(err, ApiError::new(ErrorCode::NotFound, "no file"));
         let err = connect_error(
             StatusCode::CONFLICT,
+            None,
             br#"{"code":"already_exists","message":"x"}"#,
         );
         assert_eq!(err.code, ErrorCode::Conflict);
-        let err = connect_error(StatusCode::NOT_FOUND, b"plain text");
+        let err = connect_error(StatusCode::NOT_FOUND, None, b"plain text");
         assert_eq!(err, ApiError::new(ErrorCode::NotFound, "plain text"));
         let err = connect_error(
             StatusCode::BAD_REQUEST,
+            None,
             br#"{"code":400,"message":"is a dir"}"#,
         );
         assert_eq!(err, ApiError::new(ErrorCode::InvalidRequest, "is a dir"));
+        // The errno wins over Connect's coarser code and envd's status.
+        let code = |status, errno, body: &[u8]| connect_error(status, errno, body).code;
+        let denied = br#"{"code":"permission_denied","message":"x"}"#;
+        assert_eq!(
+            code(StatusCode::FORBIDDEN, Some("EROFS"), denied),
+            ErrorCode::ReadOnly
+        );
+        assert_eq!(
+            code(StatusCode::FORBIDDEN, Some("EACCES"), denied),
+            ErrorCode::PermissionDenied
+        );
+        let full = br#"{"code":507,"message":"x"}"#;
+        assert_eq!(
+            code(StatusCode::INSUFFICIENT_STORAGE, Some("EDQUOT"), full),
+            ErrorCode::InsufficientStorage
+        );
+        assert_eq!(
+            code(StatusCode::INSUFFICIENT_STORAGE, None, full),
+            ErrorCode::InsufficientStorage
+        );
+        assert_eq!(
+            code(StatusCode::PAYLOAD_TOO_LARGE, Some("EFBIG"), b"{}"),
+            ErrorCode::FileTooLarge
+        );
+        // An errno that is no caller's mistake leaves the agent's failure a 502.
+        assert_eq!(
+            code(StatusCode::INTERNAL_SERVER_ERROR, Some("EIO"), b"{}"),
+            ErrorCode::AgentError
+        );
     }
 
     #[test]

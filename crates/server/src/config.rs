@@ -33,6 +33,8 @@ pub enum ConfigError {
     NoAuthNotLoopback(SocketAddr),
     #[error("{name} must be at least 1")]
     Zero { name: &'static str },
+    #[error("{name} must be at most 24h, the API's longest sandbox lifetime")]
+    TooLong { name: &'static str },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("--workspace-root {0} must be an existing directory other than /")]
@@ -76,7 +78,8 @@ pub struct ServeArgs {
     /// Lifetime of a sandbox whose create request gives no timeout_ms (e.g. 30s, 5m, 2h).
     #[arg(long = "default-timeout", value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     pub default_timeout_ms: u64,
-    /// The longest lifetime a sandbox may ask for (create or set-timeout); longer is 422.
+    /// The longest lifetime a sandbox may ask for (create or set-timeout); longer is 422. At
+    /// most 24h, the API's own limit.
     #[arg(long = "max-timeout", value_name = "DURATION", default_value = "24h", value_parser = parse_duration)]
     pub max_timeout_ms: u64,
     /// Host directories under this one may be bound as a sandbox's /workspace (API
@@ -224,6 +227,14 @@ impl Config {
         ] {
             if value == 0 {
                 return Err(ConfigError::Zero { name });
+            }
+        }
+        for (name, value) in [
+            ("--default-timeout", args.default_timeout_ms),
+            ("--max-timeout", args.max_timeout_ms),
+        ] {
+            if value > airlock_api::v1::MAX_TIMEOUT_MS {
+                return Err(ConfigError::TooLong { name });
             }
         }
         let state_dir = match &args.state_dir {

@@ -5,6 +5,11 @@ use airlock_api::v1::{ErrorBody, ErrorCode};
 
 use crate::store::StoreError;
 
+/// `Retry-After` (seconds) of a create refused at `--max-sandboxes`: a slot frees when any
+/// sandbox ends, which the daemon cannot foresee; this paces retrying clients (the E2B SDKs
+/// honour it on their 429).
+pub const CAPACITY_RETRY_AFTER_SECONDS: u32 = 5;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{code:?}: {message}")]
 pub struct ApiError {

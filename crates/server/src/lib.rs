@@ -27,18 +27,24 @@
 //!   is masked from every sandbox (`Runtime::set_state_dirs`). One daemon per state
 //!   directory (an exclusive lock on `airlockd.lock`).
 //! - **Errors.** Every error is `{"code", "message"}` with a stable code
-//!   ([`airlock_api::v1::ErrorCode`]): malformed input 400, bad credentials 401, unknown
-//!   sandbox/route/file 404, state conflicts 409 (file exists, sandbox still creating), body
-//!   caps 413, well-formed but impossible requests 422 (unknown template, unavailable tier with
-//!   the probe's reason, limits below the minimum, timeout out of range), capacity 503.
-//!   Templates are named in the body, so an unknown one is 422, not 404.
+//!   ([`airlock_api::v1::ErrorCode`]): malformed input 400, bad credentials 401, refusals 403
+//!   (`read_only` paths, `permission_denied` by Landlock, a mask or `--workspace-root`),
+//!   unknown sandbox/route/template/file/program 404, state conflicts 409 (file exists, a
+//!   directory where a file is wanted, sandbox still creating, `sandbox_stopping` while it is
+//!   removed), body caps 413 (and `file_too_large` past the sandbox's file-size limit),
+//!   well-formed but impossible requests 422 (unavailable tier with the probe's reason, an
+//!   invalid policy, a timeout above `--max-timeout`), capacity 503 with `Retry-After`, a full
+//!   disk 507. File errors are mapped by the errno the agent names (`airlock-errno`), so
+//!   `agent_error` (502) is only an agent that failed. `api/openapi.json` states what the
+//!   handlers enforce (minimums, patterns, enums); `scripts/schemathesis.sh` checks it.
 //! - **Auth.** Control-plane routes need an API key; data-plane routes (exec, files, envd)
 //!   accept an API key or that sandbox's access token, shown once at create.
 //!   `--insecure-no-auth` is refused unless the listen address is loopback.
 //! - **Limits.** `--max-sandboxes` (1024) → 503 `capacity`; `--max-body-bytes` (1 MiB) for
 //!   JSON bodies → 413; `--max-upload-bytes` (10 GiB) for streamed uploads → 413, checked
 //!   against Content-Length first and then while streaming. Request headers must arrive
-//!   within 30 s. Unread request bodies are drained (up to the JSON cap) after an error.
+//!   within 30 s. Unread request bodies are drained (up to the JSON cap) after an error. An
+//!   upload the agent refuses is answered at once with `Connection: close` (`proxy`).
 //! - **Lifetimes.** A sandbox has a deadline (default `--default-timeout`, 5 min; at most
 //!   `--max-timeout`, 24 h); a watcher task destroys it then, or as soon as its helper exits
 //!   (pidfd). Sandboxes outlive the daemon: SIGTERM/SIGINT stop the listener, give in-flight

@@ -49,7 +49,7 @@ use crate::auth;
 use crate::config::{Config, ConfigError, LOCK_FILE, prepare_state_dir};
 use crate::egress::{SandboxEgress, proxy_plan};
 use crate::error::ApiError;
-use checks::{check_map, check_min};
+pub use checks::{check_map, env_key_ok};
 
 use crate::store::{BASE_TEMPLATE, RowState, SandboxRow, Store, StoreError, now_ms};
 
@@ -529,9 +529,10 @@ impl Daemon {
             .clone()
             .unwrap_or_else(|| BASE_TEMPLATE.to_owned());
         let Some(template) = self.store.get_template(&template_name)? else {
-            return Err(ApiError::unprocessable(format!(
-                "unknown template {template_name:?}"
-            )));
+            return Err(ApiError::new(
+                ErrorCode::NotFound,
+                format!("no template {template_name:?} (GET /v1/templates lists them)"),
+            ));
         };
         request.template = Some(template_name);
         let timeout_ms = request
@@ -553,16 +554,7 @@ impl Daemon {
                 .or(settings.disk_bytes)
                 .unwrap_or(defaults.disk_bytes),
         );
-        check_min("resources.memory_bytes", r.memory_bytes, 16 << 20)?;
-        check_min("resources.pids_max", r.pids_max, 4)?;
-        check_min("resources.disk_bytes", r.disk_bytes, 1 << 20)?;
-        check_min("resources.cpu_millis", r.cpu_millis.map(u64::from), 10)?;
-        check_map("env", &request.env, 256, |key| {
-            !key.is_empty() && !key.contains('=') && !key.contains('\0')
-        })?;
-        check_map("metadata", &request.metadata, 64, |key| {
-            !key.is_empty() && key.len() <= 256
-        })?;
+        checks::check_limits(r, &request.env, &request.metadata)?;
         let workspace = match &request.workspace {
             Workspace::Fresh => WorkspaceSource::Fresh,
             Workspace::Host { path } => WorkspaceSource::Host {
@@ -589,16 +581,6 @@ impl Daemon {
             config.policy = Some(Box::new(policy.document().clone()));
         }
         Ok((request, config))
-    }
-
-    fn check_timeout(&self, timeout_ms: u64) -> Result<(), ApiError> {
-        if timeout_ms == 0 || timeout_ms > self.config.max_timeout_ms {
-            return Err(ApiError::unprocessable(format!(
-                "timeout_ms must be between 1 and {} (--max-timeout), got {timeout_ms}",
-                self.config.max_timeout_ms
-            )));
-        }
-        Ok(())
     }
 
     /// A listed sandbox (creating or running), or 404.
@@ -657,7 +639,7 @@ impl Daemon {
                 format!("sandbox {id} is still being created"),
             )),
             Some(SlotState::Deleting) => Err(ApiError::new(
-                ErrorCode::Unavailable,
+                ErrorCode::SandboxStopping,
                 format!("sandbox {id} is being removed"),
             )),
             None => Err(ApiError::no_sandbox(id)),

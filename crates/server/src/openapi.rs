@@ -3,12 +3,13 @@
 //! Regenerate with `airlockd openapi > api/openapi.json`, or run the drift test with
 //! `AIRLOCK_UPDATE_OPENAPI=1`. The test fails whenever the committed file differs.
 
-use airlock_api::v1::ErrorBody;
+use airlock_api::v1::{self, ErrorBody};
 use schemars::SchemaGenerator;
 use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value, json};
 
-use crate::routes::{Access, Handler, Payload, ROUTES, Route};
+use crate::error::CAPACITY_RETRY_AFTER_SECONDS;
+use crate::routes::{Access, Handler, Payload, QueryValue, ROUTES, Route};
 
 fn reason(status: u16) -> &'static str {
     match status {
@@ -17,16 +18,61 @@ fn reason(status: u16) -> &'static str {
         204 => "No content",
         400 => "Malformed request (`invalid_request`)",
         401 => "Missing or wrong credentials (`unauthenticated`)",
-        403 => "The sandbox refused the operation (`permission_denied`)",
-        404 => "No such sandbox, route or file (`not_found`)",
+        403 => {
+            "Refused: a read-only path (`read_only`), or one the sandbox or the daemon does not permit (`permission_denied`)"
+        }
+        404 => "No such sandbox, route, template or file (`not_found`)",
         405 => "Method not allowed (`method_not_allowed`)",
-        409 => "Conflicts with the current state (`conflict`)",
-        413 => "Body larger than the configured cap (`payload_too_large`)",
+        409 => {
+            "Conflicts with the current state (`conflict`), or the sandbox is being removed (`sandbox_stopping`)"
+        }
+        413 => {
+            "Body larger than the configured cap (`payload_too_large`), or a file past the sandbox's file-size limit (`file_too_large`)"
+        }
         422 => "Well-formed but impossible (`unprocessable`)",
         500 => "Daemon or host failure (`internal`)",
         502 => "The sandbox's agent failed (`agent_error`)",
-        503 => "At capacity (`capacity`) or going away (`unavailable`)",
+        503 => "At the daemon's cap on sandboxes (`capacity`); retry after Retry-After seconds",
+        507 => "The sandbox's disk is full (`insufficient_storage`)",
         _ => "Other",
+    }
+}
+
+/// The Connect protocol's error body, which the envd pass-through's RPCs answer with.
+fn connect_error_schema() -> Value {
+    json!({
+        "description": "A Connect RPC's error (the Connect protocol's JSON error body).",
+        "type": "object",
+        "required": ["code"],
+        "properties": {
+            "code": {
+                "type": "string",
+                "enum": [
+                    "canceled", "unknown", "invalid_argument", "deadline_exceeded", "not_found",
+                    "already_exists", "permission_denied", "resource_exhausted",
+                    "failed_precondition", "aborted", "out_of_range", "unimplemented", "internal",
+                    "unavailable", "data_loss", "unauthenticated"
+                ]
+            },
+            "message": { "type": "string" },
+            "details": { "type": "array" }
+        }
+    })
+}
+
+fn query_schema(value: QueryValue) -> Value {
+    match value {
+        QueryValue::Path => json!({ "type": "string", "pattern": v1::NON_EMPTY_NO_NUL }),
+        QueryValue::Text => json!({ "type": "string" }),
+        QueryValue::Bool => json!({ "type": "boolean" }),
+        QueryValue::Integer { min, max } => {
+            json!({ "type": "integer", "minimum": min, "maximum": max })
+        }
+        QueryValue::States => json!({
+            "type": "array",
+            "minItems": 1,
+            "items": { "$ref": "#/components/schemas/SandboxState" }
+        }),
     }
 }
 
@@ -49,7 +95,7 @@ fn operation_id(handler: Handler) -> String {
 fn content(payload: Payload, generator: &mut SchemaGenerator) -> Option<Value> {
     match payload {
         Payload::None => None,
-        Payload::Json(schema) => {
+        Payload::Json(schema) | Payload::OptionalJson(schema) => {
             Some(json!({ "application/json": { "schema": schema(generator) } }))
         }
         Payload::Ndjson(schema) => Some(json!({
@@ -96,11 +142,16 @@ fn operation(
             "schema": { "type": "string" }
         }));
     }
-    for (name, required, description) in route.query {
-        parameters.push(json!({
+    for (name, required, description, value) in route.query {
+        let mut parameter = json!({
             "name": name, "in": "query", "required": required,
-            "description": description, "schema": { "type": "string" }
-        }));
+            "description": description, "schema": query_schema(*value)
+        });
+        if *value == QueryValue::States {
+            parameter["style"] = json!("form");
+            parameter["explode"] = json!(false);
+        }
+        parameters.push(parameter);
     }
     if !parameters.is_empty() {
         op.insert("parameters".into(), Value::Array(parameters));
@@ -112,9 +163,10 @@ fn operation(
     };
     op.insert("security".into(), security);
     if let Some(body) = content(route.request, generator) {
+        let required = !matches!(route.request, Payload::OptionalJson(_));
         op.insert(
             "requestBody".into(),
-            json!({ "required": true, "content": body }),
+            json!({ "required": required, "content": body }),
         );
     }
     let mut responses = Map::new();
@@ -134,10 +186,33 @@ fn operation(
     errors.push(500);
     errors.sort_unstable();
     errors.dedup();
+    // The envd pass-through's RPC errors are Connect's; any other status is the agent's.
+    let envd = route.handler == Handler::Envd;
+    let error_schema = if envd {
+        json!({ "anyOf": [error_ref, { "$ref": "#/components/schemas/ConnectError" }] })
+    } else {
+        error_ref.clone()
+    };
     for status in errors {
+        let mut response = json!({
+            "description": reason(status),
+            "content": { "application/json": { "schema": error_schema } }
+        });
+        if status == 503 && route.handler == Handler::CreateSandbox {
+            response["headers"] = json!({
+                "Retry-After": {
+                    "description": format!("Seconds to wait before trying again ({CAPACITY_RETRY_AFTER_SECONDS})."),
+                    "required": true,
+                    "schema": { "type": "integer", "minimum": 1 }
+                }
+            });
+        }
+        responses.insert(status.to_string(), response);
+    }
+    if envd {
         responses.insert(
-            status.to_string(),
-            json!({ "description": reason(status), "content": { "application/json": { "schema": error_ref } } }),
+            "default".into(),
+            json!({ "description": "The agent's own answer (204 for health; Connect's statuses for the RPCs).", "content": { "*/*": {} } }),
         );
     }
     op.insert("responses".into(), Value::Object(responses));
@@ -170,7 +245,8 @@ pub fn document() -> Value {
             }
         }
     }
-    let schemas = generator.take_definitions(true);
+    let mut schemas = generator.take_definitions(true);
+    schemas.insert("ConnectError".into(), connect_error_schema());
     json!({
         "openapi": "3.1.0",
         "info": {

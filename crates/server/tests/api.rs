@@ -318,7 +318,7 @@ async fn test_auth_routing_validation_and_body_limits() {
         ..Default::default()
     })
     .await;
-    assert_eq!(code_of(err), ErrorCode::Unprocessable);
+    assert_eq!(code_of(err), ErrorCode::NotFound);
     let err = create(CreateSandboxRequest {
         tier: Tier::Microvm,
         ..Default::default()
@@ -533,12 +533,12 @@ async fn test_exec_streams_and_access_tokens() {
     let out = client.exec_collect(&id, &request).await.unwrap();
     assert!(!out.exited, "killed by its timeout: {out:?}");
 
-    // The agent's own refusal surfaces as an HTTP error.
+    // The agent's own refusal surfaces as an HTTP error: what the sandbox lacks is 404.
     let mut request = shell("true");
     request.cwd = Some("/no/such/dir".into());
     assert_eq!(
         code_of(client.exec(&id, &request).await),
-        ErrorCode::InvalidRequest
+        ErrorCode::NotFound
     );
     let both = ExecRequest {
         argv: Some(vec!["true".into()]),
@@ -745,7 +745,7 @@ async fn test_host_workspaces_only_beneath_the_workspace_root() {
     };
     let closed = TestDaemon::start("wsclosed", &[]);
     let err = closed.client().create(&request("/tmp")).await.unwrap_err();
-    assert_eq!(err.code(), Some(ErrorCode::Unprocessable));
+    assert_eq!(err.code(), Some(ErrorCode::PermissionDenied));
     assert!(err.to_string().contains("--workspace-root"), "{err}");
     drop(closed);
 
@@ -764,7 +764,7 @@ async fn test_host_workspaces_only_beneath_the_workspace_root() {
         let err = client.create(&request(outside)).await.unwrap_err();
         assert_eq!(
             err.code(),
-            Some(ErrorCode::Unprocessable),
+            Some(ErrorCode::PermissionDenied),
             "{outside}: {err}"
         );
     }

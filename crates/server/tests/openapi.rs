@@ -71,7 +71,45 @@ fn test_document_covers_every_route_and_error_schema() {
         assert!(schemas.contains_key(name), "schema {name} missing");
     }
     let create = &paths["/v1/sandboxes"]["post"]["responses"];
-    for status in ["201", "400", "401", "413", "422", "503"] {
+    for status in ["201", "400", "401", "403", "404", "413", "422", "503"] {
         assert!(create[status].is_object(), "create lacks {status}");
     }
+    // What the server enforces is in the document.
+    assert_eq!(
+        create["503"]["headers"]["Retry-After"]["required"], true,
+        "a capped create says when to retry"
+    );
+    assert_eq!(
+        paths["/v1/sandboxes"]["post"]["requestBody"]["required"], false,
+        "an empty create body is {{}}"
+    );
+    let upload = &paths["/v1/sandboxes/{id}/files"]["put"]["responses"];
+    for status in ["403", "409", "413", "507"] {
+        assert!(upload[status].is_object(), "upload lacks {status}");
+    }
+    for (path, method) in [
+        ("/v1/sandboxes/{id}", "delete"),
+        ("/v1/sandboxes/{id}/exec", "post"),
+    ] {
+        let responses = &paths[path][method]["responses"];
+        assert!(responses["409"].is_object(), "{method} {path} lacks 409");
+        assert!(responses["503"].is_null(), "{method} {path} documents 503");
+    }
+    assert!(schemas.contains_key("ConnectError"));
+    let resources = &schemas["Resources"]["properties"];
+    assert_eq!(resources["memory_bytes"]["minimum"], 16 << 20);
+    assert_eq!(resources["pids_max"]["maximum"], 4_194_303);
+    let codes = serde_json::to_string(&schemas["ErrorCode"]).unwrap();
+    for code in [
+        "read_only",
+        "sandbox_stopping",
+        "file_too_large",
+        "insufficient_storage",
+    ] {
+        assert!(codes.contains(code), "ErrorCode lacks {code}");
+    }
+    assert!(
+        !codes.contains("\"unavailable\""),
+        "no route answers `unavailable`"
+    );
 }

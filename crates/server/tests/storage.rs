@@ -134,10 +134,11 @@ async fn test_upload_past_the_disk_limit_is_refused_and_keeps_earlier_files() {
     let big = vec![7u8; usize::try_from(48 * MIB).unwrap()];
     for path in ["/workspace/big", "/tmp/big"] {
         match client.write_file(&id, path, big.clone()).await {
-            Err(ClientError::Api { status, .. }) => {
-                assert!(
-                    (400..600).contains(&status) && status != 502,
-                    "{path}: a full disk is the caller's limit, not an agent failure: {status}"
+            Err(ClientError::Api { status, code, .. }) => {
+                assert_eq!(
+                    (status, code.as_str()),
+                    (507, "insufficient_storage"),
+                    "{path}: a full disk is the caller's limit, not an agent failure"
                 );
             }
             other => panic!("{path}: an upload past the disk limit succeeded: {other:?}"),

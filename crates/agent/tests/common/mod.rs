@@ -211,6 +211,27 @@ impl Conn {
     }
 
     pub fn send(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: Body<'_>) {
+        self.try_send(method, path, headers, body).unwrap();
+    }
+
+    /// Like `send`, but a server that answers early and closes may cut the body off (EPIPE).
+    pub fn send_cut_off(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Body<'_>,
+    ) {
+        let _ = self.try_send(method, path, headers, body);
+    }
+
+    fn try_send(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Body<'_>,
+    ) -> std::io::Result<()> {
         let mut request = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\n");
         for (k, v) in headers {
             request.push_str(&format!("{k}: {v}\r\n"));
@@ -232,8 +253,8 @@ impl Conn {
                 bytes.extend_from_slice(b"0\r\n\r\n");
             }
         }
-        self.writer.write_all(request.as_bytes()).unwrap();
-        self.writer.write_all(&bytes).unwrap();
+        self.writer.write_all(request.as_bytes())?;
+        self.writer.write_all(&bytes)
     }
 
     pub fn head(&mut self) -> Head {

@@ -49,6 +49,7 @@ pub async fn dispatch(daemon: Arc<Daemon>, request: Request<Incoming>) -> Respon
         body: Some(body),
         id: String::new(),
         rest: String::new(),
+        close: false,
     };
     let response = route(&mut ctx).await.unwrap_or_else(|err| err.response());
     let limit = ctx.daemon.config.max_body_bytes;
@@ -182,7 +183,7 @@ fn running(daemon: &Daemon, id: &str) -> Result<v1::Sandbox, E2bError> {
 /// Maps "no such sandbox" to E2B's message, anything else to E2B's statuses.
 fn not_found_or(id: &str) -> impl Fn(ApiError) -> E2bError + '_ {
     move |err| match err.code {
-        ErrorCode::NotFound | ErrorCode::Unavailable => E2bError::sandbox_not_found(id),
+        ErrorCode::NotFound | ErrorCode::SandboxStopping => E2bError::sandbox_not_found(id),
         _ => err.into(),
     }
 }

@@ -223,28 +223,36 @@ impl E2bError {
     }
 
     pub fn response(&self) -> Response<Body> {
-        json_response(
+        let mut response = json_response(
             self.status,
             &wire::ErrorBody {
                 code: self.status.as_u16(),
                 message: self.message.clone(),
             },
-        )
+        );
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            response.headers_mut().insert(
+                hyper::header::RETRY_AFTER,
+                crate::error::CAPACITY_RETRY_AFTER_SECONDS.into(),
+            );
+        }
+        response
     }
 }
 
 /// Native errors in E2B's terms: malformed and impossible requests are both 400, the
-/// sandbox cap is E2B's 429, a sandbox on its way out is gone.
+/// sandbox cap is E2B's 429, a sandbox on its way out is gone, a full disk is envd's 507.
 impl From<ApiError> for E2bError {
     fn from(err: ApiError) -> E2bError {
         let status = match err.code {
             ErrorCode::InvalidRequest | ErrorCode::Unprocessable => StatusCode::BAD_REQUEST,
             ErrorCode::Unauthenticated => StatusCode::UNAUTHORIZED,
-            ErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
-            ErrorCode::NotFound | ErrorCode::Unavailable => StatusCode::NOT_FOUND,
+            ErrorCode::PermissionDenied | ErrorCode::ReadOnly => StatusCode::FORBIDDEN,
+            ErrorCode::NotFound | ErrorCode::SandboxStopping => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::Conflict => StatusCode::CONFLICT,
-            ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::PayloadTooLarge | ErrorCode::FileTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
             ErrorCode::Capacity => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::Internal | ErrorCode::AgentError | ErrorCode::Timeout => {
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -397,7 +405,8 @@ mod tests {
         let status = |code| E2bError::from(ApiError::new(code, "x")).status.as_u16();
         assert_eq!(status(ErrorCode::Unprocessable), 400);
         assert_eq!(status(ErrorCode::NotFound), 404);
-        assert_eq!(status(ErrorCode::Unavailable), 404);
+        assert_eq!(status(ErrorCode::SandboxStopping), 404);
+        assert_eq!(status(ErrorCode::InsufficientStorage), 507);
         assert_eq!(status(ErrorCode::Capacity), 429);
         assert_eq!(status(ErrorCode::AgentError), 500);
     }

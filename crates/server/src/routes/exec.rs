@@ -6,7 +6,7 @@
 //! `error` line if the agent's stream breaks. A client that disconnects does not kill the
 //! command, as with envd; `timeout_ms` bounds it (`Connect-Timeout-Ms`).
 
-use airlock_api::v1::{ErrorCode, ExecEvent, ExecRequest};
+use airlock_api::v1::{ErrorCode, ExecEvent, ExecRequest, MAX_ENV_ENTRIES};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
@@ -20,6 +20,7 @@ use super::Ctx;
 use crate::agent::{Agent, Envelope, EnvelopeReader, connect_error, envelope};
 use crate::error::ApiError;
 use crate::http::{BoxError, ChannelBody, NDJSON, full, with_type};
+use crate::lifecycle::env_key_ok;
 
 /// Where commands start unless the request says otherwise: the one directory that is
 /// always there and writable (home directories are masked in the sandbox's view).
@@ -30,17 +31,26 @@ pub async fn exec(ctx: &mut Ctx) -> Result<Response<crate::http::Body>, ApiError
     let agent = ctx.daemon.agent(&ctx.id)?;
     let oom_kills_before = ctx.daemon.oom_kills(&ctx.id)?;
     let (cmd, args) = match (&request.argv, &request.shell) {
-        (Some(argv), None) if !argv.is_empty() => (argv[0].clone(), argv[1..].to_vec()),
+        (Some(argv), None) if argv.first().is_some_and(|program| !program.is_empty()) => {
+            (argv[0].clone(), argv[1..].to_vec())
+        }
         (None, Some(shell)) => ("/bin/sh".to_owned(), vec!["-c".to_owned(), shell.clone()]),
         _ => {
             return Err(ApiError::invalid(
-                "give exactly one of `argv` (non-empty) and `shell`",
+                "give exactly one of `argv` (with a program) and `shell`",
             ));
         }
     };
     if std::iter::once(&cmd).chain(&args).any(|a| a.contains('\0')) {
         return Err(ApiError::invalid("the command contains a NUL byte"));
     }
+    for (name, value) in [("cwd", &request.cwd), ("user", &request.user)] {
+        if let Some(value) = value {
+            super::files::check_path(name, value)?;
+        }
+    }
+    crate::lifecycle::check_map("env", &request.env, MAX_ENV_ENTRIES, env_key_ok)
+        .map_err(ApiError::invalid)?;
     let stdin = match &request.stdin_base64 {
         Some(encoded) => Some(
             BASE64
@@ -83,7 +93,7 @@ pub async fn exec(ctx: &mut Ctx) -> Result<Response<crate::http::Body>, ApiError
             .await
             .map(|c| c.to_bytes())
             .unwrap_or_default();
-        return Err(connect_error(status, &bytes));
+        return Err(connect_error(status, None, &bytes));
     }
     let mut reader = EnvelopeReader::new(response.into_body());
     let pid = first_event(&mut reader).await?;
@@ -116,7 +126,7 @@ async fn first_event(reader: &mut EnvelopeReader) -> Result<u32, ApiError> {
                     ));
                 }
             }
-            Some(Envelope::End(Some(err))) => return Err(err),
+            Some(Envelope::End(Some(err))) => return Err(start_refusal(err)),
             Some(Envelope::End(None)) | None => {
                 return Err(ApiError::new(
                     ErrorCode::AgentError,
@@ -124,6 +134,19 @@ async fn first_event(reader: &mut EnvelopeReader) -> Result<u32, ApiError> {
                 ));
             }
         }
+    }
+}
+
+/// A command that cannot start because its program or its working directory does not exist
+/// is 404 here. The agent says `invalid_argument` (envd's code: the E2B SDKs raise
+/// `InvalidArgumentException` for it), and the daemon's own checks have already refused every
+/// malformed request, so that code names what the sandbox lacks.
+fn start_refusal(err: ApiError) -> ApiError {
+    let missing = ["not found in PATH", "does not exist"];
+    if err.code == ErrorCode::InvalidRequest && missing.iter().any(|m| err.message.contains(m)) {
+        ApiError::new(ErrorCode::NotFound, err.message)
+    } else {
+        err
     }
 }
 

@@ -4,7 +4,13 @@
 //! sandbox's Landlock rules: `../../etc/shadow` or `/etc/passwd` name files of the sandbox's
 //! view (masked or read-only), never the host's. The edge only rejects what cannot be a path
 //! (empty, NUL). Uploads and downloads stream in both directions; an upload larger than
-//! `--max-upload-bytes` is cut off and answered with 413.
+//! `--max-upload-bytes` is cut off and answered with 413. An upload the agent refuses (a
+//! read-only path, a full disk, the file-size limit) is answered as soon as the agent
+//! answers, before the rest of the body arrives, with `Connection: close`; the rest is read
+//! away in the background (`http::linger`, bounded) so that the client sees the answer.
+//! Write errors are the caller's (`read_only`, `permission_denied`, `file_too_large`,
+//! `insufficient_storage`) by the errno the agent names; `agent_error` is left for an agent
+//! that failed.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -104,15 +110,20 @@ pub async fn put(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
     let request = builder
         .body(body.boxed_unsync())
         .map_err(|e| ApiError::invalid(format!("bad path: {e}")))?;
-    let sent = agent.send(request).await;
+    let sent = agent.send_attached(request).await;
     if tripped.load(Ordering::Relaxed) {
         return Err(too_large(limit));
     }
-    let response = sent?;
+    let (response, connection) = sent?;
     if response.status() != StatusCode::OK {
-        return Err(agent_failure(response).await);
+        // The agent answered early: its answer, then the connection ends, and with it the
+        // forwarding of the rest of the client's body (`CappedBody` lingers it, bounded).
+        let err = agent_failure(response).await;
+        drop(connection);
+        return Err(err);
     }
     let _ = response.into_body().collect().await;
+    drop(connection);
     Ok(json_response(
         StatusCode::OK,
         &stat_entry(&agent, &path).await?,
@@ -121,12 +132,13 @@ pub async fn put(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
 
 async fn agent_failure(response: Response<Incoming>) -> ApiError {
     let status = response.status();
+    let errno = crate::proxy::errno_of(&response);
     let body = http_body_util::Limited::new(response.into_body(), 64 << 10)
         .collect()
         .await
         .map(|c| c.to_bytes())
         .unwrap_or_default();
-    connect_error(status, &body)
+    connect_error(status, errno.as_deref(), &body)
 }
 
 async fn stat_entry(agent: &Agent, path: &str) -> Result<FileEntry, ApiError> {
@@ -214,13 +226,24 @@ pub async fn rename(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
 
 /// An upload body that fails once more than `limit` bytes have passed, and says so. The rest
 /// of the client's body is then read and dropped in the background (`linger`), so that the
-/// client sees the 413 rather than a reset connection.
+/// client sees the 413 rather than a reset connection; the same happens when the agent stops
+/// reading (it refused the upload) and hyper drops this body.
 #[derive(Debug)]
 struct CappedBody {
     inner: Option<Incoming>,
     seen: u64,
     limit: u64,
     tripped: Arc<AtomicBool>,
+}
+
+impl Drop for CappedBody {
+    fn drop(&mut self) {
+        if let Some(rest) = self.inner.take()
+            && !hyper::body::Body::is_end_stream(&rest)
+        {
+            linger(rest);
+        }
+    }
 }
 
 impl hyper::body::Body for CappedBody {

@@ -15,13 +15,13 @@ use std::sync::Arc;
 
 use airlock_api::v1::{self, ErrorCode};
 use hyper::body::Incoming;
-use hyper::header::{ALLOW, HeaderValue};
+use hyper::header::{ALLOW, CONNECTION, HeaderValue, RETRY_AFTER};
 use hyper::http::request::Parts;
 use hyper::{Method, Request, Response};
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 
 use crate::auth;
-use crate::error::ApiError;
+use crate::error::{ApiError, CAPACITY_RETRY_AFTER_SECONDS};
 use crate::http::{Body, content_length, drain, error_response, linger};
 use crate::lifecycle::Daemon;
 
@@ -41,6 +41,8 @@ pub enum Access {
 pub enum Payload {
     None,
     Json(fn(&mut SchemaGenerator) -> Schema),
+    /// A JSON body that may be left out (an empty body reads as `{}`).
+    OptionalJson(fn(&mut SchemaGenerator) -> Schema),
     /// Newline-delimited JSON, one value of this schema per line.
     Ndjson(fn(&mut SchemaGenerator) -> Schema),
     Octets,
@@ -48,8 +50,23 @@ pub enum Payload {
     Any,
 }
 
-/// A query parameter: name, required, description.
-pub type QueryDoc = (&'static str, bool, &'static str);
+/// What a query parameter's value must be, as the handler checks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueryValue {
+    /// A path inside the sandbox: non-empty, no NUL.
+    Path,
+    /// Any string.
+    Text,
+    /// `true` or `false`.
+    Bool,
+    /// A non-negative integer of at most `max`.
+    Integer { min: u64, max: u64 },
+    /// Comma-separated sandbox states.
+    States,
+}
+
+/// A query parameter: name, required, description, value.
+pub type QueryDoc = (&'static str, bool, &'static str, QueryValue);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handler {
@@ -97,7 +114,7 @@ fn schema<T: JsonSchema>(generator: &mut SchemaGenerator) -> Schema {
     generator.subschema_for::<T>()
 }
 
-const PATH_Q: &[QueryDoc] = &[("path", true, "Path inside the sandbox.")];
+const PATH_Q: &[QueryDoc] = &[("path", true, "Path inside the sandbox.", QueryValue::Path)];
 
 macro_rules! route {
     ($method:expr, $path:expr, $handler:ident, $access:ident, $summary:expr, $query:expr, $request:expr, $success:expr, $response:expr, $errors:expr) => {
@@ -149,10 +166,10 @@ pub static ROUTES: [Route; 21] = [
         ApiKey,
         "Create a sandbox; returns once it is usable, with its access token.",
         &[],
-        Payload::Json(schema::<v1::CreateSandboxRequest>),
+        Payload::OptionalJson(schema::<v1::CreateSandboxRequest>),
         201,
         Payload::Json(schema::<v1::CreateSandboxResponse>),
-        &[400, 413, 422, 503]
+        &[400, 403, 404, 413, 422, 503]
     ),
     route!(
         Some(Method::GET),
@@ -164,12 +181,14 @@ pub static ROUTES: [Route; 21] = [
             (
                 "state",
                 false,
-                "Comma-separated states to keep (creating, running)."
+                "Comma-separated states to keep (creating, running).",
+                QueryValue::States
             ),
             (
                 "metadata.{key}",
                 false,
-                "Keep sandboxes whose metadata has key = value; repeatable."
+                "Keep sandboxes whose metadata has key = value; repeatable.",
+                QueryValue::Text
             )
         ],
         Payload::None,
@@ -194,12 +213,12 @@ pub static ROUTES: [Route; 21] = [
         "/v1/sandboxes/{id}",
         DeleteSandbox,
         ApiKey,
-        "Destroy a sandbox and everything it owned.",
+        "Destroy a sandbox and everything it owned; 409 while it is still starting or already being removed.",
         &[],
         Payload::None,
         204,
         Payload::None,
-        &[404, 409, 503]
+        &[404, 409]
     ),
     route!(
         Some(Method::POST),
@@ -235,12 +254,20 @@ pub static ROUTES: [Route; 21] = [
             (
                 "since_ms",
                 false,
-                "Only events at or after this Unix time in ms (the previous answer's next_since_ms)."
+                "Only events at or after this Unix time in ms (the previous answer's next_since_ms).",
+                QueryValue::Integer {
+                    min: 0,
+                    max: u64::MAX
+                }
             ),
             (
                 "limit",
                 false,
-                "At most this many events (default 1000, at most 10000)."
+                "At most this many events (default 1000, at most 10000).",
+                QueryValue::Integer {
+                    min: 1,
+                    max: crate::audit::MAX_EVENTS_PER_PAGE as u64
+                }
             )
         ],
         Payload::None,
@@ -257,12 +284,13 @@ pub static ROUTES: [Route; 21] = [
         &[(
             "approve",
             false,
-            "true: apply a change whose findings need review."
+            "true: apply a change whose findings need review.",
+            QueryValue::Bool
         )],
         Payload::Json(schema::<airlock_api::policy::PolicyDocument>),
         200,
         Payload::Json(schema::<v1::PolicyApplied>),
-        &[400, 404, 409, 413, 422, 503]
+        &[400, 404, 409, 413, 422]
     ),
     route!(
         Some(Method::GET),
@@ -270,7 +298,7 @@ pub static ROUTES: [Route; 21] = [
         ListApprovals,
         ApiKey,
         "Requests held under approvals: ask, waiting for a decision, oldest first.",
-        &[("sandbox", false, "Only this sandbox's.")],
+        &[("sandbox", false, "Only this sandbox's.", QueryValue::Text)],
         Payload::None,
         200,
         Payload::Json(schema::<v1::ApprovalList>),
@@ -298,7 +326,7 @@ pub static ROUTES: [Route; 21] = [
         Payload::Json(schema::<v1::ExecRequest>),
         200,
         Payload::Ndjson(schema::<v1::ExecEvent>),
-        &[400, 404, 409, 413, 422, 503]
+        &[400, 403, 404, 409, 413, 422]
     ),
     route!(
         Some(Method::GET),
@@ -310,19 +338,19 @@ pub static ROUTES: [Route; 21] = [
         Payload::None,
         200,
         Payload::Octets,
-        &[400, 404, 409]
+        &[400, 403, 404, 409]
     ),
     route!(
         Some(Method::PUT),
         "/v1/sandboxes/{id}/files",
         FilePut,
         Sandbox,
-        "Upload a file (streamed); creates parent directories, replaces the file.",
+        "Upload a file (streamed); creates parent directories, replaces the file. A refused upload (403 read-only or denied path, 413 file-size limit, 507 disk full) is answered as soon as it fails, with Connection: close.",
         PATH_Q,
         Payload::Octets,
         200,
         Payload::Json(schema::<v1::FileEntry>),
-        &[400, 403, 404, 409, 413]
+        &[400, 403, 404, 409, 413, 507]
     ),
     route!(
         Some(Method::DELETE),
@@ -343,13 +371,26 @@ pub static ROUTES: [Route; 21] = [
         Sandbox,
         "List a directory.",
         &[
-            ("path", true, "Directory inside the sandbox."),
-            ("depth", false, "Levels to descend (default 1).")
+            (
+                "path",
+                true,
+                "Directory inside the sandbox.",
+                QueryValue::Path
+            ),
+            (
+                "depth",
+                false,
+                "Levels to descend (default 1; 0 means 1).",
+                QueryValue::Integer {
+                    min: 0,
+                    max: u32::MAX as u64
+                }
+            )
         ],
         Payload::None,
         200,
         Payload::Json(schema::<v1::FileList>),
-        &[400, 404, 409]
+        &[400, 403, 404, 409]
     ),
     route!(
         Some(Method::GET),
@@ -361,7 +402,7 @@ pub static ROUTES: [Route; 21] = [
         Payload::None,
         200,
         Payload::Json(schema::<v1::FileEntry>),
-        &[400, 404, 409]
+        &[400, 403, 404, 409]
     ),
     route!(
         Some(Method::POST),
@@ -373,7 +414,7 @@ pub static ROUTES: [Route; 21] = [
         Payload::Json(schema::<v1::MkdirRequest>),
         201,
         Payload::Json(schema::<v1::FileEntry>),
-        &[400, 403, 404, 409, 413]
+        &[400, 403, 404, 409, 413, 507]
     ),
     route!(
         Some(Method::POST),
@@ -385,19 +426,19 @@ pub static ROUTES: [Route; 21] = [
         Payload::Json(schema::<v1::MoveRequest>),
         200,
         Payload::Json(schema::<v1::FileEntry>),
-        &[400, 403, 404, 409, 413]
+        &[400, 403, 404, 409, 413, 507]
     ),
     route!(
         None,
         "/v1/sandboxes/{id}/envd/{rest}",
         Envd,
         Sandbox,
-        "Pass-through to the sandbox's envd-compatible agent (Connect RPCs, /files, /health).",
+        "Pass-through to the sandbox's envd-compatible agent: its Connect RPCs (POST process.Process/* and filesystem.Filesystem/*, whose errors are Connect's), POST and GET files, GET health. Any other path is 404, another method 405; errors of files and of the daemon are ErrorBody.",
         &[],
         Payload::Any,
         200,
         Payload::Any,
-        &[404, 409]
+        &[400, 403, 404, 405, 409, 413, 507]
     ),
 ];
 
@@ -411,6 +452,9 @@ pub struct Ctx {
     pub id: String,
     /// The `{rest}` parameter.
     pub rest: String,
+    /// The answer is the connection's last (`Connection: close`): an upload failed before its
+    /// body was read.
+    pub close: bool,
 }
 
 impl Ctx {
@@ -454,12 +498,18 @@ fn match_path(pattern: &str, path: &str) -> Option<(String, String)> {
     (segments.len() == patterns.len()).then_some((id, String::new()))
 }
 
-/// The methods a path allows (for 405 and its `Allow` header).
+/// The methods a path allows (for 405 and its `Allow` header); for the envd pass-through,
+/// those of the agent's route.
 fn allowed_methods(path: &str) -> Vec<&'static str> {
     ROUTES
         .iter()
-        .filter(|route| match_path(route.path, path).is_some())
-        .filter_map(|route| route.method.as_ref().map(Method::as_str))
+        .filter_map(|route| Some((route, match_path(route.path, path)?)))
+        .flat_map(|(route, (_, rest))| match &route.method {
+            Some(method) => vec![method.as_str()],
+            None => crate::proxy::agent_methods(&rest)
+                .map(|(_, methods)| methods.iter().map(Method::as_str).collect())
+                .unwrap_or_default(),
+        })
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
         .collect()
@@ -502,12 +552,18 @@ pub async fn dispatch(daemon: Arc<Daemon>, request: Request<Incoming>) -> Respon
         body: Some(body),
         id: String::new(),
         rest: String::new(),
+        close: false,
     };
     let result = route(&mut ctx).await;
     let mut response = match result {
         Ok(response) => response,
         Err(err) => {
             let mut response = error_response(&err);
+            if err.code == ErrorCode::Capacity {
+                response
+                    .headers_mut()
+                    .insert(RETRY_AFTER, HeaderValue::from(CAPACITY_RETRY_AFTER_SECONDS));
+            }
             if err.code == ErrorCode::MethodNotAllowed
                 && let Ok(allow) =
                     HeaderValue::from_str(&allowed_methods(ctx.parts.uri.path()).join(", "))
@@ -529,6 +585,11 @@ pub async fn dispatch(daemon: Arc<Daemon>, request: Request<Incoming>) -> Respon
     response
         .headers_mut()
         .insert("cache-control", HeaderValue::from_static("no-store"));
+    if ctx.close {
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
     response
 }
 
@@ -586,8 +647,10 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
                 Handler::FileMkdir => files::mkdir(ctx).await,
                 _ => files::rename(ctx).await,
             };
+            // A failed upload whose body went to the agent: the rest is not wanted.
+            ctx.close = result.is_err() && route.handler == Handler::FilePut && ctx.body.is_none();
             if let Err(err) = &result
-                && err.code == ErrorCode::PermissionDenied
+                && matches!(err.code, ErrorCode::PermissionDenied | ErrorCode::ReadOnly)
             {
                 let path = ctx.query().into_iter().find(|(k, _)| k == "path");
                 ctx.daemon.audit.file_denied(
@@ -601,9 +664,13 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
         }
         Handler::Envd => {
             let agent = ctx.daemon.agent(&ctx.id)?;
+            crate::proxy::agent_route(&ctx.parts.method, &ctx.rest)?;
             let body = ctx.take_body()?;
-            let path = crate::proxy::agent_path(&ctx.rest, ctx.parts.uri.query());
-            crate::proxy::forward(&agent, &ctx.parts, body, &path).await
+            let answer = crate::proxy::forward_native(&agent, &ctx.parts, body, &ctx.rest).await;
+            if let Ok(response) = &answer {
+                ctx.close = response.headers().contains_key(CONNECTION);
+            }
+            answer
         }
     }
 }

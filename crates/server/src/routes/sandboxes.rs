@@ -39,7 +39,7 @@ pub fn list(ctx: &Ctx) -> Result<Response<Body>, ApiError> {
     let mut metadata = BTreeMap::new();
     for (key, value) in ctx.query() {
         if key == "state" {
-            for state in value.split(',').filter(|s| !s.is_empty()) {
+            for state in value.split(',') {
                 states.push(match state {
                     "creating" => SandboxState::Creating,
                     "running" => SandboxState::Running,
