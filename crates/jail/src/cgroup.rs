@@ -16,6 +16,8 @@ pub enum Controller {
     Memory,
     Pids,
     Cpu,
+    /// v1's freezer hierarchy; on v2 freezing is core cgroup code (`cgroup.freeze`).
+    Freezer,
 }
 
 impl Controller {
@@ -24,6 +26,7 @@ impl Controller {
             Controller::Memory => "memory",
             Controller::Pids => "pids",
             Controller::Cpu => "cpu",
+            Controller::Freezer => "freezer",
         }
     }
 }
@@ -43,6 +46,7 @@ pub struct Layout {
     pub memory: Option<Home>,
     pub pids: Option<Home>,
     pub cpu: Option<Home>,
+    pub freezer: Option<Home>,
 }
 
 impl Layout {
@@ -51,12 +55,13 @@ impl Layout {
             Controller::Memory => self.memory.as_ref(),
             Controller::Pids => self.pids.as_ref(),
             Controller::Cpu => self.cpu.as_ref(),
+            Controller::Freezer => self.freezer.as_ref(),
         }
     }
 
     /// A one-word summary for reports: `v1`, `v2`, `hybrid` or `none`.
     pub fn describe(&self) -> &'static str {
-        let homes = [&self.memory, &self.pids, &self.cpu];
+        let homes = [&self.memory, &self.pids, &self.cpu, &self.freezer];
         let v1 = homes.iter().any(|h| matches!(h, Some(Home::V1 { .. })));
         let v2 = homes.iter().any(|h| matches!(h, Some(Home::V2 { .. })));
         match (v1, v2) {
@@ -139,18 +144,19 @@ pub fn parse_layout(
             .lines()
             .find_map(|line| line.strip_prefix("0::"))
             .unwrap_or("/");
-        v2_list
-            .split_whitespace()
-            .any(|c| c == name)
-            .then(|| Home::V2 {
+        // The v2 freezer is core code: it is never listed among the controllers.
+        (controller == Controller::Freezer || v2_list.split_whitespace().any(|c| c == name)).then(
+            || Home::V2 {
                 mount: mount.clone(),
                 own_dir: mount.join(own.trim_start_matches('/')),
-            })
+            },
+        )
     };
     Layout {
         memory: home(Controller::Memory),
         pids: home(Controller::Pids),
         cpu: home(Controller::Cpu),
+        freezer: home(Controller::Freezer),
     }
 }
 
@@ -245,6 +251,9 @@ impl SandboxCgroup {
         if limits.cpu_quota_us.is_some() {
             wanted.push(Controller::Cpu);
         }
+        if limits.freezable {
+            wanted.push(Controller::Freezer);
+        }
         let mut cgroup = SandboxCgroup {
             dirs: Vec::new(),
             v2_dir: None,
@@ -273,6 +282,7 @@ impl SandboxCgroup {
                             // Enable only what lives on v2: on a hybrid host the rest is v1's.
                             let enable: Vec<String> = wanted
                                 .iter()
+                                .filter(|c| **c != Controller::Freezer)
                                 .filter(|c| matches!(layout.home(**c), Some(Home::V2 { .. })))
                                 .map(|c| format!("+{}", c.name()))
                                 .collect();
@@ -390,7 +400,9 @@ impl SandboxCgroup {
             if !named || !dir.is_absolute() || !dir.join("cgroup.procs").is_file() {
                 continue;
             }
-            let controller = if dir.join("pids.max").exists() {
+            let controller = if dir.join("freezer.state").exists() {
+                Controller::Freezer
+            } else if dir.join("pids.max").exists() {
                 Controller::Pids
             } else if dir.join("cpu.max").exists() || dir.join("cpu.cfs_quota_us").exists() {
                 Controller::Cpu
@@ -457,6 +469,7 @@ impl SandboxCgroup {
                         )?;
                     }
                 }
+                (Controller::Freezer, _) => {}
             }
         }
         Ok(())
@@ -513,14 +526,27 @@ impl SandboxCgroup {
             .collect()
     }
 
+    /// Where this cgroup is frozen: the v1 freezer's directory, or the v2 directory.
+    pub fn freezer(&self) -> Option<crate::freezer::Freezer> {
+        match self.dir(Controller::Freezer) {
+            Some(dir) if self.v2_dir.as_ref() != Some(dir) => {
+                Some(crate::freezer::Freezer::V1(dir.clone()))
+            }
+            _ => self.v2_dir.clone().map(crate::freezer::Freezer::V2),
+        }
+    }
+
     /// Kills every process in the cgroup. On v2 with `cgroup.kill` this is one write; on v1,
     /// processes are killed until none is left (a fork racing the kill is caught next round).
+    /// A frozen v1 task takes no signal until thawed: the cgroup is thawed after the first
+    /// round of kills, so that it dies without running again.
     pub fn kill_all(&self) {
         if let Some(dir) = &self.v2_dir
             && fs::write(dir.join("cgroup.kill"), "1").is_ok()
         {
             return;
         }
+        let freezer = self.freezer();
         for _ in 0..1000 {
             let pids = self.pids();
             if pids.is_empty() {
@@ -528,6 +554,9 @@ impl SandboxCgroup {
             }
             for pid in pids {
                 let _ = crate::sys::kill(pid, libc::SIGKILL);
+            }
+            if let Some(freezer) = &freezer {
+                let _ = freezer.thaw();
             }
             std::thread::yield_now();
         }
@@ -651,7 +680,7 @@ pub fn sweep_stale(layout: &Layout) {
 /// The directories that hold Airlock's sandbox cgroups, each once.
 pub fn parents(layout: &Layout) -> Vec<PathBuf> {
     let mut parents: Vec<PathBuf> = Vec::new();
-    for home in [&layout.memory, &layout.pids, &layout.cpu]
+    for home in [&layout.memory, &layout.pids, &layout.cpu, &layout.freezer]
         .into_iter()
         .flatten()
     {
@@ -670,7 +699,7 @@ pub fn parents(layout: &Layout) -> Vec<PathBuf> {
 /// highest ancestor of our own cgroup that is still a cgroup.
 fn hierarchy_roots(layout: &Layout) -> Vec<PathBuf> {
     let mut roots: Vec<PathBuf> = Vec::new();
-    for home in [&layout.memory, &layout.pids, &layout.cpu]
+    for home in [&layout.memory, &layout.pids, &layout.cpu, &layout.freezer]
         .into_iter()
         .flatten()
     {

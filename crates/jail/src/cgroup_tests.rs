@@ -7,6 +7,7 @@ const HYBRID_MOUNTINFO: &str = "\
 34 30 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
 36 30 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
 40 30 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+41 30 0:37 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
 ";
 
 const HYBRID_OWN: &str = "\
@@ -37,7 +38,21 @@ fn test_layout_hybrid_prefers_v1_controllers() {
             own_dir: "/sys/fs/cgroup/cpu".into()
         })
     );
+    assert_eq!(
+        layout.freezer,
+        Some(Home::V1 {
+            own_dir: "/sys/fs/cgroup/freezer".into()
+        })
+    );
     assert_eq!(layout.describe(), "v1");
+    // Without a v1 freezer, the v2 hierarchy freezes: it is core code, listed or not.
+    let no_v1_freezer: String = HYBRID_MOUNTINFO
+        .lines()
+        .filter(|l| !l.contains("freezer"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let layout = parse_layout(&no_v1_freezer, HYBRID_OWN, |_| "hugetlb\n".into());
+    assert!(matches!(layout.freezer, Some(Home::V2 { .. })));
 }
 
 #[test]
@@ -109,6 +124,7 @@ fn limits() -> CgroupLimits {
     CgroupLimits {
         memory_bytes: Some(64 << 20),
         workload_memory_bytes: None,
+        freezable: false,
         pids_max: Some(33),
         cpu_quota_us: Some(150_000),
         cpu_period_us: 100_000,
@@ -128,6 +144,7 @@ fn test_create_writes_v2_limits_and_enables_only_v2_controllers() {
         memory: v2(()),
         pids: v2(()),
         cpu: None,
+        freezer: None,
     };
     let no_cpu = CgroupLimits {
         cpu_quota_us: None,
@@ -166,6 +183,7 @@ fn test_create_writes_v1_limits_per_hierarchy() {
         memory: v1("memory"),
         pids: v1("pids"),
         cpu: v1("cpu"),
+        freezer: None,
     };
     fs::create_dir_all(mount.join("memory/airlock-1-0")).unwrap();
     let created = SandboxCgroup::create(&layout, "airlock-1-0", &limits());
@@ -205,6 +223,7 @@ fn test_create_gives_the_workload_its_own_v1_memory_cgroup() {
         memory: v1("memory"),
         pids: v1("pids"),
         cpu: None,
+        freezer: None,
     };
     let split = CgroupLimits {
         memory_bytes: Some(96 << 20),
@@ -259,6 +278,7 @@ fn test_create_puts_the_agent_in_a_v2_leaf_beside_the_workload() {
         memory: v2(),
         pids: v2(),
         cpu: None,
+        freezer: None,
     };
     let split = CgroupLimits {
         memory_bytes: Some(96 << 20),

@@ -12,6 +12,7 @@
 pub mod cgroup;
 pub mod child;
 pub mod disk;
+pub mod freezer;
 pub mod helper;
 mod helper_live;
 pub mod host;

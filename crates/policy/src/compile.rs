@@ -152,6 +152,7 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
         cgroup: CgroupLimits {
             memory_bytes: config.resources.memory_bytes,
             workload_memory_bytes: None,
+            freezable: false,
             // Init lives in the sandbox's cgroup too; the limit is the workload's.
             pids_max: config
                 .resources

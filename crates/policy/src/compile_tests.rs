@@ -156,6 +156,7 @@ fn test_compile_limits_follow_resources() {
         CgroupLimits {
             memory_bytes: Some(512 << 20),
             workload_memory_bytes: None,
+            freezable: false,
             pids_max: Some(64 + AIRLOCK_PROCESSES),
             cpu_quota_us: Some(150_000),
             cpu_period_us: 100_000,

@@ -141,6 +141,10 @@ pub struct CgroupLimits {
     /// agent beside it, in the sandbox's own cgroup, is never a candidate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload_memory_bytes: Option<u64>,
+    /// The sandbox can be frozen (paused): its cgroup is also made in the freezer hierarchy
+    /// (v1) or is a v2 cgroup (`cgroup.freeze`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub freezable: bool,
     pub pids_max: Option<u64>,
     /// CPU bandwidth: `cpu_quota_us` of every `cpu_period_us`.
     pub cpu_quota_us: Option<u64>,
@@ -201,6 +205,11 @@ impl Plan {
     /// stop counting as memory, and its size is the volume's quota.
     pub fn use_disk_scratch(&mut self, host_dir: PathBuf) {
         self.view.scratch = ScratchPlan::Disk { host_dir };
+    }
+
+    /// Lets the sandbox be paused: its cgroup can be frozen.
+    pub fn make_freezable(&mut self) {
+        self.cgroup.freezable = true;
     }
 
     /// Gives the workload a memory cgroup of its own with the sandbox's memory limit, and

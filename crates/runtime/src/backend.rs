@@ -117,6 +117,7 @@ mod tests {
                 memory: v1("/sys/fs/cgroup/memory"),
                 pids: v1("/sys/fs/cgroup/pids"),
                 cpu: v1("/sys/fs/cgroup/cpu"),
+                freezer: v1("/sys/fs/cgroup/freezer"),
             },
             caller_is_root: true,
             caller_uid: 0,

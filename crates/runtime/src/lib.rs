@@ -32,7 +32,7 @@ pub use airlock_jail::{Ending, TerminationSignals as Signals, error_chain};
 pub use backend::{Backend, BackendSupport};
 pub use evaluation::{Ablation, SECCOMP_TAG_ERRNO};
 pub use live::{AGENT_RESERVE_BYTES, LiveSandbox, LiveSpec, Pending, find_agent};
-pub use storage::{Storage, StorageError};
+pub use storage::{Storage, StorageError, VolumeSource};
 
 /// Why a sandbox could not be run.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +59,10 @@ pub enum RuntimeError {
     NetworkMode(&'static str),
     #[error("the sandbox's scratch space could not be made")]
     Storage(#[from] StorageError),
+    #[error("sandbox {0} has no volume: pause to disk, snapshots and forks need disk scratch")]
+    NoVolume(String),
+    #[error("freezing or thawing the sandbox failed")]
+    Freeze(#[source] std::io::Error),
 }
 
 /// One runtime per process: it knows where its helper is and what the host supports.

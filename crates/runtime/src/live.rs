@@ -11,7 +11,7 @@ use airlock_jail::live::{self, LiveRecord, Starting};
 use airlock_jail::spec::{AGENT_LISTEN_FD, AGENT_PATH, AgentSpec};
 use serde::{Deserialize, Serialize};
 
-use crate::storage::{Storage, VolumeOwners};
+use crate::storage::{Storage, VolumeOwners, VolumeSource};
 use crate::{Backend, Runtime, RuntimeError, check_paths};
 
 /// What the caller asks for.
@@ -24,6 +24,8 @@ pub struct LiveSpec {
     /// The sandbox's settings. The command is ignored (the agent runs), and so is the timeout:
     /// the caller owns a long-lived sandbox's lifetime.
     pub config: SandboxConfig,
+    /// What its scratch volume starts with (disk scratch only; see [`VolumeSource`]).
+    pub volume: VolumeSource,
 }
 
 /// Everything needed to find, reach and end a running long-lived sandbox: store it.
@@ -68,6 +70,36 @@ impl LiveSandbox {
     /// [`airlock_jail::oom::OomWatch`]).
     pub fn oom_watch(&self) -> io::Result<airlock_jail::oom::OomWatch> {
         airlock_jail::cgroup::SandboxCgroup::from_dirs(&self.cgroup_dirs).workload_oom_watch()
+    }
+
+    /// The sandbox's freezer, when its cgroup has one.
+    fn freezer(&self) -> Option<airlock_jail::freezer::Freezer> {
+        airlock_jail::cgroup::SandboxCgroup::from_dirs(&self.cgroup_dirs).freezer()
+    }
+
+    /// Freezes every process of the sandbox (a pause that keeps memory, descriptors and
+    /// sockets); returns once all are frozen.
+    pub fn freeze(&self) -> io::Result<()> {
+        self.freezer()
+            .ok_or_else(|| {
+                io::Error::new(io::ErrorKind::Unsupported, "the sandbox has no freezer")
+            })?
+            .freeze()
+    }
+
+    /// Thaws the sandbox's processes; a no-op when they are not frozen.
+    pub fn thaw(&self) -> io::Result<()> {
+        self.freezer()
+            .ok_or_else(|| {
+                io::Error::new(io::ErrorKind::Unsupported, "the sandbox has no freezer")
+            })?
+            .thaw()
+    }
+
+    /// Whether a freeze of the sandbox was asked for (and not undone).
+    pub fn is_frozen(&self) -> bool {
+        self.freezer()
+            .is_some_and(|freezer| freezer.is_freezing().unwrap_or(false))
     }
 
     /// Reaps the sandbox's helper if it is this process's child and has ended.
@@ -222,7 +254,12 @@ impl Runtime {
         let volume = match &self.storage {
             Some(storage) => {
                 let owners = volume_owners(&plan.identity);
-                let dir = storage.create_volume(&spec.id, config.resources.disk_bytes, owners)?;
+                let dir = storage.create_volume(
+                    &spec.id,
+                    config.resources.disk_bytes,
+                    owners,
+                    &spec.volume,
+                )?;
                 plan.use_disk_scratch(dir);
                 Some(VolumeGuard {
                     storage: storage.clone(),
@@ -232,8 +269,12 @@ impl Runtime {
             }
             None => None,
         };
+        if self.storage.is_none() && spec.volume != VolumeSource::Empty {
+            return Err(RuntimeError::NoVolume(spec.id.clone()));
+        }
         // The OOM killer acts inside the cgroup whose limit was reached: the workload's own.
         plan.isolate_workload_memory(AGENT_RESERVE_BYTES);
+        plan.make_freezable();
         match (self.egress_plan(&config)?, egress) {
             (Some(_), Some(session)) => session.attach(&mut plan),
             (None, None) => {}
@@ -276,11 +317,54 @@ impl Runtime {
     /// Ends a sandbox and removes what it owned: processes, cgroup and its directory. Safe to
     /// repeat.
     pub fn destroy(&self, record: &LiveSandbox) {
-        live::destroy(&self.support.cgroups, &record.jail_record());
+        self.stop(record);
         if let Some(storage) = &self.storage {
             storage.remove_volume(&record.id);
         }
         let _ = std::fs::remove_dir_all(&record.dir);
+    }
+
+    /// Ends a sandbox's processes and removes its cgroup, but keeps its directory and its
+    /// scratch volume (a filesystem-only pause: [`VolumeSource::Keep`] starts it again). A
+    /// frozen sandbox is killed first and thawed, never resumed. Safe to repeat.
+    pub fn stop(&self, record: &LiveSandbox) {
+        if record.is_frozen() {
+            airlock_jail::cgroup::SandboxCgroup::from_dirs(&record.cgroup_dirs).kill_all();
+        }
+        live::destroy(&self.support.cgroups, &record.jail_record());
+    }
+
+    /// Snapshots a running sandbox's scratch volume (its `/workspace` and `/tmp`) as
+    /// `snapshot`, freezing the sandbox only for the copy (btrfs: O(1)). A sandbox that is
+    /// already frozen stays so.
+    pub fn snapshot(&self, record: &LiveSandbox, snapshot: &str) -> Result<(), RuntimeError> {
+        check_id(snapshot)?;
+        let storage = self
+            .storage
+            .as_ref()
+            .ok_or_else(|| RuntimeError::NoVolume(record.id.clone()))?;
+        let was_frozen = record.is_frozen();
+        if !was_frozen {
+            record.freeze().map_err(RuntimeError::Freeze)?;
+        }
+        let taken = storage.snapshot(&record.id, snapshot);
+        if !was_frozen {
+            record.thaw().map_err(RuntimeError::Freeze)?;
+        }
+        taken.map(drop).map_err(RuntimeError::Storage)
+    }
+
+    /// Deletes a snapshot (its sandboxes keep their copies).
+    pub fn remove_snapshot(&self, snapshot: &str) {
+        if let Some(storage) = &self.storage {
+            storage.remove_snapshot(snapshot);
+        }
+    }
+
+    /// Whether sandboxes here keep their files through a filesystem-only pause, snapshots and
+    /// forks (disk scratch).
+    pub fn has_volumes(&self) -> bool {
+        self.storage.is_some()
     }
 
     /// Ends and removes the cgroups of this owner's long-lived sandboxes (see

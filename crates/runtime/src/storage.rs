@@ -24,6 +24,9 @@ use airlock_jail::disk;
 /// The image file and the mount point, in the state directory.
 const IMAGE: &str = "storage.img";
 const MOUNT: &str = "storage";
+/// Inside the mount: one subvolume per sandbox, and one read-only subvolume per snapshot.
+const VOLUMES: &str = "volumes";
+const SNAPSHOTS: &str = "snapshots";
 /// The default image size: at most this, and at most half the free space.
 pub const DEFAULT_MAX_BYTES: u64 = 16 << 30;
 /// btrfs needs about 110 MiB for itself; below this an image is not worth making.
@@ -98,6 +101,20 @@ pub struct Storage {
     mount: PathBuf,
 }
 
+/// What a new volume starts with.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum VolumeSource {
+    /// Empty `tmp/` and `workspace/`.
+    #[default]
+    Empty,
+    /// The volume the same id had before (a sandbox resumed after a filesystem-only pause):
+    /// its `workspace/` is kept, its `tmp/` emptied.
+    Keep,
+    /// A copy-on-write copy of a snapshot (`Storage::snapshot`): the new sandbox sees its
+    /// files and shares no writable storage with anything. `tmp/` is emptied.
+    Snapshot(String),
+}
+
 /// Who owns a volume's directories, in host ids: the sandbox's root owns `tmp/`, the
 /// workload's user `workspace/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,12 +167,20 @@ impl Storage {
                 source,
             }
         })?;
-        std::fs::set_permissions(&mount, std::fs::Permissions::from_mode(0o700)).map_err(
-            |source| StorageError::CreateImage {
-                path: mount.clone(),
-                source,
-            },
-        )?;
+        let prepared = (|| {
+            std::fs::set_permissions(&mount, std::fs::Permissions::from_mode(0o700))?;
+            for dir in [VOLUMES, SNAPSHOTS] {
+                match std::fs::create_dir(mount.join(dir)) {
+                    Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                    _ => {}
+                }
+            }
+            Ok(())
+        })();
+        prepared.map_err(|source| StorageError::CreateImage {
+            path: mount.clone(),
+            source,
+        })?;
         Ok(Storage { mount })
     }
 
@@ -165,22 +190,45 @@ impl Storage {
 
     /// The host directory of sandbox `id`'s volume.
     pub fn volume_dir(&self, id: &str) -> PathBuf {
-        self.mount.join(id)
+        self.mount.join(VOLUMES).join(id)
     }
 
-    /// Creates sandbox `id`'s volume, limited to `limit_bytes`, with an empty `tmp/` and
-    /// `workspace/`. A volume left by an earlier sandbox of the same id is replaced.
+    /// The host directory of snapshot `id`.
+    pub fn snapshot_dir(&self, id: &str) -> PathBuf {
+        self.mount.join(SNAPSHOTS).join(id)
+    }
+
+    /// Creates sandbox `id`'s volume, limited to `limit_bytes`, from `source`. An empty
+    /// volume replaces one an earlier sandbox of the same id left.
     pub fn create_volume(
         &self,
         id: &str,
         limit_bytes: u64,
         owners: VolumeOwners,
+        source: &VolumeSource,
     ) -> Result<PathBuf, StorageError> {
         let dir = self.volume_dir(id);
-        if dir.exists() {
-            self.remove_volume(id);
-        }
-        disk::btrfs_create_subvolume(&self.mount, id).map_err(volume_error(&dir))?;
+        let volumes = self.mount.join(VOLUMES);
+        let created = match source {
+            VolumeSource::Empty => {
+                if dir.exists() {
+                    self.remove_volume(id);
+                }
+                disk::btrfs_create_subvolume(&volumes, id)
+            }
+            VolumeSource::Keep if dir.is_dir() => Ok(()),
+            VolumeSource::Keep => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "the sandbox's volume is gone",
+            )),
+            VolumeSource::Snapshot(snapshot) => {
+                if dir.exists() {
+                    self.remove_volume(id);
+                }
+                disk::btrfs_snapshot(&self.snapshot_dir(snapshot), &volumes, id, false)
+            }
+        };
+        created.map_err(volume_error(&dir))?;
         let made = (|| -> io::Result<()> {
             disk::btrfs_limit_subvolume(&dir, limit_bytes)?;
             for (name, mode, (uid, gid)) in [
@@ -188,17 +236,60 @@ impl Storage {
                 (airlock_policy::SCRATCH_WORKSPACE, 0o755, owners.workload),
             ] {
                 let path = dir.join(name);
-                std::fs::create_dir(&path)?;
+                // A kept or copied `/tmp` starts empty, as after a reboot.
+                if name == airlock_policy::SCRATCH_TMP && path.exists() {
+                    std::fs::remove_dir_all(&path)?;
+                }
+                match std::fs::create_dir(&path) {
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                    other => other?,
+                }
                 std::os::unix::fs::chown(&path, Some(uid), Some(gid))?;
                 std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
             }
             Ok(())
         })();
-        if let Err(source) = made {
-            self.remove_volume(id);
-            return Err(StorageError::Volume { path: dir, source });
+        if let Err(error) = made {
+            // A kept volume holds the sandbox's files: only a new one is taken back.
+            if *source != VolumeSource::Keep {
+                self.remove_volume(id);
+            }
+            return Err(StorageError::Volume {
+                path: dir,
+                source: error,
+            });
         }
         Ok(dir)
+    }
+
+    /// Snapshots sandbox `id`'s volume as snapshot `snapshot`, read-only. The caller freezes
+    /// the sandbox around the call, so that no write is half-done in the copy.
+    pub fn snapshot(&self, id: &str, snapshot: &str) -> Result<PathBuf, StorageError> {
+        let dir = self.snapshot_dir(snapshot);
+        disk::btrfs_snapshot(
+            &self.volume_dir(id),
+            &self.mount.join(SNAPSHOTS),
+            snapshot,
+            true,
+        )
+        .map_err(volume_error(&dir))?;
+        Ok(dir)
+    }
+
+    /// Deletes snapshot `snapshot`; nothing if there is none. Volumes made from it keep their
+    /// files (copy on write).
+    pub fn remove_snapshot(&self, snapshot: &str) {
+        let dir = self.snapshot_dir(snapshot);
+        let subvolume = disk::btrfs_subvolume_id(&dir).ok();
+        let _ = disk::btrfs_delete_subvolume(&self.mount.join(SNAPSHOTS), snapshot);
+        if let Some(subvolume) = subvolume {
+            let _ = disk::btrfs_remove_qgroup(&self.mount, subvolume);
+        }
+    }
+
+    /// The ids of the snapshots that exist.
+    pub fn snapshots(&self) -> Vec<String> {
+        list_dirs(&self.mount.join(SNAPSHOTS))
     }
 
     /// Deletes sandbox `id`'s volume and its files; nothing if there is none. The quota group
@@ -206,7 +297,7 @@ impl Storage {
     pub fn remove_volume(&self, id: &str) {
         let dir = self.volume_dir(id);
         let subvolume = disk::btrfs_subvolume_id(&dir).ok();
-        let _ = disk::btrfs_delete_subvolume(&self.mount, id);
+        let _ = disk::btrfs_delete_subvolume(&self.mount.join(VOLUMES), id);
         if let Some(subvolume) = subvolume {
             let _ = disk::btrfs_remove_qgroup(&self.mount, subvolume);
         }
@@ -214,19 +305,26 @@ impl Storage {
 
     /// The ids of the volumes that exist.
     pub fn volumes(&self) -> Vec<String> {
-        std::fs::read_dir(&self.mount)
-            .into_iter()
-            .flatten()
-            .filter_map(Result::ok)
-            .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
-            .filter_map(|entry| entry.file_name().into_string().ok())
-            .collect()
+        list_dirs(&self.mount.join(VOLUMES))
     }
 
-    /// Unmounts the storage if no volume is left; returns whether it did. The image stays.
+    /// Unmounts the storage if no volume and no snapshot is left; returns whether it did.
+    /// The image stays.
     pub fn release(&self) -> bool {
-        self.volumes().is_empty() && disk::unmount(&self.mount).is_ok()
+        self.volumes().is_empty()
+            && self.snapshots().is_empty()
+            && disk::unmount(&self.mount).is_ok()
     }
+}
+
+fn list_dirs(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .collect()
 }
 
 /// Where `mkfs.btrfs` is: on `PATH`, or in the sbin directories a non-login `PATH` may lack.

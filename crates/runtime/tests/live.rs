@@ -38,6 +38,7 @@ fn spec(id: &str, dir: &Path) -> LiveSpec {
         id: id.into(),
         dir: dir.to_path_buf(),
         config: SandboxConfig::new(Vec::new()),
+        volume: Default::default(),
     }
 }
 
@@ -73,7 +74,11 @@ fn test_committed_sandbox_serves_until_destroyed() {
         "the agent answers from inside"
     );
     runtime.adopt(&record).unwrap();
-    assert_eq!(record.cgroup_dirs.len(), 2, "memory and pids: {record:?}");
+    assert_eq!(
+        record.cgroup_dirs.len(),
+        3,
+        "memory, pids and freezer: {record:?}"
+    );
     assert!(cgroup_exists(&record));
     runtime.destroy(&record);
     assert!(!alive(record.helper_pid), "helper gone");
@@ -109,7 +114,7 @@ fn test_sweep_removes_cgroups_of_unknown_sandboxes() {
         .commit()
         .unwrap();
     // The other tests' sandboxes run concurrently: they are known, not orphans.
-    let others = ["livecommit1", "livedrop1"].map(String::from);
+    let others = ["livecommit1", "livedrop1", "livefreeze1"].map(String::from);
     let mut keep: std::collections::HashSet<String> = others.clone().into();
     keep.insert("livesweep1".into());
     assert!(
@@ -123,6 +128,44 @@ fn test_sweep_removes_cgroups_of_unknown_sandboxes() {
     assert!(!cgroup_exists(&record));
     runtime.destroy(&record);
     assert!(!alive(record.helper_pid));
+}
+
+#[test]
+fn test_frozen_sandbox_thaws_and_a_frozen_one_is_destroyed_whole() {
+    let runtime = runtime();
+    let dir = scratch("freeze");
+    let record = runtime
+        .create_live(&spec("livefreeze1", &dir))
+        .unwrap()
+        .commit()
+        .unwrap();
+    record.freeze().unwrap();
+    assert!(record.is_frozen());
+    // A frozen agent accepts connections (the kernel does) but answers nothing.
+    let mut stream = UnixStream::connect(&record.socket).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_millis(300)))
+        .unwrap();
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert!(
+        std::io::Read::read(&mut stream, &mut byte).is_err(),
+        "a frozen agent answered"
+    );
+    record.thaw().unwrap();
+    assert!(!record.is_frozen());
+    let mut answer = String::new();
+    stream.set_read_timeout(None).unwrap();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 204"), "{answer}");
+    // Destroying a frozen sandbox (v1: its tasks take no signal until thawed) leaves nothing.
+    record.freeze().unwrap();
+    runtime.destroy(&record);
+    assert!(!alive(record.helper_pid), "helper gone");
+    assert!(!cgroup_exists(&record), "cgroup removed");
+    assert!(!dir.exists(), "directory removed");
 }
 
 #[test]

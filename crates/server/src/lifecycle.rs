@@ -40,7 +40,7 @@ use airlock_api::v1::{
 };
 use airlock_api::{ResourceLimits, SandboxConfig, WorkspaceSource};
 use airlock_policy::{Limit, Policy};
-use airlock_runtime::{LiveSandbox, LiveSpec, Runtime, RuntimeError};
+use airlock_runtime::{LiveSandbox, LiveSpec, Runtime, RuntimeError, VolumeSource};
 use tokio::sync::watch;
 
 use crate::agent::Agent;
@@ -444,6 +444,7 @@ impl Daemon {
             id: id.clone(),
             dir: dir.clone(),
             config,
+            volume: VolumeSource::Empty,
         };
         let session = egress.get().cloned();
         let pending = match self.create_live(&spec, session.as_deref()) {
