@@ -13,6 +13,12 @@ use serde::{Deserialize, Serialize};
 use crate::Tier;
 use crate::whole;
 
+mod persistence;
+pub use persistence::{
+    CreateSnapshotRequest, Fork, ForkRequest, ForkResponse, Lifecycle, MAX_FORKS, OnTimeout,
+    PauseMode, PauseRequest, ResumeRequest, Snapshot, SnapshotList,
+};
+
 /// The longest lifetime a sandbox may have: `timeout_ms` above it is refused, and so is a
 /// daemon's `--max-timeout` (a daemon may set a lower cap; then longer requests get 422).
 pub const MAX_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
@@ -106,6 +112,8 @@ pub enum ErrorCode {
     Conflict,
     /// 409: the sandbox is being removed.
     SandboxStopping,
+    /// 409: the sandbox is paused (resume it first, or create it with `lifecycle.auto_resume`).
+    SandboxPaused,
     /// 413: the body is larger than the configured cap.
     PayloadTooLarge,
     /// 413: the file would pass the sandbox's file-size limit (`resources.disk_bytes`).
@@ -126,7 +134,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthenticated,
         ErrorCode::PermissionDenied,
@@ -135,6 +143,7 @@ impl ErrorCode {
         ErrorCode::MethodNotAllowed,
         ErrorCode::Conflict,
         ErrorCode::SandboxStopping,
+        ErrorCode::SandboxPaused,
         ErrorCode::PayloadTooLarge,
         ErrorCode::FileTooLarge,
         ErrorCode::Unprocessable,
@@ -152,7 +161,7 @@ impl ErrorCode {
             ErrorCode::PermissionDenied | ErrorCode::ReadOnly => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
-            ErrorCode::Conflict | ErrorCode::SandboxStopping => 409,
+            ErrorCode::Conflict | ErrorCode::SandboxStopping | ErrorCode::SandboxPaused => 409,
             ErrorCode::PayloadTooLarge | ErrorCode::FileTooLarge => 413,
             ErrorCode::Unprocessable => 422,
             ErrorCode::Internal => 500,
@@ -173,6 +182,7 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::Conflict => "conflict",
             ErrorCode::SandboxStopping => "sandbox_stopping",
+            ErrorCode::SandboxPaused => "sandbox_paused",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::FileTooLarge => "file_too_large",
             ErrorCode::Unprocessable => "unprocessable",
@@ -288,6 +298,13 @@ pub struct CreateSandboxRequest {
     /// on at least its tier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<Box<crate::policy::PolicyDocument>>,
+    /// What happens at the deadline, and whether a paused sandbox resumes on use.
+    #[serde(default, skip_serializing_if = "is_default_lifecycle")]
+    pub lifecycle: Lifecycle,
+}
+
+fn is_default_lifecycle(lifecycle: &Lifecycle) -> bool {
+    *lifecycle == Lifecycle::default()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -297,6 +314,8 @@ pub enum SandboxState {
     Creating,
     /// Its agent answers; exec and files work.
     Running,
+    /// Paused (`pause_mode` says how): its timeout clock stands still until it resumes.
+    Paused,
 }
 
 impl SandboxState {
@@ -304,6 +323,7 @@ impl SandboxState {
         match self {
             SandboxState::Creating => "creating",
             SandboxState::Running => "running",
+            SandboxState::Paused => "paused",
         }
     }
 }
@@ -322,8 +342,15 @@ pub struct Sandbox {
     pub metadata: BTreeMap<String, String>,
     /// Unix time in milliseconds.
     pub created_at_ms: u64,
-    /// When the sandbox will be destroyed (Unix time in milliseconds).
+    /// When the sandbox will be destroyed, or paused under `lifecycle.on_timeout: pause`
+    /// (Unix time in milliseconds). While it is paused, the time it had left is kept, and
+    /// this moves with the clock.
     pub expires_at_ms: u64,
+    /// How it is paused, while it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_mode: Option<PauseMode>,
+    #[serde(default)]
+    pub lifecycle: Lifecycle,
 }
 
 /// `POST /v1/sandboxes` answer. The access token is shown only here.

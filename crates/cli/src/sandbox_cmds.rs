@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use airlock_api::v1::{
-    CreateSandboxRequest, ExecEvent, ExecRequest, Resources, Sandbox, SandboxState, Workspace,
+    CreateSandboxRequest, ExecEvent, ExecRequest, Lifecycle, OnTimeout, Resources, Sandbox,
+    SandboxState, Workspace,
 };
 use airlock_api::{Tier, parse_cpus_milli, parse_duration_ms, parse_size_bytes};
 use airlock_server::client::Client;
@@ -81,6 +82,8 @@ pub enum SandboxCommand {
         #[arg(value_parser = |s: &str| parse_duration_ms(s).map_err(|e| e.to_string()))]
         duration: u64,
     },
+    #[command(flatten)]
+    Persist(crate::persist_cmds::PersistCommand),
 }
 
 #[derive(Debug, Args)]
@@ -117,9 +120,24 @@ pub struct CreateArgs {
     /// A policy file, checked here and sent with its profiles merged in.
     #[arg(long, value_name = "FILE")]
     policy: Option<PathBuf>,
+    /// At the timeout: `kill` the sandbox (the default) or `pause` it.
+    #[arg(long, value_enum, default_value = "kill")]
+    on_timeout: OnTimeoutArg,
+    /// How a pause at the timeout pauses: keep `memory` (freeze) or only `files`.
+    #[arg(long, value_enum, default_value = "memory")]
+    timeout_keep: crate::persist_cmds::KeepArg,
+    /// A request to the paused sandbox (exec, files, any port) resumes it.
+    #[arg(long)]
+    auto_resume: bool,
     /// Print the whole answer, access token included, as JSON.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum OnTimeoutArg {
+    Kill,
+    Pause,
 }
 
 #[derive(Debug, Args)]
@@ -207,6 +225,7 @@ pub fn sandbox(daemon: &DaemonArgs, command: SandboxCommand) -> anyhow::Result<E
             println!("{} expires at {} ms", sandbox.id, sandbox.expires_at_ms);
             Ok(ExitCode::SUCCESS)
         }),
+        SandboxCommand::Persist(command) => block_on(crate::persist_cmds::run(&client, command)),
     }
 }
 
@@ -241,6 +260,14 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<ExitCode> {
         policy: match &args.policy {
             Some(path) => Some(Box::new(crate::policy_cmds::load(path)?.document().clone())),
             None => None,
+        },
+        lifecycle: Lifecycle {
+            on_timeout: match args.on_timeout {
+                OnTimeoutArg::Kill => OnTimeout::Kill,
+                OnTimeoutArg::Pause => OnTimeout::Pause,
+            },
+            pause_mode: args.timeout_keep.mode(),
+            auto_resume: args.auto_resume,
         },
     };
     let created = client.create(&request).await?;

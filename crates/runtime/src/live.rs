@@ -334,16 +334,21 @@ impl Runtime {
         live::destroy(&self.support.cgroups, &record.jail_record());
     }
 
-    /// Snapshots a running sandbox's scratch volume (its `/workspace` and `/tmp`) as
-    /// `snapshot`, freezing the sandbox only for the copy (btrfs: O(1)). A sandbox that is
-    /// already frozen stays so.
-    pub fn snapshot(&self, record: &LiveSandbox, snapshot: &str) -> Result<(), RuntimeError> {
+    /// Snapshots a sandbox's scratch volume (its `/workspace` and `/tmp`) as `snapshot`; with
+    /// `freeze`, a running sandbox is frozen for the copy alone (btrfs: O(1)), so that no
+    /// write is half-done in it. A sandbox that is already frozen stays so.
+    pub fn snapshot(
+        &self,
+        record: &LiveSandbox,
+        snapshot: &str,
+        freeze: bool,
+    ) -> Result<(), RuntimeError> {
         check_id(snapshot)?;
         let storage = self
             .storage
             .as_ref()
             .ok_or_else(|| RuntimeError::NoVolume(record.id.clone()))?;
-        let was_frozen = record.is_frozen();
+        let was_frozen = !freeze || record.is_frozen();
         if !was_frozen {
             record.freeze().map_err(RuntimeError::Freeze)?;
         }
@@ -352,6 +357,14 @@ impl Runtime {
             record.thaw().map_err(RuntimeError::Freeze)?;
         }
         taken.map(drop).map_err(RuntimeError::Storage)
+    }
+
+    /// The snapshots on this runtime's storage.
+    pub fn snapshot_ids(&self) -> Vec<String> {
+        self.storage
+            .as_ref()
+            .map(|storage| storage.snapshots())
+            .unwrap_or_default()
     }
 
     /// Deletes a snapshot (its sandboxes keep their copies).

@@ -8,9 +8,10 @@ use std::collections::BTreeMap;
 use airlock_api::policy::PolicyDocument;
 use airlock_api::v1::{
     Approval, ApprovalDecision, ApprovalList, CreateSandboxRequest, CreateSandboxResponse,
-    DecideApprovalRequest, ErrorBody, ErrorCode, ExecEvent, ExecRequest, FileEntry, FileList,
-    Health, MkdirRequest, MoveRequest, PolicyApplied, Sandbox, SandboxEvents, SandboxList,
-    SandboxLogs, SandboxState, SetTimeoutRequest, TemplateList,
+    CreateSnapshotRequest, DecideApprovalRequest, ErrorBody, ErrorCode, ExecEvent, ExecRequest,
+    FileEntry, FileList, Fork, ForkRequest, ForkResponse, Health, MkdirRequest, MoveRequest,
+    PauseMode, PauseRequest, PolicyApplied, ResumeRequest, Sandbox, SandboxEvents, SandboxList,
+    SandboxLogs, SandboxState, SetTimeoutRequest, Snapshot, SnapshotList, TemplateList,
 };
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -262,6 +263,44 @@ impl Client {
             Some(&body),
         )
         .await
+    }
+
+    /// Pauses a running sandbox (409 `sandbox_paused` if it already is).
+    pub async fn pause(&self, id: &str, mode: PauseMode) -> Result<Sandbox, ClientError> {
+        let path = format!("/v1/sandboxes/{id}/pause");
+        self.call(Method::POST, &path, Some(&PauseRequest { mode }))
+            .await
+    }
+
+    /// Resumes a paused sandbox (a running one only gets its deadline extended).
+    pub async fn resume(&self, id: &str, timeout_ms: Option<u64>) -> Result<Sandbox, ClientError> {
+        let path = format!("/v1/sandboxes/{id}/resume");
+        self.call(Method::POST, &path, Some(&ResumeRequest { timeout_ms }))
+            .await
+    }
+
+    pub async fn snapshot(&self, id: &str, name: Option<String>) -> Result<Snapshot, ClientError> {
+        let path = format!("/v1/sandboxes/{id}/snapshots");
+        self.call(Method::POST, &path, Some(&CreateSnapshotRequest { name }))
+            .await
+    }
+
+    pub async fn snapshots(&self) -> Result<Vec<Snapshot>, ClientError> {
+        let list: SnapshotList = self.call(Method::GET, "/v1/snapshots", None::<&()>).await?;
+        Ok(list.snapshots)
+    }
+
+    pub async fn delete_snapshot(&self, id: &str) -> Result<(), ClientError> {
+        let path = format!("/v1/snapshots/{}", encode_query_value(id));
+        self.call_raw(Method::DELETE, &path, None::<&()>)
+            .await
+            .map(drop)
+    }
+
+    pub async fn fork(&self, id: &str, request: &ForkRequest) -> Result<Vec<Fork>, ClientError> {
+        let path = format!("/v1/sandboxes/{id}/fork");
+        let answer: ForkResponse = self.call(Method::POST, &path, Some(request)).await?;
+        Ok(answer.forks)
     }
 
     pub async fn logs(&self, id: &str) -> Result<SandboxLogs, ClientError> {

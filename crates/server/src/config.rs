@@ -96,6 +96,15 @@ pub struct ServeArgs {
     /// before it is rotated to `.1` (one older file is kept).
     #[arg(long, value_name = "SIZE", default_value = "32MiB", value_parser = parse_size)]
     pub audit_max_bytes: u64,
+    /// A sandbox frozen (paused with its memory) this long is turned into a filesystem-only
+    /// pause, which frees its memory: its processes end, its files stay (an event says so).
+    /// Off by default.
+    #[arg(long = "pause-to-disk-after", value_name = "DURATION", value_parser = parse_duration)]
+    pub pause_to_disk_after_ms: Option<u64>,
+    /// A sandbox paused this long is deleted. Off by default: paused sandboxes are kept until
+    /// deleted.
+    #[arg(long = "paused-retention", value_name = "DURATION", value_parser = parse_duration)]
+    pub paused_retention_ms: Option<u64>,
     /// Where each sandbox's scratch space (`/tmp` and a fresh `/workspace`, one budget of its
     /// `disk_bytes`) lives: `disk` (a btrfs image in the state directory, one volume with a
     /// quota per sandbox: files survive anything the processes do), `memory` (a tmpfs, whose
@@ -209,6 +218,8 @@ pub struct Config {
     pub workspace_root: Option<PathBuf>,
     pub egress: EgressConfig,
     pub audit_max_bytes: u64,
+    pub pause_to_disk_after_ms: Option<u64>,
+    pub paused_retention_ms: Option<u64>,
     pub scratch: ScratchMode,
     pub storage_size_bytes: Option<u64>,
 }
@@ -261,6 +272,8 @@ impl Config {
             workspace_root,
             egress: EgressConfig::from_args(args)?,
             audit_max_bytes: args.audit_max_bytes,
+            pause_to_disk_after_ms: args.pause_to_disk_after_ms,
+            paused_retention_ms: args.paused_retention_ms,
             scratch: args.scratch,
             storage_size_bytes: args.storage_size_bytes,
         })

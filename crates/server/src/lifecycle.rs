@@ -25,6 +25,7 @@
 
 mod checks;
 mod egress_ops;
+mod pause;
 mod scratch;
 mod watcher;
 
@@ -36,7 +37,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use airlock_api::v1::{
-    CreateSandboxRequest, CreateSandboxResponse, ErrorCode, Sandbox, SandboxState, Workspace,
+    CreateSandboxRequest, CreateSandboxResponse, ErrorCode, PauseMode, Sandbox, SandboxState,
+    Workspace,
 };
 use airlock_api::{ResourceLimits, SandboxConfig, WorkspaceSource};
 use airlock_policy::{Limit, Policy};
@@ -83,6 +85,10 @@ struct Live {
 enum SlotState {
     Creating,
     Running(Arc<Live>),
+    /// Being paused, resumed or snapshotted: other operations wait their turn (409).
+    Busy(Arc<Live>),
+    /// Paused; the record is the stopped sandbox's (its helper gone, for `Filesystem`).
+    Paused(Arc<Live>, PauseMode),
     Deleting,
 }
 
@@ -174,6 +180,7 @@ impl Daemon {
     /// derived from the state directory, so that daemons sharing a host leave each other alone.
     pub fn recover(self: &Arc<Self>) -> Result<(), LifecycleError> {
         let mut adopted = Vec::new();
+        let mut paused = Vec::new();
         for row in self.store.list_sandboxes()? {
             let live: Option<LiveSandbox> = row
                 .live
@@ -181,6 +188,10 @@ impl Daemon {
                 .and_then(|json| serde_json::from_str(json).ok());
             let reason = match (row.state, live) {
                 (RowState::Running, Some(record)) => {
+                    // A pause or resume cut short: the row is the truth, so it runs.
+                    if record.is_frozen() {
+                        let _ = record.thaw();
+                    }
                     if self.runtime.adopt(&record).is_ok() && agent_answers(&record.socket) {
                         adopted.push((row, record));
                         continue;
@@ -188,6 +199,16 @@ impl Daemon {
                     self.runtime.destroy(&record);
                     "its agent died while the daemon was down"
                 }
+                (RowState::Paused, Some(record)) => match self.recover_paused(&row, &record) {
+                    Ok(()) => {
+                        paused.push((row, record));
+                        continue;
+                    }
+                    Err(reason) => {
+                        self.runtime.destroy(&record);
+                        reason
+                    }
+                },
                 (state, live) => {
                     let record = live.unwrap_or_else(|| self.unrecorded(&row.id));
                     self.runtime.destroy(&record);
@@ -196,7 +217,7 @@ impl Daemon {
                             "a daemon crash interrupted its creation"
                         }
                         RowState::Deleting => "a daemon crash interrupted its removal",
-                        RowState::Running => "its stored record is unreadable",
+                        RowState::Running | RowState::Paused => "its stored record is unreadable",
                     }
                 }
             };
@@ -204,7 +225,12 @@ impl Daemon {
             self.store.delete_sandbox(&row.id)?;
             self.event(Some(&row.id), "orphan_destroyed", reason);
         }
-        let live_ids: HashSet<String> = adopted.iter().map(|(row, _)| row.id.clone()).collect();
+        let live_ids: HashSet<String> = adopted
+            .iter()
+            .chain(&paused)
+            .map(|(row, _)| row.id.clone())
+            .collect();
+        self.recover_snapshots()?;
         if let Ok(entries) = std::fs::read_dir(self.config.sandboxes_dir()) {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
@@ -238,6 +264,15 @@ impl Daemon {
             );
             let egress = self.restart_egress(&row);
             self.install_running(&row.id, &row.token_hash, record, egress, row.deadline_ms);
+        }
+        for (row, record) in paused {
+            self.audit.open_sandbox(&row.id);
+            self.event(
+                Some(&row.id),
+                "adopted",
+                "re-adopted paused after a daemon restart",
+            );
+            self.install_paused(&row, record);
         }
         Ok(())
     }
@@ -291,7 +326,7 @@ impl Daemon {
             let Some(slot) = slots.get_mut(id) else {
                 return false;
             };
-            let SlotState::Running(live) = &slot.state else {
+            let (SlotState::Running(live) | SlotState::Paused(live, _)) = &slot.state else {
                 return false;
             };
             let live = live.clone();
@@ -324,7 +359,7 @@ impl Daemon {
         self: &Arc<Self>,
         request: CreateSandboxRequest,
     ) -> Result<CreateSandboxResponse, ApiError> {
-        let (request, config) = self.normalize(request)?;
+        let (request, config, volume) = self.normalize(request)?;
         let id =
             auth::new_sandbox_id().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
         let token =
@@ -359,11 +394,13 @@ impl Daemon {
             created_ms: now_ms(),
             deadline_ms: now_ms().saturating_add(timeout_ms),
             egress: None,
+            pause: None,
         };
         let daemon = self.clone();
-        let started =
-            tokio::task::spawn_blocking(move || daemon.create_blocking(row, config, timeout_ms))
-                .await;
+        let started = tokio::task::spawn_blocking(move || {
+            daemon.create_blocking(row, config, timeout_ms, volume)
+        })
+        .await;
         let started = match started {
             Ok(result) => result,
             Err(join) => Err(ApiError::internal(format!(
@@ -374,7 +411,7 @@ impl Daemon {
             Ok((row, record, egress)) => {
                 self.install_running(&id, &token_hash, record, egress, row.deadline_ms);
                 Ok(CreateSandboxResponse {
-                    sandbox: view(&row, SandboxState::Running),
+                    sandbox: view(&row),
                     access_token: token,
                 })
             }
@@ -391,6 +428,7 @@ impl Daemon {
         mut row: SandboxRow,
         config: SandboxConfig,
         timeout_ms: u64,
+        volume: VolumeSource,
     ) -> Result<(SandboxRow, LiveSandbox, Option<Arc<SandboxEgress>>), ApiError> {
         let id = row.id.clone();
         let dir = self.config.sandboxes_dir().join(&id);
@@ -444,7 +482,7 @@ impl Daemon {
             id: id.clone(),
             dir: dir.clone(),
             config,
-            volume: VolumeSource::Empty,
+            volume,
         };
         let session = egress.get().cloned();
         let pending = match self.create_live(&spec, session.as_deref()) {
@@ -490,7 +528,15 @@ impl Daemon {
     fn normalize(
         &self,
         mut request: CreateSandboxRequest,
-    ) -> Result<(CreateSandboxRequest, SandboxConfig), ApiError> {
+    ) -> Result<(CreateSandboxRequest, SandboxConfig, VolumeSource), ApiError> {
+        if let Some(problem) = request.lifecycle.problem() {
+            return Err(ApiError::invalid(format!("lifecycle: {problem}")));
+        }
+        // A snapshot's name or id as the template: its source's settings, its files.
+        let volume = match self.snapshot_template(&mut request)? {
+            Some(snapshot) => VolumeSource::Snapshot(snapshot),
+            None => VolumeSource::Empty,
+        };
         // A policy fills in what the request leaves out and sets the weakest tier.
         let policy = match &request.policy {
             Some(document) => Some(
@@ -581,13 +627,13 @@ impl Daemon {
             config.user = settings.user.unwrap_or_default();
             config.policy = Some(Box::new(policy.document().clone()));
         }
-        Ok((request, config))
+        Ok((request, config, volume))
     }
 
     /// A listed sandbox (creating or running), or 404.
     pub fn get(&self, id: &str) -> Result<Sandbox, ApiError> {
         match self.store.get_sandbox(id)? {
-            Some(row) if row.state != RowState::Deleting => Ok(view(&row, row_state(row.state))),
+            Some(row) if row.state != RowState::Deleting => Ok(view(&row)),
             _ => Err(ApiError::no_sandbox(id)),
         }
     }
@@ -603,15 +649,20 @@ impl Daemon {
             .list_sandboxes()?
             .into_iter()
             .filter(|row| row.state != RowState::Deleting)
-            .map(|row| view(&row, row_state(row.state)))
+            .map(|row| view(&row))
             .filter(|s| states.is_empty() || states.contains(&s.state))
             .filter(|s| metadata.iter().all(|(k, v)| s.metadata.get(k) == Some(v)))
             .collect())
     }
 
-    /// Deletes a running sandbox; 409 while it is still being created.
+    /// Deletes a running or paused sandbox (a paused one is never resumed to be deleted);
+    /// 409 while it is still being created or in a transition.
     pub async fn delete(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
-        self.running(id)?;
+        if let Err(err) = self.running(id)
+            && err.code != ErrorCode::SandboxPaused
+        {
+            return Err(err);
+        }
         if self.end(id, "delete", "deleted through the API").await {
             Ok(())
         } else {
@@ -643,13 +694,28 @@ impl Daemon {
                 ErrorCode::SandboxStopping,
                 format!("sandbox {id} is being removed"),
             )),
+            Some(SlotState::Busy(_)) => Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!("sandbox {id} is being paused, resumed or snapshotted; try again"),
+            )),
+            Some(SlotState::Paused(..)) => Err(ApiError::new(
+                ErrorCode::SandboxPaused,
+                format!("sandbox {id} is paused; resume it first"),
+            )),
             None => Err(ApiError::no_sandbox(id)),
         }
     }
 
-    /// The agent of a running sandbox.
-    pub fn agent(&self, id: &str) -> Result<Agent, ApiError> {
-        Ok(Agent::new(&self.running(id)?.record.socket))
+    /// The agent of a running sandbox. A paused one created with `lifecycle.auto_resume` is
+    /// resumed first (a data-plane request is its cue).
+    pub async fn agent(self: &Arc<Self>, id: &str) -> Result<Agent, ApiError> {
+        match self.running(id) {
+            Err(err) if err.code == ErrorCode::SandboxPaused && self.auto_resumes(id) => {
+                self.resume(id, None).await?;
+                Ok(Agent::new(&self.running(id)?.record.socket))
+            }
+            other => Ok(Agent::new(&other?.record.socket)),
+        }
     }
 
     /// How many workload processes of a running sandbox the OOM killer has ended so far.
@@ -721,13 +787,21 @@ fn row_state(state: RowState) -> SandboxState {
     match state {
         RowState::Creating | RowState::Committing => SandboxState::Creating,
         RowState::Running | RowState::Deleting => SandboxState::Running,
+        RowState::Paused => SandboxState::Paused,
     }
 }
 
-fn view(row: &SandboxRow, state: SandboxState) -> Sandbox {
+fn view(row: &SandboxRow) -> Sandbox {
+    // A paused sandbox's clock stands still: it has what it had left, from now.
+    let expires_at_ms = match &row.pause {
+        Some(pause) => now_ms().saturating_add(pause.remaining_ms),
+        None => row.deadline_ms,
+    };
     Sandbox {
         id: row.id.clone(),
-        state,
+        state: row_state(row.state),
+        pause_mode: row.pause.map(|pause| pause.mode),
+        lifecycle: row.request.lifecycle,
         tier: row.request.tier,
         template: row
             .request
@@ -738,7 +812,7 @@ fn view(row: &SandboxRow, state: SandboxState) -> Sandbox {
         workspace: row.request.workspace.clone(),
         metadata: row.request.metadata.clone(),
         created_at_ms: row.created_ms,
-        expires_at_ms: row.deadline_ms,
+        expires_at_ms,
     }
 }
 

@@ -7,26 +7,44 @@
 //! write one `write(2)`; a crash can lose the last transactions but never corrupts the file,
 //! and start-up reconciles rows with what really runs (see `lifecycle`).
 
+mod snapshots;
+
+pub use snapshots::SnapshotRow;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use airlock_api::v1::{CreateSandboxRequest, Event, Template};
+use airlock_api::v1::{CreateSandboxRequest, Event, PauseMode, Template};
 use rusqlite::{Connection, OptionalExtension, params};
 
 /// The schema this build writes.
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS sandboxes (
+/// The sandboxes table of version 3 (`paused` and the `pause` column are new): created under
+/// this name when a version 2 store is migrated, then renamed.
+const SANDBOXES_V3: &str = "
+CREATE TABLE IF NOT EXISTS {table} (
     id          TEXT PRIMARY KEY,
-    state       TEXT NOT NULL CHECK (state IN ('creating', 'committing', 'running', 'deleting')),
+    state       TEXT NOT NULL
+                CHECK (state IN ('creating', 'committing', 'running', 'paused', 'deleting')),
     request     TEXT NOT NULL,
     token_hash  TEXT NOT NULL,
     live        TEXT,
     created_ms  INTEGER NOT NULL,
     deadline_ms INTEGER NOT NULL,
-    egress      TEXT
+    egress      TEXT,
+    pause       TEXT
+);";
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS snapshots (
+    id          TEXT PRIMARY KEY,
+    name        TEXT UNIQUE,
+    source_id   TEXT NOT NULL,
+    request     TEXT NOT NULL,
+    created_ms  INTEGER NOT NULL,
+    complete    INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS templates (
     name        TEXT PRIMARY KEY,
@@ -90,6 +108,8 @@ pub enum RowState {
     Committing,
     /// Committed: the sandbox outlives the daemon and is, or was, usable.
     Running,
+    /// Paused (its row's `pause` says how): frozen processes, or only its files on disk.
+    Paused,
     /// Being destroyed.
     Deleting,
 }
@@ -100,6 +120,7 @@ impl RowState {
             RowState::Creating => "creating",
             RowState::Committing => "committing",
             RowState::Running => "running",
+            RowState::Paused => "paused",
             RowState::Deleting => "deleting",
         }
     }
@@ -109,6 +130,7 @@ impl RowState {
             "creating" => Ok(RowState::Creating),
             "committing" => Ok(RowState::Committing),
             "running" => Ok(RowState::Running),
+            "paused" => Ok(RowState::Paused),
             "deleting" => Ok(RowState::Deleting),
             other => Err(StoreError::BadState(other.to_owned())),
         }
@@ -129,6 +151,18 @@ pub struct SandboxRow {
     /// A `proxy`-mode sandbox's egress state as JSON (its credential placeholders, never a
     /// secret), so that a restarted daemon keeps what the sandbox's environment holds.
     pub egress: Option<String>,
+    /// Set while the sandbox is paused.
+    pub pause: Option<PauseRecord>,
+}
+
+/// How and when a sandbox was paused, and how much of its lifetime it had left then (its
+/// timeout clock stands still while it is paused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PauseRecord {
+    pub mode: PauseMode,
+    pub paused_ms: u64,
+    pub remaining_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,8 +210,21 @@ impl Store {
         )?;
         let tx = conn.unchecked_transaction()?;
         tx.execute_batch(SCHEMA)?;
+        tx.execute_batch(&SANDBOXES_V3.replace("{table}", "sandboxes"))?;
         if sandboxes_exist && found < 2 {
             tx.execute_batch("ALTER TABLE sandboxes ADD COLUMN egress TEXT")?;
+        }
+        if sandboxes_exist && found < 3 {
+            // A CHECK cannot be altered: the table is copied into the new shape.
+            tx.execute_batch(&SANDBOXES_V3.replace("{table}", "sandboxes_v3"))?;
+            tx.execute_batch(
+                "INSERT INTO sandboxes_v3
+                    (id, state, request, token_hash, live, created_ms, deadline_ms, egress)
+                 SELECT id, state, request, token_hash, live, created_ms, deadline_ms, egress
+                 FROM sandboxes;
+                 DROP TABLE sandboxes;
+                 ALTER TABLE sandboxes_v3 RENAME TO sandboxes;",
+            )?;
         }
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         tx.commit()?;
@@ -236,8 +283,8 @@ impl Store {
         }
         tx.execute(
             "INSERT INTO sandboxes
-                (id, state, request, token_hash, live, created_ms, deadline_ms, egress)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                (id, state, request, token_hash, live, created_ms, deadline_ms, egress, pause)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             params![
                 row.id,
                 row.state.as_str(),
@@ -246,7 +293,8 @@ impl Store {
                 row.live,
                 to_sql(row.created_ms),
                 to_sql(row.deadline_ms),
-                row.egress
+                row.egress,
+                encode_pause(row.pause.as_ref())
             ],
         )?;
         tx.commit()?;
@@ -267,7 +315,8 @@ impl Store {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let changed = tx.execute(
-            "UPDATE sandboxes SET state = 'running', live = ?2, deadline_ms = ?3 WHERE id = ?1",
+            "UPDATE sandboxes SET state = 'running', live = ?2, deadline_ms = ?3, pause = NULL
+             WHERE id = ?1",
             params![id, live, to_sql(deadline_ms)],
         )?;
         tx.execute(
@@ -350,6 +399,28 @@ impl Store {
         Ok(changed == 1)
     }
 
+    /// Marks a sandbox paused (`pause`), with an event, in one transaction. Returns false if
+    /// the row is gone.
+    pub fn set_paused(
+        &self,
+        id: &str,
+        pause: &PauseRecord,
+        event: (&str, &str),
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let changed = tx.execute(
+            "UPDATE sandboxes SET state = 'paused', pause = ?2 WHERE id = ?1",
+            params![id, encode_pause(Some(pause))],
+        )?;
+        tx.execute(
+            "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
+            params![to_sql(now_ms()), id, event.0, event.1],
+        )?;
+        tx.commit()?;
+        Ok(changed == 1)
+    }
+
     pub fn delete_sandbox(&self, id: &str) -> Result<(), StoreError> {
         self.conn()
             .execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
@@ -360,7 +431,7 @@ impl Store {
         let raw = self
             .conn()
             .query_row(
-                "SELECT id, state, request, token_hash, live, created_ms, deadline_ms, egress
+                "SELECT id, state, request, token_hash, live, created_ms, deadline_ms, egress, pause
                  FROM sandboxes WHERE id = ?1",
                 params![id],
                 raw_row,
@@ -374,7 +445,7 @@ impl Store {
         let raws = {
             let conn = self.conn();
             let mut stmt = conn.prepare(
-                "SELECT id, state, request, token_hash, live, created_ms, deadline_ms, egress
+                "SELECT id, state, request, token_hash, live, created_ms, deadline_ms, egress, pause
                  FROM sandboxes ORDER BY created_ms, id",
             )?;
             let rows = stmt.query_map([], raw_row)?;
@@ -500,6 +571,11 @@ struct RawRow {
     created_ms: i64,
     deadline_ms: i64,
     egress: Option<String>,
+    pause: Option<String>,
+}
+
+fn encode_pause(pause: Option<&PauseRecord>) -> Option<String> {
+    pause.and_then(|pause| serde_json::to_string(pause).ok())
 }
 
 fn raw_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
@@ -512,6 +588,7 @@ fn raw_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
         created_ms: row.get(5)?,
         deadline_ms: row.get(6)?,
         egress: row.get(7)?,
+        pause: row.get(8)?,
     })
 }
 
@@ -522,7 +599,17 @@ impl RawRow {
                 id: self.id.clone(),
                 source,
             })?;
+        let pause = self
+            .pause
+            .as_deref()
+            .map(serde_json::from_str)
+            .transpose()
+            .map_err(|source| StoreError::Corrupt {
+                id: self.id.clone(),
+                source,
+            })?;
         Ok(SandboxRow {
+            pause,
             state: RowState::parse(&self.state)?,
             id: self.id,
             request,
@@ -586,6 +673,7 @@ mod tests {
             created_ms: 5,
             deadline_ms: 10,
             egress: None,
+            pause: None,
         };
         store.insert_sandbox(&row).unwrap();
         assert!(store.insert_sandbox(&row).is_err(), "ids are unique");

@@ -12,7 +12,7 @@ use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 
 use super::access::{self, SandboxRecord};
 use super::wire::{self, ListedSandbox, NewSandbox, SandboxDetail, SandboxState};
-use super::{CLIENT_ID, E2bError, ENVD_VERSION, discard, time};
+use super::{CLIENT_ID, E2bError, ENVD_VERSION, discard, persistence, time};
 use crate::error::ApiError;
 use crate::http::{Body, form_decode, json_response, no_content};
 use crate::lifecycle::Daemon;
@@ -22,8 +22,6 @@ use crate::store::now_ms;
 /// E2B's default lifetimes when a create names none.
 const DEFAULT_TIMEOUT_V2_S: i64 = 300;
 const DEFAULT_TIMEOUT_V1_S: i64 = 15;
-/// What connect extends a sandbox to when it names no timeout.
-const DEFAULT_CONNECT_TIMEOUT_S: i64 = 300;
 /// Page size of `GET /v2/sandboxes`: E2B's default and maximum.
 const MAX_PAGE: usize = 100;
 
@@ -38,6 +36,10 @@ enum Endpoint {
     Pause,
     Resume,
     Refresh,
+    CreateSnapshot,
+    ListSnapshots,
+    DeleteTemplate,
+    Fork,
 }
 
 /// Serves one control-plane request.
@@ -58,7 +60,7 @@ pub async fn dispatch(daemon: Arc<Daemon>, request: Request<Incoming>) -> Respon
 }
 
 /// The E2B endpoints Airlock serves: method, path (`{id}` is one segment), handler.
-const ENDPOINTS: [(&str, &str, Endpoint); 12] = [
+const ENDPOINTS: [(&str, &str, Endpoint); 16] = [
     ("GET", "/sandboxes", Endpoint::List { v2: false }),
     ("POST", "/sandboxes", Endpoint::Create { v2: false }),
     ("GET", "/v2/sandboxes", Endpoint::List { v2: true }),
@@ -71,6 +73,14 @@ const ENDPOINTS: [(&str, &str, Endpoint); 12] = [
     ("POST", "/sandboxes/{id}/pause", Endpoint::Pause),
     ("POST", "/sandboxes/{id}/resume", Endpoint::Resume),
     ("POST", "/sandboxes/{id}/refreshes", Endpoint::Refresh),
+    (
+        "POST",
+        "/sandboxes/{id}/snapshots",
+        Endpoint::CreateSnapshot,
+    ),
+    ("GET", "/snapshots", Endpoint::ListSnapshots),
+    ("DELETE", "/templates/{id}", Endpoint::DeleteTemplate),
+    ("POST", "/sandboxes/{id}/fork", Endpoint::Fork),
 ];
 
 /// The `{id}` of `path` if it has the shape of `pattern` (empty when the pattern has none).
@@ -136,19 +146,23 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, E2bError> {
         Endpoint::Detail => detail(ctx),
         Endpoint::Kill => kill(ctx).await,
         Endpoint::Timeout => set_timeout(ctx).await,
-        Endpoint::Connect => connect(ctx).await,
-        Endpoint::Pause => pause(ctx).await,
-        Endpoint::Resume => resume(ctx).await,
+        Endpoint::Connect => persistence::connect(ctx).await,
+        Endpoint::Pause => persistence::pause(ctx).await,
+        Endpoint::Resume => persistence::resume(ctx).await,
+        Endpoint::CreateSnapshot => persistence::create_snapshot(ctx).await,
+        Endpoint::ListSnapshots => persistence::list_snapshots(ctx),
+        Endpoint::DeleteTemplate => persistence::delete_template(ctx),
+        Endpoint::Fork => persistence::fork(ctx).await,
         Endpoint::Refresh => refresh(ctx).await,
     }
 }
 
-async fn body<T: serde::de::DeserializeOwned>(ctx: &mut Ctx) -> Result<T, E2bError> {
+pub(super) async fn body<T: serde::de::DeserializeOwned>(ctx: &mut Ctx) -> Result<T, E2bError> {
     ctx.json::<T>().await.map_err(E2bError::from)
 }
 
 /// A lifetime in E2B's seconds as the daemon's milliseconds, within the daemon's bounds.
-fn timeout_ms(daemon: &Daemon, seconds: i64) -> Result<u64, E2bError> {
+pub(super) fn timeout_ms(daemon: &Daemon, seconds: i64) -> Result<u64, E2bError> {
     let max_ms = daemon.config.max_timeout_ms;
     let ms = u64::try_from(seconds)
         .ok()
@@ -181,7 +195,7 @@ fn running(daemon: &Daemon, id: &str) -> Result<v1::Sandbox, E2bError> {
 }
 
 /// Maps "no such sandbox" to E2B's message, anything else to E2B's statuses.
-fn not_found_or(id: &str) -> impl Fn(ApiError) -> E2bError + '_ {
+pub(super) fn not_found_or(id: &str) -> impl Fn(ApiError) -> E2bError + '_ {
     move |err| match err.code {
         ErrorCode::NotFound | ErrorCode::SandboxStopping => E2bError::sandbox_not_found(id),
         _ => err.into(),
@@ -189,7 +203,7 @@ fn not_found_or(id: &str) -> impl Fn(ApiError) -> E2bError + '_ {
 }
 
 /// The access token an E2B client may see: that of a secure sandbox this surface created.
-fn visible_token(daemon: &Daemon, id: &str) -> Option<String> {
+pub(super) fn visible_token(daemon: &Daemon, id: &str) -> Option<String> {
     access::read_record(daemon, id)
         .filter(|record| record.secure)
         .map(|record| record.access_token)
@@ -214,8 +228,20 @@ fn listed(sandbox: &v1::Sandbox) -> ListedSandbox {
         memory_mb: r.memory_bytes.unwrap_or(0) >> 20,
         disk_size_mb: r.disk_bytes.unwrap_or(0) >> 20,
         metadata: sandbox.metadata.clone(),
-        state: SandboxState::Running,
+        state: match sandbox.state {
+            v1::SandboxState::Paused => SandboxState::Paused,
+            _ => SandboxState::Running,
+        },
         envd_version: ENVD_VERSION.to_owned(),
+    }
+}
+
+/// A running or paused sandbox, or E2B's 404.
+fn existing(daemon: &Daemon, id: &str) -> Result<v1::Sandbox, E2bError> {
+    match daemon.get(id) {
+        Ok(sandbox) if sandbox.state != v1::SandboxState::Creating => Ok(sandbox),
+        Ok(_) => Err(E2bError::sandbox_not_found(id)),
+        Err(err) => Err(not_found_or(id)(err)),
     }
 }
 
@@ -245,7 +271,11 @@ pub fn domain(headers: &HeaderMap) -> Option<String> {
     })
 }
 
-fn answer(sandbox: &v1::Sandbox, token: Option<String>, headers: &HeaderMap) -> wire::Sandbox {
+pub(super) fn answer(
+    sandbox: &v1::Sandbox,
+    token: Option<String>,
+    headers: &HeaderMap,
+) -> wire::Sandbox {
     wire::Sandbox {
         template_id: sandbox.template.clone(),
         sandbox_id: sandbox.id.clone(),
@@ -264,11 +294,19 @@ async fn create(ctx: &mut Ctx, v2: bool) -> Result<Response<Body>, E2bError> {
     if template.is_empty() {
         return Err(E2bError::bad_request("templateID must not be empty"));
     }
-    if daemon
+    let snapshot = template.split_once(':').map_or(template, |(name, _)| name);
+    let is_snapshot = daemon
         .store
-        .get_template(template)
+        .get_snapshot(snapshot)
         .map_err(ApiError::from)?
-        .is_none()
+        .is_some();
+    let template = if is_snapshot { snapshot } else { template };
+    if !is_snapshot
+        && daemon
+            .store
+            .get_template(template)
+            .map_err(ApiError::from)?
+            .is_none()
     {
         return Err(E2bError::new(
             StatusCode::NOT_FOUND,
@@ -291,12 +329,14 @@ async fn create(ctx: &mut Ctx, v2: bool) -> Result<Response<Body>, E2bError> {
     };
     let timeout_ms = timeout_ms(&daemon, request.timeout_s.unwrap_or(default_s))?;
     let secure = v2 || request.secure == Some(true);
+    let lifecycle = lifecycle(&request)?;
     let created = daemon
         .create(CreateSandboxRequest {
             template: Some(template.to_owned()),
             timeout_ms: Some(timeout_ms),
             env: request.env_vars.unwrap_or_default(),
             metadata: request.metadata.unwrap_or_default(),
+            lifecycle,
             ..CreateSandboxRequest::default()
         })
         .await?;
@@ -319,13 +359,57 @@ async fn create(ctx: &mut Ctx, v2: bool) -> Result<Response<Body>, E2bError> {
     ))
 }
 
+/// `autoPause`, `autoPauseMemory` and `autoResume` as the sandbox's lifecycle, checked as
+/// the SDK checks them (older SDKs and raw clients do not).
+fn lifecycle(request: &NewSandbox) -> Result<v1::Lifecycle, E2bError> {
+    let auto_resume = match &request.auto_resume {
+        None | Some(serde_json::Value::Null) => false,
+        Some(value) => value
+            .get("enabled")
+            .and_then(serde_json::Value::as_bool)
+            .ok_or_else(|| E2bError::bad_request("autoResume must be {\"enabled\": bool}"))?,
+    };
+    let lifecycle = v1::Lifecycle {
+        on_timeout: if request.auto_pause == Some(true) {
+            v1::OnTimeout::Pause
+        } else {
+            v1::OnTimeout::Kill
+        },
+        pause_mode: if request.auto_pause_memory == Some(false) {
+            v1::PauseMode::Filesystem
+        } else {
+            v1::PauseMode::Frozen
+        },
+        auto_resume,
+    };
+    match lifecycle.problem() {
+        Some(problem) => Err(E2bError::bad_request(problem)),
+        None => Ok(lifecycle),
+    }
+}
+
 fn detail(ctx: &Ctx) -> Result<Response<Body>, E2bError> {
-    let sandbox = running(&ctx.daemon, &ctx.id)?;
-    let detail = SandboxDetail::new(
+    let sandbox = existing(&ctx.daemon, &ctx.id)?;
+    let mut detail = SandboxDetail::new(
         listed(&sandbox),
         visible_token(&ctx.daemon, &ctx.id),
         domain(&ctx.parts.headers),
     );
+    detail.pause_mode = sandbox.pause_mode.map(|mode| {
+        match mode {
+            v1::PauseMode::Frozen => "full",
+            v1::PauseMode::Filesystem => "filesystem",
+        }
+        .to_owned()
+    });
+    detail.lifecycle = Some(wire::Lifecycle {
+        on_timeout: match sandbox.lifecycle.on_timeout {
+            v1::OnTimeout::Pause => "pause",
+            v1::OnTimeout::Kill => "kill",
+        }
+        .to_owned(),
+        auto_resume: sandbox.lifecycle.auto_resume,
+    });
     Ok(json_response(StatusCode::OK, &detail))
 }
 
@@ -358,18 +442,6 @@ fn extend(daemon: &Daemon, sandbox: &v1::Sandbox, seconds: i64) -> Result<(), E2
     Ok(())
 }
 
-async fn connect(ctx: &mut Ctx) -> Result<Response<Body>, E2bError> {
-    let request: wire::ConnectSandbox = body(ctx).await?;
-    let sandbox = running(&ctx.daemon, &ctx.id)?;
-    let seconds = request.timeout_s.unwrap_or(DEFAULT_CONNECT_TIMEOUT_S);
-    extend(&ctx.daemon, &sandbox, seconds)?;
-    let token = visible_token(&ctx.daemon, &ctx.id);
-    Ok(json_response(
-        StatusCode::OK,
-        &answer(&sandbox, token, &ctx.parts.headers),
-    ))
-}
-
 async fn refresh(ctx: &mut Ctx) -> Result<Response<Body>, E2bError> {
     let request: wire::Refresh = body(ctx).await?;
     let sandbox = running(&ctx.daemon, &ctx.id)?;
@@ -377,31 +449,6 @@ async fn refresh(ctx: &mut Ctx) -> Result<Response<Body>, E2bError> {
         extend(&ctx.daemon, &sandbox, seconds)?;
     }
     Ok(no_content())
-}
-
-/// Not implemented: E2B's answer to a pause that fails, and the sandbox keeps running.
-async fn pause(ctx: &mut Ctx) -> Result<Response<Body>, E2bError> {
-    let _: wire::Pause = body(ctx).await?;
-    running(&ctx.daemon, &ctx.id)?;
-    Err(E2bError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "Error pausing sandbox: Airlock cannot pause sandboxes yet; the sandbox keeps running",
-    ))
-}
-
-/// Legacy resume: nothing is ever paused.
-async fn resume(ctx: &mut Ctx) -> Result<Response<Body>, E2bError> {
-    let _: wire::Resume = body(ctx).await?;
-    match running(&ctx.daemon, &ctx.id) {
-        Ok(_) => Err(E2bError::new(
-            StatusCode::CONFLICT,
-            format!("Sandbox '{}' is already running", ctx.id),
-        )),
-        Err(_) => Err(E2bError::new(
-            StatusCode::NOT_FOUND,
-            format!("Paused sandbox '{}' not found", ctx.id),
-        )),
-    }
 }
 
 /// `metadata=` of the list calls: `k=v&k2=v2`, keys and values URL-encoded once more inside.
@@ -421,11 +468,15 @@ fn metadata_filter(value: &str) -> Result<BTreeMap<String, String>, E2bError> {
     Ok(wanted)
 }
 
-fn list_running(
+fn list_in(
     daemon: &Daemon,
+    states: &[v1::SandboxState],
     metadata: &BTreeMap<String, String>,
 ) -> Result<Vec<v1::Sandbox>, E2bError> {
-    Ok(daemon.list(&[v1::SandboxState::Running], metadata)?)
+    if states.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(daemon.list(states, metadata)?)
 }
 
 /// Legacy `GET /sandboxes`: every running sandbox, filtered by metadata.
@@ -436,7 +487,11 @@ fn list_v1(ctx: &Ctx) -> Result<Response<Body>, E2bError> {
             metadata = metadata_filter(&value)?;
         }
     }
-    let mut sandboxes = list_running(&ctx.daemon, &metadata)?;
+    let mut sandboxes = list_in(
+        &ctx.daemon,
+        &[v1::SandboxState::Running, v1::SandboxState::Paused],
+        &metadata,
+    )?;
     sandboxes.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
     let listed: Vec<ListedSandbox> = sandboxes.iter().map(listed).collect();
     Ok(json_response(StatusCode::OK, &listed))
@@ -446,17 +501,18 @@ fn list_v1(ctx: &Ctx) -> Result<Response<Body>, E2bError> {
 /// position after the last entry in `x-next-token`.
 fn list_v2(ctx: &Ctx) -> Result<Response<Body>, E2bError> {
     let mut metadata = BTreeMap::new();
-    let (mut running, mut limit, mut ascending) = (true, MAX_PAGE, false);
+    let mut states = vec![v1::SandboxState::Running, v1::SandboxState::Paused];
+    let (mut limit, mut ascending) = (MAX_PAGE, false);
     let (mut after, mut started_after, mut template) = (None, None, None);
     for (key, value) in ctx.query() {
         match key.as_str() {
             "metadata" => metadata = metadata_filter(&value)?,
             "state" => {
-                running = false;
+                states.clear();
                 for state in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
                     match state {
-                        "running" => running = true,
-                        "paused" => {}
+                        "running" => states.push(v1::SandboxState::Running),
+                        "paused" => states.push(v1::SandboxState::Paused),
                         other => {
                             return Err(E2bError::bad_request(format!(
                                 "unknown state {other:?} (running, paused)"
@@ -504,11 +560,7 @@ fn list_v2(ctx: &Ctx) -> Result<Response<Body>, E2bError> {
             _ => {}
         }
     }
-    let mut sandboxes: Vec<v1::Sandbox> = if running {
-        list_running(&ctx.daemon, &metadata)?
-    } else {
-        Vec::new()
-    };
+    let mut sandboxes: Vec<v1::Sandbox> = list_in(&ctx.daemon, &states, &metadata)?;
     sandboxes.retain(|s| {
         template.as_ref().is_none_or(|t| *t == s.template)
             && started_after.is_none_or(|ms| i128::from(s.created_at_ms) > i128::from(ms))

@@ -40,7 +40,7 @@ async fn route(
     if !crate::auth::plausible_sandbox_id(id) {
         return sandbox_gone(id);
     }
-    let Ok(agent) = daemon.agent(id) else {
+    let Ok(agent) = daemon.agent(id).await else {
         return sandbox_gone(id);
     };
     // The routing headers are for the edge, not for the sandbox.
@@ -102,7 +102,7 @@ async fn forward_to_agent(
 
 /// A sandbox whose agent did not answer: gone if it ended meanwhile, else its port is closed.
 fn unreachable_sandbox(daemon: &Daemon, id: &str, port: u16, detail: &str) -> Response<Body> {
-    if daemon.agent(id).is_err() {
+    if !daemon.is_running(id) {
         sandbox_gone(id)
     } else {
         port_closed(id, port, detail)

@@ -60,6 +60,7 @@
 pub mod access;
 pub mod control;
 pub mod data;
+pub mod persistence;
 pub mod time;
 pub mod tunnel;
 pub mod wire;
@@ -106,7 +107,7 @@ pub struct Target {
 
 /// E2B's control-plane paths: with an API key they win over routing headers.
 pub fn is_control_path(path: &str) -> bool {
-    ["/sandboxes", "/v2/sandboxes", "/templates"]
+    ["/sandboxes", "/v2/sandboxes", "/templates", "/snapshots"]
         .iter()
         .any(|prefix| {
             path.strip_prefix(prefix)
@@ -250,7 +251,7 @@ impl From<ApiError> for E2bError {
             ErrorCode::PermissionDenied | ErrorCode::ReadOnly => StatusCode::FORBIDDEN,
             ErrorCode::NotFound | ErrorCode::SandboxStopping => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ErrorCode::Conflict => StatusCode::CONFLICT,
+            ErrorCode::Conflict | ErrorCode::SandboxPaused => StatusCode::CONFLICT,
             ErrorCode::PayloadTooLarge | ErrorCode::FileTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
             ErrorCode::Capacity => StatusCode::TOO_MANY_REQUESTS,

@@ -218,6 +218,61 @@ pub struct SandboxDetail {
     /// Always false: the process tier has no network but loopback.
     #[serde(rename = "allowInternetAccess")]
     pub allow_internet_access: bool,
+    /// `full` or `filesystem`, while paused.
+    #[serde(rename = "pauseMode", default, skip_serializing_if = "Option::is_none")]
+    pub pause_mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<Lifecycle>,
+}
+
+/// `SandboxDetail.lifecycle`: both fields are required when the object is present.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lifecycle {
+    /// `pause` or `kill`.
+    #[serde(rename = "onTimeout")]
+    pub on_timeout: String,
+    #[serde(rename = "autoResume")]
+    pub auto_resume: bool,
+}
+
+/// `POST /sandboxes/{id}/snapshots`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSnapshot {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<bool>,
+}
+
+/// A snapshot as E2B's SDK reads it (create and list).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotInfo {
+    #[serde(rename = "snapshotID")]
+    pub snapshot_id: String,
+    pub names: Vec<String>,
+}
+
+/// `POST /sandboxes/{id}/fork`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fork {
+    #[serde(rename = "timeout", default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<i64>,
+}
+
+/// One entry of the fork answer: the new sandbox, or why it could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkEntry {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Sandbox>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
 }
 
 impl SandboxDetail {
@@ -238,6 +293,8 @@ impl SandboxDetail {
             envd_access_token: token,
             domain,
             allow_internet_access: false,
+            pause_mode: None,
+            lifecycle: None,
         }
     }
 }

@@ -9,7 +9,7 @@ use super::Daemon;
 use crate::error::ApiError;
 
 impl Daemon {
-    pub(super) fn check_timeout(&self, timeout_ms: u64) -> Result<(), ApiError> {
+    pub fn check_timeout(&self, timeout_ms: u64) -> Result<(), ApiError> {
         // --max-timeout is at most v1::MAX_TIMEOUT_MS (config), so this is the spec's range too.
         if timeout_ms == 0 || timeout_ms > self.config.max_timeout_ms {
             return Err(ApiError::unprocessable(format!(

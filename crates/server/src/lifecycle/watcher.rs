@@ -74,7 +74,7 @@ impl Daemon {
                 }
                 () = tokio::time::sleep(remaining) => {
                     if *deadline.borrow() == deadline_ms {
-                        self.end(&id, "timeout", "the sandbox reached its timeout").await;
+                        self.expire(&id).await;
                         return;
                     }
                 }

@@ -64,7 +64,7 @@ fn files_uri(path: &str) -> String {
 
 pub async fn get(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
     let path = path_param(ctx)?;
-    let agent = ctx.daemon.agent(&ctx.id)?;
+    let agent = ctx.daemon.agent(&ctx.id).await?;
     let request = Request::builder()
         .method(Method::GET)
         .uri(files_uri(&path))
@@ -92,7 +92,7 @@ pub async fn put(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
     if declared.is_some_and(|len| len > limit) {
         return Err(too_large(limit));
     }
-    let agent = ctx.daemon.agent(&ctx.id)?;
+    let agent = ctx.daemon.agent(&ctx.id).await?;
     let tripped = Arc::new(AtomicBool::new(false));
     let body = CappedBody {
         inner: Some(ctx.take_body()?),
@@ -150,7 +150,7 @@ async fn stat_entry(agent: &Agent, path: &str) -> Result<FileEntry, ApiError> {
 
 pub async fn remove(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
     let path = path_param(ctx)?;
-    let agent = ctx.daemon.agent(&ctx.id)?;
+    let agent = ctx.daemon.agent(&ctx.id).await?;
     agent
         .unary::<Value>("filesystem.Filesystem/Remove", &json!({ "path": path }))
         .await?;
@@ -165,7 +165,7 @@ pub async fn list(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
             .map_err(|_| ApiError::invalid(format!("depth {depth:?} is not a number")))?,
         None => 1,
     };
-    let agent = ctx.daemon.agent(&ctx.id)?;
+    let agent = ctx.daemon.agent(&ctx.id).await?;
     let answer: Value = agent
         .unary(
             "filesystem.Filesystem/ListDir",
@@ -182,7 +182,7 @@ pub async fn list(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
 
 pub async fn stat(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
     let path = path_param(ctx)?;
-    let agent = ctx.daemon.agent(&ctx.id)?;
+    let agent = ctx.daemon.agent(&ctx.id).await?;
     Ok(json_response(
         StatusCode::OK,
         &stat_entry(&agent, &path).await?,
@@ -192,7 +192,7 @@ pub async fn stat(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
 pub async fn mkdir(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
     let request: MkdirRequest = ctx.json().await?;
     check_path("path", &request.path)?;
-    let agent = ctx.daemon.agent(&ctx.id)?;
+    let agent = ctx.daemon.agent(&ctx.id).await?;
     let answer: Value = agent
         .unary(
             "filesystem.Filesystem/MakeDir",
@@ -210,7 +210,7 @@ pub async fn rename(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
     let request: MoveRequest = ctx.json().await?;
     check_path("source", &request.source)?;
     check_path("destination", &request.destination)?;
-    let agent = ctx.daemon.agent(&ctx.id)?;
+    let agent = ctx.daemon.agent(&ctx.id).await?;
     let answer: Value = agent
         .unary(
             "filesystem.Filesystem/Move",

@@ -9,7 +9,10 @@
 mod egress;
 mod exec;
 mod files;
+mod persistence;
 mod sandboxes;
+
+pub use persistence::valid_name as valid_snapshot_name;
 
 use std::sync::Arc;
 
@@ -77,6 +80,12 @@ pub enum Handler {
     GetSandbox,
     DeleteSandbox,
     SetTimeout,
+    PauseSandbox,
+    ResumeSandbox,
+    CreateSnapshot,
+    ForkSandbox,
+    ListSnapshots,
+    DeleteSnapshot,
     Logs,
     Events,
     PutPolicy,
@@ -134,7 +143,7 @@ macro_rules! route {
 }
 
 /// Every endpoint of the daemon.
-pub static ROUTES: [Route; 21] = [
+pub static ROUTES: [Route; 27] = [
     route!(
         Some(Method::GET),
         "/v1/health",
@@ -181,7 +190,7 @@ pub static ROUTES: [Route; 21] = [
             (
                 "state",
                 false,
-                "Comma-separated states to keep (creating, running).",
+                "Comma-separated states to keep (creating, running, paused).",
                 QueryValue::States
             ),
             (
@@ -231,6 +240,78 @@ pub static ROUTES: [Route; 21] = [
         200,
         Payload::Json(schema::<v1::Sandbox>),
         &[400, 404, 409, 413, 422]
+    ),
+    route!(
+        Some(Method::POST),
+        "/v1/sandboxes/{id}/pause",
+        PauseSandbox,
+        ApiKey,
+        "Pause a running sandbox: frozen (its processes keep their memory; the default) or filesystem (they end, its files stay). Its timeout clock stops. 409 sandbox_paused if it already is; 422 for a filesystem pause of a sandbox whose files live in memory.",
+        &[],
+        Payload::OptionalJson(schema::<v1::PauseRequest>),
+        200,
+        Payload::Json(schema::<v1::Sandbox>),
+        &[400, 404, 409, 413, 422]
+    ),
+    route!(
+        Some(Method::POST),
+        "/v1/sandboxes/{id}/resume",
+        ResumeSandbox,
+        ApiKey,
+        "Resume a paused sandbox (a running one only gets its deadline extended): it lives what it had left, or timeout_ms from now if that is later.",
+        &[],
+        Payload::OptionalJson(schema::<v1::ResumeRequest>),
+        200,
+        Payload::Json(schema::<v1::Sandbox>),
+        &[400, 404, 409, 413, 422]
+    ),
+    route!(
+        Some(Method::POST),
+        "/v1/sandboxes/{id}/snapshots",
+        CreateSnapshot,
+        ApiKey,
+        "Snapshot a sandbox's files (/workspace and /tmp; processes are not captured), freezing it only for the copy. Create from it with template = its id or name. 409 if the name is taken; 422 without disk scratch.",
+        &[],
+        Payload::OptionalJson(schema::<v1::CreateSnapshotRequest>),
+        201,
+        Payload::Json(schema::<v1::Snapshot>),
+        &[400, 404, 409, 413, 422]
+    ),
+    route!(
+        Some(Method::POST),
+        "/v1/sandboxes/{id}/fork",
+        ForkSandbox,
+        ApiKey,
+        "count (1 to 20) new sandboxes from a consistent copy of the sandbox's files; each fork succeeds or fails on its own. Processes are not carried over.",
+        &[],
+        Payload::OptionalJson(schema::<v1::ForkRequest>),
+        201,
+        Payload::Json(schema::<v1::ForkResponse>),
+        &[400, 404, 409, 413, 422]
+    ),
+    route!(
+        Some(Method::GET),
+        "/v1/snapshots",
+        ListSnapshots,
+        ApiKey,
+        "List snapshots.",
+        &[],
+        Payload::None,
+        200,
+        Payload::Json(schema::<v1::SnapshotList>),
+        &[]
+    ),
+    route!(
+        Some(Method::DELETE),
+        "/v1/snapshots/{id}",
+        DeleteSnapshot,
+        ApiKey,
+        "Delete a snapshot by id or name; the sandboxes made from it keep their files.",
+        &[],
+        Payload::None,
+        204,
+        Payload::None,
+        &[404]
     ),
     route!(
         Some(Method::GET),
@@ -625,6 +706,12 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
         Handler::GetSandbox => sandboxes::get(ctx),
         Handler::DeleteSandbox => sandboxes::delete(ctx).await,
         Handler::SetTimeout => sandboxes::set_timeout(ctx).await,
+        Handler::PauseSandbox => persistence::pause(ctx).await,
+        Handler::ResumeSandbox => persistence::resume(ctx).await,
+        Handler::CreateSnapshot => persistence::snapshot(ctx).await,
+        Handler::ForkSandbox => persistence::fork(ctx).await,
+        Handler::ListSnapshots => persistence::list(ctx),
+        Handler::DeleteSnapshot => persistence::delete(ctx),
         Handler::Logs => sandboxes::logs(ctx),
         Handler::Events => egress::events(ctx).await,
         Handler::PutPolicy => egress::put_policy(ctx).await,
@@ -663,7 +750,7 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
             result
         }
         Handler::Envd => {
-            let agent = ctx.daemon.agent(&ctx.id)?;
+            let agent = ctx.daemon.agent(&ctx.id).await?;
             crate::proxy::agent_route(&ctx.parts.method, &ctx.rest)?;
             let body = ctx.take_body()?;
             let answer = crate::proxy::forward_native(&agent, &ctx.parts, body, &ctx.rest).await;

@@ -43,9 +43,10 @@ pub fn list(ctx: &Ctx) -> Result<Response<Body>, ApiError> {
                 states.push(match state {
                     "creating" => SandboxState::Creating,
                     "running" => SandboxState::Running,
+                    "paused" => SandboxState::Paused,
                     other => {
                         return Err(ApiError::invalid(format!(
-                            "unknown state {other:?} (creating, running)"
+                            "unknown state {other:?} (creating, running, paused)"
                         )));
                     }
                 });
