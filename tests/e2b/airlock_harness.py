@@ -228,6 +228,25 @@ class Daemon:
         finally:
             os.close(log_fd)
 
+    def restart(self) -> None:
+        """Stops the daemon with SIGTERM (its sandboxes keep running, by design) and starts
+        a new one on the same state directory and address, as an operator's restart does."""
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(30)
+        siblings = {
+            "AIRLOCK_JAIL_BIN": self.binary.parent / "airlock-jail",
+            "AIRLOCK_AGENT_BIN": Path(os.environ.get("AIRLOCK_AGENT_BIN")
+                                      or self.binary.parent / "airlock-agent"),
+        }
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [str(self.binary), "--listen", self.addr, "--state-dir", str(self.state_dir)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
+                env={**os.environ, **{k: str(v) for k, v in siblings.items()}})
+        addr = _listening_address(self.process, self.log_path)
+        assert addr == self.addr, f"the restarted daemon listens on {addr}, not {self.addr}"
+        wait_for(lambda: _healthy(self), "the restarted airlockd's GET /v1/health to answer 200")
+
     def export_env(self) -> None:
         """What a user sets to point the unmodified SDKs at Airlock."""
         for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN", "E2B_VALIDATE_API_KEY"):

@@ -684,26 +684,7 @@ impl Daemon {
     }
 
     fn running(&self, id: &str) -> Result<Arc<Live>, ApiError> {
-        match self.slots().get(id).map(|slot| &slot.state) {
-            Some(SlotState::Running(live)) => Ok(live.clone()),
-            Some(SlotState::Creating) => Err(ApiError::new(
-                ErrorCode::Conflict,
-                format!("sandbox {id} is still being created"),
-            )),
-            Some(SlotState::Deleting) => Err(ApiError::new(
-                ErrorCode::SandboxStopping,
-                format!("sandbox {id} is being removed"),
-            )),
-            Some(SlotState::Busy(_)) => Err(ApiError::new(
-                ErrorCode::Conflict,
-                format!("sandbox {id} is being paused, resumed or snapshotted; try again"),
-            )),
-            Some(SlotState::Paused(..)) => Err(ApiError::new(
-                ErrorCode::SandboxPaused,
-                format!("sandbox {id} is paused; resume it first"),
-            )),
-            None => Err(ApiError::no_sandbox(id)),
-        }
+        running_in(id, self.slots().get(id).map(|slot| &slot.state))
     }
 
     /// The agent of a running sandbox. A paused one created with `lifecycle.auto_resume` is
@@ -781,6 +762,31 @@ fn agent_answers(socket: &std::path::Path) -> bool {
     stream.write_all(request).is_ok()
         && stream.read_exact(&mut head).is_ok()
         && head.starts_with(b"HTTP/1.1 2")
+}
+
+/// A running sandbox's state, or the error its slot's state means (no lock taken: callers
+/// that hold the slots' lock use this directly).
+fn running_in(id: &str, state: Option<&SlotState>) -> Result<Arc<Live>, ApiError> {
+    match state {
+        Some(SlotState::Running(live)) => Ok(live.clone()),
+        Some(SlotState::Creating) => Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!("sandbox {id} is still being created"),
+        )),
+        Some(SlotState::Deleting) => Err(ApiError::new(
+            ErrorCode::SandboxStopping,
+            format!("sandbox {id} is being removed"),
+        )),
+        Some(SlotState::Busy(_)) => Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!("sandbox {id} is being paused, resumed or snapshotted; try again"),
+        )),
+        Some(SlotState::Paused(..)) => Err(ApiError::new(
+            ErrorCode::SandboxPaused,
+            format!("sandbox {id} is paused; resume it first"),
+        )),
+        None => Err(ApiError::no_sandbox(id)),
+    }
 }
 
 fn row_state(state: RowState) -> SandboxState {

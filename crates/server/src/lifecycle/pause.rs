@@ -19,7 +19,7 @@ use airlock_api::v1::{
 };
 use airlock_runtime::{LiveSpec, VolumeSource};
 
-use super::{Daemon, Live, SlotState, runtime_error};
+use super::{Daemon, Live, SlotState, running_in, runtime_error};
 use crate::error::ApiError;
 use crate::store::{PauseRecord, RowState, SnapshotRow, now_ms};
 
@@ -39,12 +39,7 @@ impl Daemon {
         accept(&slot.state)?;
         let live = match &slot.state {
             SlotState::Running(live) | SlotState::Paused(live, _) => live.clone(),
-            _ => {
-                return Err(self
-                    .running(id)
-                    .err()
-                    .unwrap_or_else(|| ApiError::no_sandbox(id)));
-            }
+            other => return Err(state_error(id, other)),
         };
         Ok(std::mem::replace(&mut slot.state, SlotState::Busy(live)))
     }
@@ -78,10 +73,7 @@ impl Daemon {
         }
         let SlotState::Running(live) = self.take(id, |state| match state {
             SlotState::Running(_) => Ok(()),
-            _ => Err(self
-                .running(id)
-                .err()
-                .unwrap_or_else(|| ApiError::no_sandbox(id))),
+            other => Err(state_error(id, other)),
         })?
         else {
             return Err(ApiError::internal(
@@ -196,10 +188,7 @@ impl Daemon {
         }
         let SlotState::Paused(live, mode) = self.take(id, |state| match state {
             SlotState::Paused(..) => Ok(()),
-            _ => Err(self
-                .running(id)
-                .err()
-                .unwrap_or_else(|| ApiError::no_sandbox(id))),
+            other => Err(state_error(id, other)),
         })?
         else {
             return Err(ApiError::internal(
@@ -535,10 +524,7 @@ impl Daemon {
         }
         let before = self.take(id, |state| match state {
             SlotState::Running(_) | SlotState::Paused(..) => Ok(()),
-            _ => Err(self
-                .running(id)
-                .err()
-                .unwrap_or_else(|| ApiError::no_sandbox(id))),
+            other => Err(state_error(id, other)),
         })?;
         let taken = self.take_snapshot(id, name).await;
         self.settle(id, before);
@@ -707,6 +693,14 @@ impl Daemon {
         let _ = self.delete_snapshot(&snapshot.id);
         Ok(forks)
     }
+}
+
+/// The error a sandbox's state means for an operation that does not accept it. Never
+/// locks: `take` calls it with the slots' lock held.
+fn state_error(id: &str, state: &SlotState) -> ApiError {
+    running_in(id, Some(state))
+        .err()
+        .unwrap_or_else(|| ApiError::new(ErrorCode::Conflict, format!("sandbox {id} is running")))
 }
 
 fn snapshot_view(row: &SnapshotRow) -> Snapshot {
