@@ -38,7 +38,9 @@
 //! - **Limits.** `--max-sandboxes` (1024) → 503 `capacity`; `--max-body-bytes` (1 MiB) for
 //!   JSON bodies → 413; `--max-upload-bytes` (10 GiB) for streamed uploads → 413, checked
 //!   against Content-Length first and then while streaming. Request headers must arrive
-//!   within 30 s. Unread request bodies are drained (up to the JSON cap) after an error.
+//!   within 30 s. No answer waits for a body: what a handler left unread (an early error) is
+//!   read in the background, at most 64 MiB or 10 s, while the answer goes out; the connection
+//!   then carries the next request, or closes if the body never came.
 //! - **Lifetimes.** A sandbox has a deadline (default `--default-timeout`, 5 min; at most
 //!   `--max-timeout`, 24 h); a watcher task destroys it then, or as soon as its helper exits
 //!   (pidfd). Sandboxes outlive the daemon: SIGTERM/SIGINT stop the listener, give in-flight
