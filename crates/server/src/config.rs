@@ -93,6 +93,13 @@ pub struct ServeArgs {
     /// before it is rotated to `.1` (one older file is kept).
     #[arg(long, value_name = "SIZE", default_value = "32MiB", value_parser = parse_size)]
     pub audit_max_bytes: u64,
+    /// How long lifecycle events (the store's, as in `GET .../logs`) are kept; older ones are
+    /// deleted while the daemon runs (e.g. 30m, 24h).
+    #[arg(long = "events-retention", value_name = "DURATION", default_value = "168h", value_parser = parse_duration)]
+    pub events_retention_ms: u64,
+    /// The most lifecycle events kept; past it the oldest are deleted while the daemon runs.
+    #[arg(long, value_name = "ROWS", default_value_t = 100_000)]
+    pub events_max: u64,
     /// TEST EQUIPMENT, like curl's --resolve: the egress proxies of `proxy`-mode sandboxes
     /// resolve NAME to the loopback upstream IP:PORT (comma-separated list) instead of DNS,
     /// and nothing else resolves. Refused unless --listen is loopback.
@@ -187,6 +194,8 @@ pub struct Config {
     pub workspace_root: Option<PathBuf>,
     pub egress: EgressConfig,
     pub audit_max_bytes: u64,
+    pub events_retention_ms: u64,
+    pub events_max: u64,
 }
 
 impl Config {
@@ -200,6 +209,7 @@ impl Config {
             ("--max-upload-bytes", args.max_upload_bytes),
             ("--default-timeout", args.default_timeout_ms),
             ("--audit-max-bytes", args.audit_max_bytes),
+            ("--events-max", args.events_max),
         ] {
             if value == 0 {
                 return Err(ConfigError::Zero { name });
@@ -229,6 +239,8 @@ impl Config {
             workspace_root,
             egress: EgressConfig::from_args(args)?,
             audit_max_bytes: args.audit_max_bytes,
+            events_retention_ms: args.events_retention_ms,
+            events_max: args.events_max,
         })
     }
 

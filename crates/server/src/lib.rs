@@ -4,7 +4,8 @@
 //!
 //! - [`config`]: flags (`ServeArgs`, shared with `airlock serve`), defaults, the state directory.
 //! - [`store`]: one SQLite file (`<state>/airlock.db`, WAL): sandboxes, templates, hashed API
-//!   keys, events; versioned with `PRAGMA user_version`.
+//!   keys, events; versioned with `PRAGMA user_version`. The event log is trimmed while the
+//!   daemon runs: `--events-retention` (168 h) and `--events-max` (100 000 rows), oldest first.
 //! - [`auth`]: API keys (`X-API-Key`) and per-sandbox access tokens (`X-Access-Token`), both
 //!   stored as SHA-256; ids. [`keys_cmd`]: `keys create|ls|revoke` on the store directly.
 //! - [`lifecycle`]: create, timeout, delete, watch, and the reconciliation after a restart

@@ -16,11 +16,15 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::{Config, ConfigError, ServeArgs};
 use crate::lifecycle::{Daemon, LifecycleError};
+use crate::store::now_ms;
 
 /// How long in-flight requests may run after a shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// A client must send its request headers within this time.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bounds of the event log's trimming period (half the retention).
+const TRIM_MIN_PERIOD: Duration = Duration::from_millis(250);
+const TRIM_MAX_PERIOD: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -82,6 +86,7 @@ async fn serve(config: Config) -> Result<(), ServeError> {
     let _ = daemon
         .store
         .record_event(None, "daemon_start", &format!("listening on {local}"));
+    tokio::spawn(trim_events(daemon.clone()));
     let mut stdout = std::io::stdout();
     let _ = writeln!(stdout, "airlockd listening on http://{local}");
     let _ = stdout.flush();
@@ -116,6 +121,28 @@ async fn serve(config: Config) -> Result<(), ServeError> {
         "stopped by a signal; sandboxes keep running",
     );
     Ok(())
+}
+
+/// Keeps the store's event log within `--events-retention` and `--events-max` for the
+/// daemon's whole life: a trim at start-up, then one every half retention, at least every
+/// 5 s and at most every 250 ms (a trim with nothing to do looks at two rows).
+async fn trim_events(daemon: Arc<Daemon>) {
+    let retention_ms = daemon.config.events_retention_ms;
+    let max_rows = daemon.config.events_max;
+    let period = Duration::from_millis(retention_ms / 2).clamp(TRIM_MIN_PERIOD, TRIM_MAX_PERIOD);
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let store = daemon.store.clone();
+        let trimmed = tokio::task::spawn_blocking(move || {
+            store.trim_events(now_ms().saturating_sub(retention_ms), max_rows)
+        })
+        .await;
+        if let Ok(Err(err)) = trimmed {
+            eprintln!("airlockd: cannot trim the event log: {err}");
+        }
+    }
 }
 
 async fn connection(

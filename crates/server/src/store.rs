@@ -51,8 +51,8 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_by_sandbox ON events (sandbox_id, seq);
 ";
 
-/// Events kept when a store is opened.
-const MAX_EVENTS: i64 = 100_000;
+/// Rows one trimming statement deletes at most, so that no request waits long for the store.
+const TRIM_BATCH: i64 = 1000;
 
 /// The built-in template every store starts with.
 pub const BASE_TEMPLATE: &str = "base";
@@ -181,11 +181,6 @@ impl Store {
         }
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         tx.commit()?;
-        // The event log is for operators, not an archive: keep its last 100 000 entries.
-        conn.execute(
-            "DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?1",
-            params![MAX_EVENTS],
-        )?;
         conn.execute(
             "INSERT OR IGNORE INTO templates (name, description, rootfs, builtin)
              VALUES (?1, 'The host root, read-only', NULL, 1)",
@@ -398,6 +393,50 @@ impl Store {
             params![to_sql(now_ms()), sandbox_id, kind, message],
         )?;
         Ok(())
+    }
+
+    /// Deletes the events older than `older_than_ms` (Unix ms) and all but the newest
+    /// `keep_rows`; returns how many went. The log is append-only, so both are a prefix in
+    /// `seq` order: each statement deletes at most [`TRIM_BATCH`] of the oldest rows and looks
+    /// at no others, and the lock is released between statements. With nothing to trim it
+    /// costs one look at the oldest and the newest row.
+    pub fn trim_events(&self, older_than_ms: u64, keep_rows: u64) -> Result<u64, StoreError> {
+        let keep_rows = i64::try_from(keep_rows).unwrap_or(i64::MAX);
+        let older_than_ms = to_sql(older_than_ms);
+        let mut deleted = 0;
+        loop {
+            let conn = self.conn();
+            let (oldest_seq, oldest_ms, newest_seq): (Option<i64>, Option<i64>, Option<i64>) = conn
+                .query_row(
+                    "SELECT seq, at_ms, (SELECT MAX(seq) FROM events) FROM events
+                     ORDER BY seq LIMIT 1",
+                    [],
+                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+                )
+                .optional()?
+                .unwrap_or((None, None, None));
+            let (Some(oldest_seq), Some(oldest_ms), Some(newest_seq)) =
+                (oldest_seq, oldest_ms, newest_seq)
+            else {
+                return Ok(deleted);
+            };
+            if oldest_ms >= older_than_ms && oldest_seq > newest_seq.saturating_sub(keep_rows) {
+                return Ok(deleted);
+            }
+            let changed = conn.execute(
+                "DELETE FROM events WHERE seq <= (
+                     SELECT MAX(seq) FROM (
+                         SELECT seq, at_ms FROM events ORDER BY seq LIMIT ?1
+                     ) WHERE at_ms < ?2 OR seq <= (SELECT MAX(seq) FROM events) - ?3
+                 )",
+                params![TRIM_BATCH, older_than_ms, keep_rows],
+            )?;
+            drop(conn);
+            deleted += changed as u64;
+            if changed == 0 {
+                return Ok(deleted);
+            }
+        }
     }
 
     /// The last `limit` events of one sandbox (or, with `None`, of the daemon), oldest first.
@@ -660,6 +699,34 @@ mod tests {
         assert_eq!(
             store.get_sandbox("old").unwrap().unwrap().egress.as_deref(),
             Some("{}")
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn test_events_are_trimmed_by_age_and_by_count_oldest_first() {
+        let (store, dir) = temp_store();
+        for n in 0..2500 {
+            store.record_event(Some("s1"), "k", &n.to_string()).unwrap();
+        }
+        // More than one batch goes, and the newest rows stay.
+        assert_eq!(store.trim_events(0, 1200).unwrap(), 1300);
+        let kept = store.events(Some("s1"), 10_000).unwrap();
+        assert_eq!(kept.len(), 1200);
+        assert_eq!(kept[0].message, "1300");
+        assert_eq!(kept[1199].message, "2499");
+        assert_eq!(
+            store.trim_events(0, 1200).unwrap(),
+            0,
+            "nothing more to trim"
+        );
+        // By age: everything recorded before now + 1 ms.
+        assert_eq!(store.trim_events(now_ms() + 1, u64::MAX).unwrap(), 1200);
+        assert!(store.events(None, 10).unwrap().is_empty());
+        assert_eq!(
+            store.trim_events(now_ms() + 1, 0).unwrap(),
+            0,
+            "an empty log"
         );
         std::fs::remove_dir_all(dir).unwrap();
     }

@@ -1,6 +1,6 @@
 //! Bounded resources, end to end against a real airlockd: no answer waits for a request body
-//! the client never sends, and the events table is trimmed while the daemon runs. Needs root
-//! and `cargo build --workspace`.
+//! the client never sends, and the event log is trimmed (by age and by count) while the daemon
+//! runs. Needs root and `cargo build --workspace`.
 
 #![allow(
     clippy::unwrap_used,
@@ -14,10 +14,14 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use airlock_api::v1::{CreateSandboxRequest, ErrorCode};
+use airlock_server::client::Client;
 use common::TestDaemon;
 
 /// Generous: the machine is shared and noisy. Never a measured bound, only a give-up point.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a poll for a background effect may take before the test gives up.
+const LIMIT: Duration = Duration::from_secs(60);
 
 /// A raw HTTP/1.1 connection that reads answers framed by Content-Length.
 struct RawConn {
@@ -166,4 +170,67 @@ fn test_error_answer_with_unsent_body_arrives_before_the_body() {
             "{path}: the connection stays open without its body"
         );
     }
+}
+
+/// The kinds of a sandbox's stored events, or None once the daemon knows nothing of it.
+async fn event_kinds(client: &Client, id: &str) -> Option<Vec<String>> {
+    match client.logs(id).await {
+        Ok(logs) => Some(logs.events.into_iter().map(|e| e.kind).collect()),
+        Err(err) if err.code() == Some(ErrorCode::NotFound) => None,
+        Err(err) => panic!("logs of {id}: {err}"),
+    }
+}
+
+/// A deleted sandbox's events are kept, and then trimmed by age while the daemon runs.
+#[tokio::test]
+async fn test_events_older_than_retention_are_trimmed_while_running() {
+    common::require_binaries();
+    let daemon = TestDaemon::start("events-age", &["--events-retention", "1s"]);
+    let client = daemon.client();
+    let id = client
+        .create(&CreateSandboxRequest::default())
+        .await
+        .unwrap()
+        .sandbox
+        .id;
+    client.delete(&id).await.unwrap();
+    let kinds = event_kinds(&client, &id).await.unwrap_or_default();
+    // Unless the machine stalled past the retention already, the events are there first.
+    if !kinds.is_empty() {
+        assert!(kinds.contains(&"delete".to_owned()), "{kinds:?}");
+    }
+    assert!(
+        common::eventually(LIMIT, || async {
+            event_kinds(&client, &id).await.is_none()
+        })
+        .await,
+        "the events of {id} were never trimmed"
+    );
+    assert!(client.health().await.is_ok());
+}
+
+/// Past `--events-max`, the oldest events go while the daemon runs, and the newest stay.
+#[tokio::test]
+async fn test_events_past_max_rows_are_trimmed_oldest_first() {
+    common::require_binaries();
+    let daemon = TestDaemon::start("events-rows", &["--events-max", "2"]);
+    let client = daemon.client();
+    let request = CreateSandboxRequest::default();
+    let old = client.create(&request).await.unwrap().sandbox.id;
+    client.delete(&old).await.unwrap();
+    // Two events (create, ready): the newest two of the log once trimmed.
+    let new = client.create(&request).await.unwrap().sandbox.id;
+    assert!(
+        common::eventually(LIMIT, || async {
+            event_kinds(&client, &old).await.is_none()
+        })
+        .await,
+        "the events of {old} were never trimmed"
+    );
+    assert_eq!(
+        event_kinds(&client, &new).await.unwrap(),
+        ["create", "ready"],
+        "the newest events must stay"
+    );
+    client.delete(&new).await.unwrap();
 }
