@@ -6,6 +6,10 @@
 //! (version 2 added `sandboxes.egress`). WAL with `synchronous=NORMAL` keeps each
 //! write one `write(2)`; a crash can lose the last transactions but never corrupts the file,
 //! and start-up reconciles rows with what really runs (see `lifecycle`).
+//!
+//! Memory and disk stay bounded over the daemon's life: the event log is trimmed
+//! ([`Store::trim_events`]), SQLite's page cache is capped at [`CACHE_KIB`] and the WAL is
+//! checkpointed every 1000 pages and truncated back to [`JOURNAL_SIZE_LIMIT`].
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
@@ -50,6 +54,14 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_by_sandbox ON events (sandbox_id, seq);
 ";
+
+/// SQLite's page cache, in KiB (its default is 2000). The daemon's working set is the tail
+/// of the event log and a few pages of the other tables; the kernel's page cache holds the
+/// rest of the file. A cache that grows with the file is anonymous memory the daemon keeps.
+const CACHE_KIB: i64 = 256;
+/// Bytes the WAL is truncated back to after a checkpoint: what 1000 pages (the automatic
+/// checkpoint's threshold) take, so a WAL that once grew past it does not keep its size.
+const JOURNAL_SIZE_LIMIT: i64 = 4 << 20;
 
 /// Rows one trimming statement deletes at most, so that no request waits long for the store.
 const TRIM_BATCH: i64 = 1000;
@@ -161,6 +173,12 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(open_err)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(open_err)?;
+        // Bounded memory and disk (see the module docs): a small page cache, and a WAL cut
+        // back to its usual size after a checkpoint.
+        conn.pragma_update(None, "cache_size", -CACHE_KIB)
+            .map_err(open_err)?;
+        conn.pragma_update(None, "journal_size_limit", JOURNAL_SIZE_LIMIT)
             .map_err(open_err)?;
         let found: i64 = conn
             .pragma_query_value(None, "user_version", |row| row.get(0))
