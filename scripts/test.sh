@@ -39,6 +39,8 @@ scripts/e2b-tests.sh
 scripts/schemathesis.sh
 # The benchmark must keep working; its figures are printed, never asserted.
 cargo run --quiet --locked --bin airlock -- bench start --iterations 20 --phases
+# And the soak's: the daemon's RSS and the store's size per create/delete cycle.
+cargo run --quiet --locked --bin airlock -- bench soak --cycles 3 --sandboxes 20
 # The start-up floor the README compares against must keep building and running.
 cc -O2 -Wall -Wextra -Werror -o target/startup-floor scripts/startup-floor.c -lpthread
 target/startup-floor 20

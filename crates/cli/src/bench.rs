@@ -52,6 +52,19 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 500)]
         count: usize,
     },
+    /// The daemon over long create/delete soaks: its RSS and the store's size after each
+    /// cycle (a private daemon).
+    Soak {
+        /// Cycles to run.
+        #[arg(long, default_value_t = 20)]
+        cycles: usize,
+        /// Sandboxes created, then deleted, per cycle.
+        #[arg(long, default_value_t = 300)]
+        sandboxes: usize,
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 20)]
+        clients: usize,
+    },
     /// The egress proxy: added latency of small GETs and CONNECT pass-through throughput, each
     /// against direct access on loopback.
     Egress {
@@ -86,6 +99,11 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             file_mib,
         } => crate::bench_api::api(url, iterations, file_mib),
         BenchCommand::Density { url, count } => crate::bench_api::density(url, count),
+        BenchCommand::Soak {
+            cycles,
+            sandboxes,
+            clients,
+        } => crate::bench_soak::soak(cycles, sandboxes, clients),
         BenchCommand::E2b {
             url,
             iterations,

@@ -53,6 +53,16 @@ impl BenchDaemon {
         Ok(daemon)
     }
 
+    /// The daemon's pid, when the benchmark started it.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The daemon's state directory, when the benchmark started it.
+    pub fn state_dir(&self) -> Option<&std::path::Path> {
+        self.state_dir.as_deref()
+    }
+
     pub async fn wait_ready(&mut self) -> anyhow::Result<()> {
         let give_up = Instant::now() + Duration::from_secs(30);
         loop {

@@ -138,7 +138,11 @@ pub fn reap(record: &LiveRecord) {
 }
 
 /// Ends a sandbox and removes everything it owned on the host. Safe to repeat, and safe on a
-/// record whose helper is long gone (its pid may belong to someone else by now).
+/// record whose helper is long gone (its pid may belong to someone else by now). Returns once
+/// the helper has exited (its pidfd is readable), is reaped if it is this process's child, and
+/// the cgroup is empty and removed. A helper adopted from an earlier supervisor is the child of
+/// whoever took that supervisor's orphans (init): no one else can collect its exit status, so
+/// its zombie entry stays until that parent does.
 pub fn destroy(layout: &Layout, record: &LiveRecord) {
     if let Some(pidfd) = pidfd(record) {
         let _ = procctl::pidfd_send_signal(&pidfd, libc::SIGTERM);

@@ -116,6 +116,13 @@ pub struct ServeArgs {
     /// [default: half the state directory's free space, at most 16GiB].
     #[arg(long = "storage-size", value_name = "SIZE", value_parser = parse_size)]
     pub storage_size_bytes: Option<u64>,
+    /// How long lifecycle events (the store's, as in `GET .../logs`) are kept; older ones are
+    /// deleted while the daemon runs (e.g. 30m, 24h).
+    #[arg(long = "events-retention", value_name = "DURATION", default_value = "168h", value_parser = parse_duration)]
+    pub events_retention_ms: u64,
+    /// The most lifecycle events kept; past it the oldest are deleted while the daemon runs.
+    #[arg(long, value_name = "ROWS", default_value_t = 100_000)]
+    pub events_max: u64,
     /// TEST EQUIPMENT, like curl's --resolve: the egress proxies of `proxy`-mode sandboxes
     /// resolve NAME to the loopback upstream IP:PORT (comma-separated list) instead of DNS,
     /// and nothing else resolves. Refused unless --listen is loopback.
@@ -222,6 +229,8 @@ pub struct Config {
     pub paused_retention_ms: Option<u64>,
     pub scratch: ScratchMode,
     pub storage_size_bytes: Option<u64>,
+    pub events_retention_ms: u64,
+    pub events_max: u64,
 }
 
 impl Config {
@@ -235,6 +244,7 @@ impl Config {
             ("--max-upload-bytes", args.max_upload_bytes),
             ("--default-timeout", args.default_timeout_ms),
             ("--audit-max-bytes", args.audit_max_bytes),
+            ("--events-max", args.events_max),
         ] {
             if value == 0 {
                 return Err(ConfigError::Zero { name });
@@ -276,6 +286,8 @@ impl Config {
             paused_retention_ms: args.paused_retention_ms,
             scratch: args.scratch,
             storage_size_bytes: args.storage_size_bytes,
+            events_retention_ms: args.events_retention_ms,
+            events_max: args.events_max,
         })
     }
 

@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full, LengthLimitError, Limited};
-use hyper::body::{Frame, Incoming};
+use hyper::body::{Body as _, Frame, Incoming};
 use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use hyper::{HeaderMap, Response, StatusCode, Uri};
 use serde::Serialize;
@@ -113,18 +113,17 @@ pub async fn read_json<T: DeserializeOwned>(
         .map_err(|err| ApiError::invalid(format!("invalid JSON body: {err}")))
 }
 
-/// Reads and discards up to `limit` bytes of a body nobody consumed, so that the connection
-/// can carry the next request (an unread body would otherwise close it).
-pub async fn drain(body: Incoming, limit: u64) {
-    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    let drained = Limited::new(body, limit).collect();
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), drained).await;
-}
-
-/// Reads and discards what is left of an oversized request body after its error answer,
-/// within bounds (64 MiB, 10 s). Closing a socket with unread data makes the kernel reset the
-/// connection, and the client would then see a broken pipe instead of the 413.
+/// Reads and discards, in the background and within bounds (64 MiB, 10 s), what is left of a
+/// request body that nobody consumed, while its answer goes out. The answer never waits for a
+/// body the client may never send. A body read to its end leaves the connection usable for
+/// the next request; one cut short by the bounds closes it (hyper never parses the rest of a
+/// body as a request). Reading rather than closing at once matters too: closing a socket with
+/// unread data makes the kernel reset the connection, and the client would then see a broken
+/// pipe instead of the answer.
 pub fn linger(body: Incoming) {
+    if body.is_end_stream() {
+        return;
+    }
     tokio::spawn(async move {
         let drained = Limited::new(body, 64 << 20).collect();
         let _ = tokio::time::timeout(std::time::Duration::from_secs(10), drained).await;

@@ -4,7 +4,8 @@
 //!
 //! - [`config`]: flags (`ServeArgs`, shared with `airlock serve`), defaults, the state directory.
 //! - [`store`]: one SQLite file (`<state>/airlock.db`, WAL): sandboxes, templates, hashed API
-//!   keys, events; versioned with `PRAGMA user_version`.
+//!   keys, events; versioned with `PRAGMA user_version`. The event log is trimmed while the
+//!   daemon runs: `--events-retention` (168 h) and `--events-max` (100 000 rows), oldest first.
 //! - [`auth`]: API keys (`X-API-Key`) and per-sandbox access tokens (`X-Access-Token`), both
 //!   stored as SHA-256; ids. [`keys_cmd`]: `keys create|ls|revoke` on the store directly.
 //! - [`lifecycle`]: create, timeout, delete, watch, and the reconciliation after a restart
@@ -43,8 +44,10 @@
 //! - **Limits.** `--max-sandboxes` (1024) → 503 `capacity`; `--max-body-bytes` (1 MiB) for
 //!   JSON bodies → 413; `--max-upload-bytes` (10 GiB) for streamed uploads → 413, checked
 //!   against Content-Length first and then while streaming. Request headers must arrive
-//!   within 30 s. Unread request bodies are drained (up to the JSON cap) after an error. An
-//!   upload the agent refuses is answered at once with `Connection: close` (`proxy`).
+//!   within 30 s. No answer waits for a body: what a handler left unread (an early error) is
+//!   read in the background, at most 64 MiB or 10 s, while the answer goes out; the connection
+//!   then carries the next request, or closes if the body never came. An upload the agent
+//!   refuses is answered at once with `Connection: close` (`proxy`).
 //! - **Lifetimes.** A sandbox has a deadline (default `--default-timeout`, 5 min; at most
 //!   `--max-timeout`, 24 h); a watcher task destroys it then, or as soon as its helper exits
 //!   (pidfd). Sandboxes outlive the daemon: SIGTERM/SIGINT stop the listener, give in-flight

@@ -16,11 +16,27 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::{Config, ConfigError, ServeArgs};
 use crate::lifecycle::{Daemon, LifecycleError};
+use crate::store::now_ms;
 
 /// How long in-flight requests may run after a shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// A client must send its request headers within this time.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Threads for blocking work (creates wait for a sandbox's agent, deletes for its helper,
+/// store queries). tokio's default is 512: a burst of concurrent creates then leaves dozens of
+/// threads, each with its stack pages, its allocator caches and, up to glibc's cap, its own
+/// malloc arena. Past 16, more threads bought no measurable throughput on this 2-core machine
+/// (`airlock bench soak`, 20 clients); further work, the egress proxies' DNS lookups included,
+/// waits in the queue. No blocking task waits for another, so the cap cannot deadlock.
+const MAX_BLOCKING_THREADS: usize = 16;
+/// glibc's malloc arenas (its default is 8 per core). Memory freed in one arena serves no
+/// other thread's allocations, so each arena keeps its own free memory: with many threads
+/// that mostly wait, RSS crept up soak after soak. Two arenas keep the worker threads from
+/// contending on one lock.
+const MALLOC_ARENAS: i32 = 2;
+/// Bounds of the event log's trimming period (half the retention).
+const TRIM_MIN_PERIOD: Duration = Duration::from_millis(250);
+const TRIM_MAX_PERIOD: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -46,8 +62,11 @@ pub enum ServeError {
 /// stdout once it accepts connections.
 pub fn run(args: &ServeArgs) -> Result<(), ServeError> {
     let config = Config::from_args(args)?;
+    // Before any thread starts, so that none gets an arena of its own beyond the cap.
+    airlock_jail::procctl::limit_malloc_arenas(MALLOC_ARENAS);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)?;
@@ -82,6 +101,7 @@ async fn serve(config: Config) -> Result<(), ServeError> {
     let _ = daemon
         .store
         .record_event(None, "daemon_start", &format!("listening on {local}"));
+    tokio::spawn(trim_events(daemon.clone()));
     let mut stdout = std::io::stdout();
     let _ = writeln!(stdout, "airlockd listening on http://{local}");
     let _ = stdout.flush();
@@ -117,6 +137,28 @@ async fn serve(config: Config) -> Result<(), ServeError> {
     );
     daemon.release_storage();
     Ok(())
+}
+
+/// Keeps the store's event log within `--events-retention` and `--events-max` for the
+/// daemon's whole life: a trim at start-up, then one every half retention, at least every
+/// 5 s and at most every 250 ms (a trim with nothing to do looks at two rows).
+async fn trim_events(daemon: Arc<Daemon>) {
+    let retention_ms = daemon.config.events_retention_ms;
+    let max_rows = daemon.config.events_max;
+    let period = Duration::from_millis(retention_ms / 2).clamp(TRIM_MIN_PERIOD, TRIM_MAX_PERIOD);
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let store = daemon.store.clone();
+        let trimmed = tokio::task::spawn_blocking(move || {
+            store.trim_events(now_ms().saturating_sub(retention_ms), max_rows)
+        })
+        .await;
+        if let Ok(Err(err)) = trimmed {
+            eprintln!("airlockd: cannot trim the event log: {err}");
+        }
+    }
 }
 
 async fn connection(

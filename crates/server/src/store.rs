@@ -6,6 +6,10 @@
 //! (version 2 added `sandboxes.egress`). WAL with `synchronous=NORMAL` keeps each
 //! write one `write(2)`; a crash can lose the last transactions but never corrupts the file,
 //! and start-up reconciles rows with what really runs (see `lifecycle`).
+//!
+//! Memory and disk stay bounded over the daemon's life: the event log is trimmed
+//! ([`Store::trim_events`]), SQLite's page cache is capped at [`CACHE_KIB`] and the WAL is
+//! checkpointed every 1000 pages and truncated back to [`JOURNAL_SIZE_LIMIT`].
 
 mod snapshots;
 
@@ -69,8 +73,16 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_by_sandbox ON events (sandbox_id, seq);
 ";
 
-/// Events kept when a store is opened.
-const MAX_EVENTS: i64 = 100_000;
+/// SQLite's page cache, in KiB (its default is 2000). The daemon's working set is the tail
+/// of the event log and a few pages of the other tables; the kernel's page cache holds the
+/// rest of the file. A cache that grows with the file is anonymous memory the daemon keeps.
+const CACHE_KIB: i64 = 256;
+/// Bytes the WAL is truncated back to after a checkpoint: what 1000 pages (the automatic
+/// checkpoint's threshold) take, so a WAL that once grew past it does not keep its size.
+const JOURNAL_SIZE_LIMIT: i64 = 4 << 20;
+
+/// Rows one trimming statement deletes at most, so that no request waits long for the store.
+const TRIM_BATCH: i64 = 1000;
 
 /// The built-in template every store starts with.
 pub const BASE_TEMPLATE: &str = "base";
@@ -196,6 +208,12 @@ impl Store {
             .map_err(open_err)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(open_err)?;
+        // Bounded memory and disk (see the module docs): a small page cache, and a WAL cut
+        // back to its usual size after a checkpoint.
+        conn.pragma_update(None, "cache_size", -CACHE_KIB)
+            .map_err(open_err)?;
+        conn.pragma_update(None, "journal_size_limit", JOURNAL_SIZE_LIMIT)
+            .map_err(open_err)?;
         let found: i64 = conn
             .pragma_query_value(None, "user_version", |row| row.get(0))
             .map_err(open_err)?;
@@ -228,11 +246,6 @@ impl Store {
         }
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         tx.commit()?;
-        // The event log is for operators, not an archive: keep its last 100 000 entries.
-        conn.execute(
-            "DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?1",
-            params![MAX_EVENTS],
-        )?;
         conn.execute(
             "INSERT OR IGNORE INTO templates (name, description, rootfs, builtin)
              VALUES (?1, 'The host root, read-only', NULL, 1)",
@@ -469,6 +482,50 @@ impl Store {
             params![to_sql(now_ms()), sandbox_id, kind, message],
         )?;
         Ok(())
+    }
+
+    /// Deletes the events older than `older_than_ms` (Unix ms) and all but the newest
+    /// `keep_rows`; returns how many went. The log is append-only, so both are a prefix in
+    /// `seq` order: each statement deletes at most [`TRIM_BATCH`] of the oldest rows and looks
+    /// at no others, and the lock is released between statements. With nothing to trim it
+    /// costs one look at the oldest and the newest row.
+    pub fn trim_events(&self, older_than_ms: u64, keep_rows: u64) -> Result<u64, StoreError> {
+        let keep_rows = i64::try_from(keep_rows).unwrap_or(i64::MAX);
+        let older_than_ms = to_sql(older_than_ms);
+        let mut deleted = 0;
+        loop {
+            let conn = self.conn();
+            let (oldest_seq, oldest_ms, newest_seq): (Option<i64>, Option<i64>, Option<i64>) = conn
+                .query_row(
+                    "SELECT seq, at_ms, (SELECT MAX(seq) FROM events) FROM events
+                     ORDER BY seq LIMIT 1",
+                    [],
+                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+                )
+                .optional()?
+                .unwrap_or((None, None, None));
+            let (Some(oldest_seq), Some(oldest_ms), Some(newest_seq)) =
+                (oldest_seq, oldest_ms, newest_seq)
+            else {
+                return Ok(deleted);
+            };
+            if oldest_ms >= older_than_ms && oldest_seq > newest_seq.saturating_sub(keep_rows) {
+                return Ok(deleted);
+            }
+            let changed = conn.execute(
+                "DELETE FROM events WHERE seq <= (
+                     SELECT MAX(seq) FROM (
+                         SELECT seq, at_ms FROM events ORDER BY seq LIMIT ?1
+                     ) WHERE at_ms < ?2 OR seq <= (SELECT MAX(seq) FROM events) - ?3
+                 )",
+                params![TRIM_BATCH, older_than_ms, keep_rows],
+            )?;
+            drop(conn);
+            deleted += changed as u64;
+            if changed == 0 {
+                return Ok(deleted);
+            }
+        }
     }
 
     /// The last `limit` events of one sandbox (or, with `None`, of the daemon), oldest first.
@@ -748,6 +805,34 @@ mod tests {
         assert_eq!(
             store.get_sandbox("old").unwrap().unwrap().egress.as_deref(),
             Some("{}")
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn test_events_are_trimmed_by_age_and_by_count_oldest_first() {
+        let (store, dir) = temp_store();
+        for n in 0..2500 {
+            store.record_event(Some("s1"), "k", &n.to_string()).unwrap();
+        }
+        // More than one batch goes, and the newest rows stay.
+        assert_eq!(store.trim_events(0, 1200).unwrap(), 1300);
+        let kept = store.events(Some("s1"), 10_000).unwrap();
+        assert_eq!(kept.len(), 1200);
+        assert_eq!(kept[0].message, "1300");
+        assert_eq!(kept[1199].message, "2499");
+        assert_eq!(
+            store.trim_events(0, 1200).unwrap(),
+            0,
+            "nothing more to trim"
+        );
+        // By age: everything recorded before now + 1 ms.
+        assert_eq!(store.trim_events(now_ms() + 1, u64::MAX).unwrap(), 1200);
+        assert!(store.events(None, 10).unwrap().is_empty());
+        assert_eq!(
+            store.trim_events(now_ms() + 1, 0).unwrap(),
+            0,
+            "an empty log"
         );
         std::fs::remove_dir_all(dir).unwrap();
     }

@@ -180,3 +180,127 @@ async fn test_restart_readopts_live_sandboxes_and_destroys_the_rest() {
     common::assert_sandbox_gone(&second.state_dir, &kept_id, Some(kept_helper));
     drop(first);
 }
+
+/// `(state, parent pid, start ticks)` of `/proc/<pid>`, if the entry exists.
+fn proc_entry(pid: i32) -> Option<(String, u32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split(' ').collect();
+    Some((
+        fields.first()?.to_string(),
+        fields.get(1)?.parse().ok()?,
+        fields.get(19)?.parse().ok()?,
+    ))
+}
+
+/// Every process in the sandbox's cgroups (the agent and what it runs), as `(pid, ticks)`.
+fn sandbox_processes(id: &str) -> Vec<(i32, u64)> {
+    let mut found = Vec::new();
+    for dir in common::sandbox_cgroups(id) {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            if let Some((_, _, ticks)) = proc_entry(pid)
+                && !found.contains(&(pid, ticks))
+            {
+                found.push((pid, ticks));
+            }
+        }
+    }
+    found
+}
+
+/// Starts a process in the sandbox that would run for long, and returns the sandbox's
+/// processes (at least the agent and that one).
+async fn busy_sandbox(client: &Client, id: &str) -> Vec<(i32, u64)> {
+    let out = client
+        .exec_collect(
+            id,
+            &ExecRequest {
+                shell: Some("sleep 1000 >/dev/null 2>&1 & echo started".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, b"started\n");
+    let processes = sandbox_processes(id);
+    assert!(processes.len() >= 2, "agent and sleep: {processes:?}");
+    processes
+}
+
+/// Whether `/proc` still shows this process (same pid and start time), zombie or not.
+fn in_proc(pid: i32, ticks: u64) -> bool {
+    proc_entry(pid).is_some_and(|(_, _, t)| t == ticks)
+}
+
+/// Right after a DELETE answers, nothing of the sandbox runs: its cgroup is gone and every
+/// process that was in it has exited and been reaped; its helper is reaped by the daemon when
+/// the daemon is its parent. A re-adopted sandbox's helper belongs to whoever adopted the old
+/// daemon's orphans (init here): the daemon waits, through a pidfd, until it has exited, and
+/// no one but that parent can collect its exit status.
+#[tokio::test]
+async fn test_delete_after_restart_leaves_no_process_of_the_sandbox() {
+    common::require_binaries();
+    let mut first = TestDaemon::start("reap", &[]);
+    first.keep_state = true;
+    let _cleanup = common::CleanupOnPanic {
+        state_dir: first.state_dir.clone(),
+    };
+    let client = first.client();
+    let adopted = client
+        .create(&CreateSandboxRequest::default())
+        .await
+        .unwrap()
+        .sandbox
+        .id;
+    let adopted_processes = busy_sandbox(&client, &adopted).await;
+    let adopted_helper = helper_of(&first, &adopted);
+    assert!(first.terminate(), "airlockd exits cleanly on SIGTERM");
+
+    let second = TestDaemon::start_in(&first.state_dir, &first.key, &[]);
+    let client = second.client();
+    assert_eq!(
+        client.get(&adopted).await.unwrap().state,
+        SandboxState::Running
+    );
+    let own = client
+        .create(&CreateSandboxRequest::default())
+        .await
+        .unwrap()
+        .sandbox
+        .id;
+    let own_processes = busy_sandbox(&client, &own).await;
+    let own_helper = helper_of(&second, &own);
+    for (pid, ticks) in adopted_processes.iter().chain(&own_processes) {
+        assert!(
+            common::process_alive(*pid, Some(*ticks)),
+            "{pid} not running"
+        );
+    }
+
+    for (id, processes, helper) in [
+        (&adopted, &adopted_processes, adopted_helper),
+        (&own, &own_processes, own_helper),
+    ] {
+        client.delete(id).await.unwrap();
+        // No polling: all of this holds when the DELETE answers.
+        common::assert_sandbox_gone(&second.state_dir, id, Some(helper));
+        for &(pid, ticks) in processes {
+            assert!(
+                !in_proc(pid, ticks),
+                "process {pid} of {id} left: {:?}",
+                proc_entry(pid)
+            );
+        }
+        let (pid, ticks) = helper;
+        if let Some((state, parent, _)) = proc_entry(pid).filter(|(_, _, t)| *t == ticks) {
+            assert_eq!(state, "Z", "helper {pid} of {id} still runs");
+            assert_ne!(
+                parent,
+                second.pid(),
+                "helper {pid} of {id} is the daemon's child and was not reaped"
+            );
+            assert_eq!(id, &adopted, "the daemon's own helper {pid} was not reaped");
+        }
+    }
+    drop(first);
+}

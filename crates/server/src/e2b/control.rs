@@ -54,8 +54,7 @@ pub async fn dispatch(daemon: Arc<Daemon>, request: Request<Incoming>) -> Respon
         close: false,
     };
     let response = route(&mut ctx).await.unwrap_or_else(|err| err.response());
-    let limit = ctx.daemon.config.max_body_bytes;
-    discard(ctx.body.take(), &ctx.parts.headers, limit).await;
+    discard(ctx.body.take());
     response
 }
 

@@ -26,7 +26,7 @@ pub async fn dispatch(
     let (mut parts, body) = request.into_parts();
     let mut body = Some(body);
     let response = route(&daemon, &mut parts, &mut body, &target).await;
-    discard(body, &parts.headers, daemon.config.max_body_bytes).await;
+    discard(body);
     response
 }
 

@@ -17,8 +17,8 @@
 //! 4. `/v1/…` → the native API;
 //! 5. anything else → control plane (401 without a key, 404 for unknown paths).
 //!
-//! A body that a handler did not read is drained (or read in the background when large)
-//! before or while the answer goes out, so that a keep-alive connection stays usable.
+//! A body that a handler did not read is read in the background while the answer goes out,
+//! so that a keep-alive connection stays usable and no answer waits for a body.
 //!
 //! # Control plane ([`control`])
 //!
@@ -73,7 +73,7 @@ use hyper::header::HOST;
 use hyper::{HeaderMap, Request, Response, StatusCode, Uri};
 
 use crate::error::ApiError;
-use crate::http::{Body, content_length, drain, json_response, linger};
+use crate::http::{Body, json_response, linger};
 use crate::lifecycle::Daemon;
 
 /// The envd's port: the SDKs name it in `E2b-Sandbox-Port`.
@@ -180,22 +180,17 @@ pub async fn serve(daemon: Arc<Daemon>, request: Request<Incoming>) -> Response<
         Surface::Control => control::dispatch(daemon, request).await,
         Surface::Data(target) => data::dispatch(daemon, request, target).await,
         Surface::Invalid(message) => {
-            let (parts, body) = request.into_parts();
-            discard(Some(body), &parts.headers, daemon.config.max_body_bytes).await;
+            discard(Some(request.into_body()));
             E2bError::new(StatusCode::BAD_REQUEST, message).response()
         }
     }
 }
 
-/// Reads away a body nobody consumed: a small one before the answer, a large one (within
-/// bounds) in the background, so that the connection can carry the next request.
-pub async fn discard(body: Option<Incoming>, headers: &HeaderMap, limit: u64) {
+/// Reads away a body nobody consumed, in the background while the answer goes out
+/// (`http::linger`), so that the connection can carry the next request.
+pub fn discard(body: Option<Incoming>) {
     if let Some(body) = body {
-        if content_length(headers).is_some_and(|len| len <= limit) {
-            drain(body, limit).await;
-        } else {
-            linger(body);
-        }
+        linger(body);
     }
 }
 

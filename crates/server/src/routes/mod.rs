@@ -3,8 +3,7 @@
 //! [`ROUTES`] is the single list of endpoints: the dispatcher matches requests against it and
 //! `openapi` documents it, so the two cannot drift. Each route names its access level, and the
 //! dispatcher authenticates before any handler runs. A body that a handler did not consume
-//! (an early error) is drained up to the JSON cap before the answer, so that a keep-alive
-//! connection stays usable.
+//! (an early error) is read in the background while the answer goes out (`http::linger`).
 
 mod egress;
 mod exec;
@@ -25,7 +24,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 
 use crate::auth;
 use crate::error::{ApiError, CAPACITY_RETRY_AFTER_SECONDS};
-use crate::http::{Body, content_length, drain, error_response, linger};
+use crate::http::{Body, error_response, linger};
 use crate::lifecycle::Daemon;
 
 /// Who may call a route.
@@ -626,7 +625,6 @@ pub(crate) fn route_pattern(method: &Method, path: &str) -> Option<&'static str>
 /// Serves one request.
 pub async fn dispatch(daemon: Arc<Daemon>, request: Request<Incoming>) -> Response<Body> {
     let (parts, body) = request.into_parts();
-    let max_drain = daemon.config.max_body_bytes;
     let mut ctx = Ctx {
         daemon,
         parts,
@@ -655,13 +653,7 @@ pub async fn dispatch(daemon: Arc<Daemon>, request: Request<Incoming>) -> Respon
         }
     };
     if let Some(body) = ctx.body.take() {
-        // A small leftover body is read before answering, so the connection stays usable; a
-        // large one is read (within bounds) while and after the answer goes out.
-        if content_length(&ctx.parts.headers).is_some_and(|len| len <= max_drain) {
-            drain(body, max_drain).await;
-        } else {
-            linger(body);
-        }
+        linger(body);
     }
     response
         .headers_mut()
