@@ -282,11 +282,17 @@ pub async fn upload(
         }
     };
     match result {
-        Ok(written) => full(
-            StatusCode::OK,
-            "application/json",
-            json!(written).to_string(),
-        ),
+        // Whatever follows the last part (the closing boundary may come in a frame of its
+        // own) is read before the answer: a client still writing it must not meet a closed
+        // connection.
+        Ok(written) => {
+            drain(&mut body).await;
+            full(
+                StatusCode::OK,
+                "application/json",
+                json!(written).to_string(),
+            )
+        }
         // Answered at once, not after reading a body that will never be written, and the
         // connection is not reused. The rest is read away beside the answer (bounded), so that
         // a client still sending sees the answer, not a broken pipe.

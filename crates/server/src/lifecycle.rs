@@ -691,8 +691,11 @@ impl Daemon {
     /// resumed first (a data-plane request is its cue).
     pub async fn agent(self: &Arc<Self>, id: &str) -> Result<Agent, ApiError> {
         match self.running(id) {
-            Err(err) if err.code == ErrorCode::SandboxPaused && self.auto_resumes(id) => {
-                self.resume(id, None).await?;
+            Err(err) if err.code == ErrorCode::SandboxPaused => {
+                let Some(lifetime_ms) = self.auto_resumes(id) else {
+                    return Err(err);
+                };
+                self.resume(id, Some(lifetime_ms)).await?;
                 Ok(Agent::new(&self.running(id)?.record.socket))
             }
             other => Ok(Agent::new(&other?.record.socket)),

@@ -25,6 +25,13 @@ use crate::store::{PauseRecord, RowState, SnapshotRow, now_ms};
 
 /// What a resume grants at least when it names no timeout: E2B's connect default.
 pub const RESUME_DEFAULT_MS: u64 = 300_000;
+/// A pause with this little time left was its timeout's: resume starts its lifetime over.
+const TIMED_OUT_MS: u64 = 1_000;
+
+/// How long an auto-resumed sandbox lives at least (E2B: its timeout, and at least 5 min).
+pub(super) fn auto_resume_ms(request: &CreateSandboxRequest) -> u64 {
+    request.timeout_ms.unwrap_or(0).max(RESUME_DEFAULT_MS)
+}
 
 impl Daemon {
     /// Takes a sandbox into `Busy` if `accept` says its state allows the operation; returns
@@ -52,12 +59,17 @@ impl Daemon {
     }
 
     /// Whether a paused sandbox resumes on its next data-plane request.
-    pub(super) fn auto_resumes(&self, id: &str) -> bool {
-        matches!(
-            self.store.get_sandbox(id),
-            Ok(Some(row)) if row.request.lifecycle.auto_resume
-                && row.pause.is_some_and(|p| p.mode == PauseMode::Frozen)
-        )
+    /// `Some(lifetime)` when a paused sandbox resumes on its next data-plane request.
+    pub(super) fn auto_resumes(&self, id: &str) -> Option<u64> {
+        match self.store.get_sandbox(id) {
+            Ok(Some(row))
+                if row.request.lifecycle.auto_resume
+                    && row.pause.is_some_and(|p| p.mode == PauseMode::Frozen) =>
+            {
+                Some(auto_resume_ms(&row.request))
+            }
+            _ => None,
+        }
     }
 
     pub fn is_running(&self, id: &str) -> bool {
@@ -199,7 +211,11 @@ impl Daemon {
             .store
             .get_sandbox(id)?
             .ok_or_else(|| ApiError::no_sandbox(id))?;
-        let remaining = row.pause.map_or(RESUME_DEFAULT_MS, |p| p.remaining_ms);
+        let mut remaining = row.pause.map_or(RESUME_DEFAULT_MS, |p| p.remaining_ms);
+        if remaining <= TIMED_OUT_MS {
+            // Paused at its timeout: it had nothing left, so it gets its lifetime again.
+            remaining = row.request.timeout_ms.unwrap_or(RESUME_DEFAULT_MS);
+        }
         let deadline_ms = now_ms().saturating_add(remaining.max(timeout_ms.unwrap_or(0)));
         let resumed = match mode {
             PauseMode::Frozen => self
