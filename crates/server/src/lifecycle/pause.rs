@@ -287,15 +287,15 @@ impl Daemon {
             .map_err(|err| runtime_error(&err))?;
         let json = serde_json::to_string(pending.record())
             .map_err(|e| ApiError::internal(format!("cannot encode the sandbox record: {e}")))?;
-        if !self.store.set_started(
-            &id,
-            &json,
-            deadline_ms,
-            ("resumed", "started again on its files"),
-        )? {
+        // Committed before its row says so, unlike a create: a crash in between leaves a
+        // paused row, whose sandbox (found by its cgroup's name) the next daemon stops, so
+        // the files are never lost with an uncommitted start.
+        let record = pending.commit().map_err(|err| runtime_error(&err))?;
+        let resumed = ("resumed", "started again on its files");
+        if !self.store.set_started(&id, &json, deadline_ms, resumed)? {
+            self.runtime.stop(&record);
             return Err(ApiError::no_sandbox(&id));
         }
-        let record = pending.commit().map_err(|err| runtime_error(&err))?;
         let (deadline, _) = tokio::sync::watch::channel(deadline_ms);
         Ok(Arc::new(Live {
             record,

@@ -79,7 +79,11 @@ impl Daemon {
                     }
                 }
                 _ = pidfd.readable() => {
-                    self.end(&id, "ended", "the sandbox's agent exited").await;
+                    // A pause that stops the processes stops this watcher first: then the
+                    // agent's exit is the pause's, not the sandbox's end.
+                    if *deadline.borrow() != u64::MAX {
+                        self.end(&id, "ended", "the sandbox's agent exited").await;
+                    }
                     return;
                 }
                 changed = deadline.changed() => {
