@@ -65,6 +65,16 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 20)]
         clients: usize,
     },
+    /// Pause and resume (idle, and 256 MiB resident), snapshots of 100 MB in 5,000 files, and
+    /// creates from them beside plain creates (a private daemon).
+    Pause {
+        /// Pause/resume cycles per sandbox.
+        #[arg(long, default_value_t = 50)]
+        iterations: usize,
+        /// Snapshots taken, each followed by a create from it and a plain create.
+        #[arg(long, default_value_t = 10)]
+        snapshots: usize,
+    },
     /// The egress proxy: added latency of small GETs and CONNECT pass-through throughput, each
     /// against direct access on loopback.
     Egress {
@@ -113,6 +123,10 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             requests,
             download_mib,
         } => crate::bench_egress::egress(requests, download_mib),
+        BenchCommand::Pause {
+            iterations,
+            snapshots,
+        } => crate::bench_pause::pause(iterations, snapshots),
     }
 }
 

@@ -5,6 +5,7 @@ mod bench;
 mod bench_api;
 mod bench_e2b;
 mod bench_egress;
+mod bench_pause;
 mod bench_soak;
 mod daemon_cmds;
 mod persist_cmds;
