@@ -180,6 +180,15 @@ impl SandboxConfig {
         }
     }
 
+    /// Runs the workload as `user`: on the container tier this replaces the image's own
+    /// `User` too, which would otherwise win.
+    pub fn set_user(&mut self, user: UserSpec) {
+        self.user = user;
+        if let Some(image) = &mut self.image {
+            image.config.user = Some(format!("{}:{}", user.uid, user.gid));
+        }
+    }
+
     /// A container-tier configuration of `image` with Airlock's defaults. The image's config
     /// applies as Docker applies it: the command is the entrypoint followed by `command`, or
     /// by the image's `cmd` when `command` is empty; the working directory is the image's

@@ -6,6 +6,7 @@ mod bench_api;
 mod bench_e2b;
 mod bench_egress;
 mod daemon_cmds;
+mod image_source;
 mod policy_cmds;
 mod run;
 mod sandbox_cmds;

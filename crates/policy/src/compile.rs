@@ -342,6 +342,7 @@ fn identity(config: &SandboxConfig, host: &HostFacts) -> IdentityPlan {
             gid: user.gid,
             privileged_caller: true,
             lookup,
+            groups: Vec::new(),
         };
     }
     // An unprivileged caller may map only its own ids; the workload's ids stand for them.
@@ -360,6 +361,7 @@ fn identity(config: &SandboxConfig, host: &HostFacts) -> IdentityPlan {
         gid: user.gid,
         privileged_caller: false,
         lookup,
+        groups: Vec::new(),
     }
 }
 

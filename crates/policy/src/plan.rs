@@ -32,6 +32,10 @@ pub struct IdentityPlan {
     /// and `/etc/group` before it drops its privileges.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lookup: Option<UserLookup>,
+    /// Supplementary groups inside (a root caller only; empty otherwise). Filled in by init
+    /// from the image's `/etc/group` on the container tier.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<u32>,
 }
 
 /// A user to find in the image (the container tier), resolved by init inside the sandbox's

@@ -12,7 +12,7 @@ use airlock_jail::spec::{AGENT_LISTEN_FD, AGENT_PATH, AgentSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::storage::{Storage, VolumeOwners};
-use crate::{Backend, Runtime, RuntimeError, check_paths};
+use crate::{Backend, IdRange, Runtime, RuntimeError};
 
 /// What the caller asks for.
 #[derive(Debug, Clone)]
@@ -40,6 +40,11 @@ pub struct LiveSandbox {
     #[serde(default)]
     pub cgroup_dirs: Vec<PathBuf>,
     pub dir: PathBuf,
+    /// The first host id of the sandbox's own id range (a root caller's sandbox). Its
+    /// helper holds the range's lock, so a restarted daemon that re-adopts the sandbox finds
+    /// it still taken, and no new sandbox gets it while this one lives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id_range: Option<u32>,
 }
 
 impl LiveSandbox {
@@ -160,7 +165,7 @@ fn check_id(id: &str) -> Result<(), RuntimeError> {
 
 /// The host ids that own a volume's `tmp/` (the sandbox's root) and `workspace/` (the
 /// workload's user), through the sandbox's id maps.
-fn volume_owners(identity: &airlock_policy::IdentityPlan) -> VolumeOwners {
+fn volume_owners(identity: &airlock_policy::IdentityPlan, upper: bool) -> VolumeOwners {
     let outside = |maps: &[airlock_policy::IdMap], inside: u32| {
         maps.iter()
             .find(|m| inside >= m.inside && inside - m.inside < m.count)
@@ -172,6 +177,7 @@ fn volume_owners(identity: &airlock_policy::IdentityPlan) -> VolumeOwners {
             outside(&identity.uid_map, identity.uid),
             outside(&identity.gid_map, identity.gid),
         ),
+        upper,
     }
 }
 
@@ -203,13 +209,7 @@ impl Runtime {
         egress: Option<&crate::EgressSession>,
     ) -> Result<Pending, RuntimeError> {
         check_id(&spec.id)?;
-        let backend = Backend::for_tier(spec.config.tier);
-        if let Some(reason) = backend.probe(&self.support).unavailable {
-            return Err(RuntimeError::TierUnavailable {
-                tier: spec.config.tier.as_str(),
-                reason,
-            });
-        }
+        let backend = Backend::for_tier(spec.config.tier).available(&self.support)?;
         let mut config = spec.config.clone();
         config.command = vec![
             AGENT_PATH.to_owned(),
@@ -217,11 +217,17 @@ impl Runtime {
             AGENT_LISTEN_FD.to_string(),
         ];
         config.timeout_ms = None;
-        check_paths(&config)?;
+        backend.check(&config)?;
         let mut plan = airlock_policy::compile(&config, &self.facts())?;
+        let mut options = self.spawn_options();
+        let id_range = self.id_range(&plan)?;
+        if let Some(range) = &id_range {
+            plan.use_id_range(range.base());
+            options.hold = Some(range.lock());
+        }
         let volume = match &self.storage {
             Some(storage) => {
-                let owners = volume_owners(&plan.identity);
+                let owners = volume_owners(&plan.identity, backend.needs_upper());
                 let dir = storage.create_volume(&spec.id, config.resources.disk_bytes, owners)?;
                 plan.use_disk_scratch(dir);
                 Some(VolumeGuard {
@@ -247,7 +253,7 @@ impl Runtime {
         };
         let socket = agent.socket.clone();
         let name = format!("{}-{}", self.owner, spec.id);
-        let starting = backend.start_live(&plan, &self.spawn_options(), &name, agent)?;
+        let starting = backend.start_live(&plan, &options, &name, agent)?;
         let jail = starting.record();
         let record = LiveSandbox {
             id: spec.id.clone(),
@@ -257,6 +263,7 @@ impl Runtime {
             cgroup: jail.cgroup.clone(),
             cgroup_dirs: jail.cgroup_dirs.clone(),
             dir: spec.dir.clone(),
+            id_range: id_range.as_ref().map(IdRange::base),
         };
         Ok(Pending {
             starting,

@@ -104,6 +104,9 @@ pub struct Storage {
 pub struct VolumeOwners {
     pub root: (u32, u32),
     pub workload: (u32, u32),
+    /// Also make the container tier's `upper/` (owned by the sandbox's root, like the
+    /// image's `/`) and `work/` (the overlay's own, root's).
+    pub upper: bool,
 }
 
 impl Storage {
@@ -169,7 +172,9 @@ impl Storage {
     }
 
     /// Creates sandbox `id`'s volume, limited to `limit_bytes`, with an empty `tmp/` and
-    /// `workspace/`. A volume left by an earlier sandbox of the same id is replaced.
+    /// `workspace/` (and, for the container tier, `upper/` and `work/`: the overlay's writes
+    /// count against the same quota and go with the volume). A volume left by an earlier
+    /// sandbox of the same id is replaced.
     pub fn create_volume(
         &self,
         id: &str,
@@ -183,10 +188,15 @@ impl Storage {
         disk::btrfs_create_subvolume(&self.mount, id).map_err(volume_error(&dir))?;
         let made = (|| -> io::Result<()> {
             disk::btrfs_limit_subvolume(&dir, limit_bytes)?;
-            for (name, mode, (uid, gid)) in [
+            let mut dirs = vec![
                 (airlock_policy::SCRATCH_TMP, 0o1777, owners.root),
                 (airlock_policy::SCRATCH_WORKSPACE, 0o755, owners.workload),
-            ] {
+            ];
+            if owners.upper {
+                dirs.push((airlock_policy::SCRATCH_UPPER, 0o755, owners.root));
+                dirs.push((airlock_policy::SCRATCH_WORK, 0o700, (0, 0)));
+            }
+            for (name, mode, (uid, gid)) in dirs {
                 let path = dir.join(name);
                 std::fs::create_dir(&path)?;
                 std::os::unix::fs::chown(&path, Some(uid), Some(gid))?;
