@@ -272,12 +272,20 @@ impl Runtime {
         })
     }
 
-    /// Checks that a recorded sandbox still runs (same helper pid and start time).
+    /// Checks that a recorded sandbox still runs (same helper pid and start time) and still
+    /// holds its host id range (its helper keeps the range's lock), so that no new sandbox
+    /// can be given it.
     pub fn adopt(&self, record: &LiveSandbox) -> Result<(), RuntimeError> {
         record
             .pidfd()
             .map(drop)
-            .map_err(|_| RuntimeError::Gone(record.id.clone()))
+            .map_err(|_| RuntimeError::Gone(record.id.clone()))?;
+        if let Some(base) = record.id_range
+            && !IdRange::is_held_in(std::path::Path::new(crate::id_range::ID_RANGE_DIR), base)
+        {
+            return Err(RuntimeError::Gone(record.id.clone()));
+        }
+        Ok(())
     }
 
     /// Ends a sandbox and removes what it owned: processes, cgroup and its directory. Safe to

@@ -114,6 +114,10 @@ fn test_container_sandbox_on_disk_scratch_keeps_its_upper_in_the_volume() {
         !IdRange::is_held_in(Path::new(id_range::ID_RANGE_DIR), outcome),
         "the range is free once the sandbox is gone"
     );
+    assert!(
+        runtime.adopt(&record).is_err(),
+        "a destroyed sandbox cannot be adopted"
+    );
     assert!(runtime.storage().unwrap().release(), "no volume is left");
     std::fs::remove_dir_all(&root).unwrap();
 }
