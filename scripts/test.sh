@@ -13,6 +13,9 @@ command -v openssl >/dev/null || need+=(openssl)       # egress tests: a TLS cli
 command -v git >/dev/null || need+=(git)               # egress tests: git over smart HTTP
 command -v cc >/dev/null || need+=(gcc)                # the start-up floor, scripts/startup-floor.c
 command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs) # airlockd's disk scratch storage
+[ -x /bin/busybox ] || command -v busybox >/dev/null || need+=(busybox-static)  # container-tier test images
+command -v crun >/dev/null || need+=(crun)             # the container benchmark's peers
+command -v podman >/dev/null || need+=(podman)
 /usr/bin/python3 -c 'import requests' 2>/dev/null || need+=(python3-requests)  # and another
 if ((${#need[@]})); then
     if [ "$(id -u)" -ne 0 ]; then
@@ -41,6 +44,7 @@ scripts/schemathesis.sh
 cargo run --quiet --locked --bin airlock -- bench start --iterations 20 --phases
 # And the soak's: the daemon's RSS and the store's size per create/delete cycle.
 cargo run --quiet --locked --bin airlock -- bench soak --cycles 3 --sandboxes 20
+cargo run --quiet --locked --bin airlock -- bench start --tier container --iterations 10
 # The start-up floor the README compares against must keep building and running.
 cc -O2 -Wall -Wextra -Werror -o target/startup-floor scripts/startup-floor.c -lpthread
 target/startup-floor 20

@@ -154,6 +154,11 @@ pub struct SandboxConfig {
     /// above first (`airlock_policy::Policy::settings`), since explicit flags win over them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<Box<crate::policy::PolicyDocument>>,
+    /// The container tier's root filesystem; `tier: container` requires it. Its config's
+    /// `user` is resolved inside the image and wins over [`SandboxConfig::user`]: a caller that
+    /// overrides the image's user replaces `image.config.user`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<crate::image::ImageRootfs>,
 }
 
 impl SandboxConfig {
@@ -171,7 +176,37 @@ impl SandboxConfig {
             compat: Compat::Strict,
             command,
             policy: None,
+            image: None,
         }
+    }
+
+    /// Runs the workload as `user`: on the container tier this replaces the image's own
+    /// `User` too, which would otherwise win.
+    pub fn set_user(&mut self, user: UserSpec) {
+        self.user = user;
+        if let Some(image) = &mut self.image {
+            image.config.user = Some(format!("{}:{}", user.uid, user.gid));
+        }
+    }
+
+    /// A container-tier configuration of `image` with Airlock's defaults. The image's config
+    /// applies as Docker applies it: the command is the entrypoint followed by `command`, or
+    /// by the image's `cmd` when `command` is empty; the working directory is the image's
+    /// (`/` without one); the image's environment comes first, so that variables the caller
+    /// adds later win; its `user` is resolved against the image's own `/etc/passwd` when the
+    /// sandbox starts.
+    pub fn for_image(image: crate::image::ImageRootfs, command: &[String]) -> Self {
+        let mut config = SandboxConfig::new(image.config.argv(command));
+        config.tier = Tier::Container;
+        config.cwd = image
+            .config
+            .working_dir
+            .clone()
+            .filter(|dir| !dir.is_empty())
+            .unwrap_or_else(|| "/".to_owned());
+        config.env = image.config.env_pairs();
+        config.image = Some(image);
+        config
     }
 }
 
@@ -216,6 +251,32 @@ mod tests {
             .err()
             .map(|e| e.to_string());
         assert!(err.unwrap_or_default().contains("unknown field `surprise`"));
+    }
+
+    #[test]
+    fn test_config_for_image_applies_the_image_config() {
+        let image = crate::image::ImageRootfs {
+            digest: "sha256:ab".into(),
+            layers: vec!["/layers/a".into()],
+            config: crate::image::ImageConfig {
+                env: vec!["PATH=/opt/bin".into()],
+                working_dir: Some("/srv".into()),
+                user: Some("alice".into()),
+                entrypoint: vec!["/entry".into()],
+                cmd: vec!["default".into()],
+            },
+        };
+        let config = SandboxConfig::for_image(image.clone(), &["given".into()]);
+        assert_eq!(config.tier, Tier::Container);
+        assert_eq!(
+            config.command,
+            vec!["/entry".to_owned(), "given".to_owned()]
+        );
+        assert_eq!(config.cwd, "/srv");
+        assert_eq!(config.env, vec![("PATH".into(), "/opt/bin".into())]);
+        let mut bare = image;
+        bare.config.working_dir = None;
+        assert_eq!(SandboxConfig::for_image(bare, &[]).cwd, "/");
     }
 
     #[test]

@@ -18,6 +18,14 @@ pub enum BenchCommand {
         /// Also time each phase of Airlock's cycle and print the median of each step.
         #[arg(long)]
         phases: bool,
+        /// `container`: the container tier beside the process tier, `crun run` of a bundle
+        /// over the same rootfs and `podman run --rm` of the same image.
+        #[arg(long, value_enum, default_value = "process")]
+        tier: BenchTier,
+        /// The container tier's image (as `airlock run --image` takes it; default: a busybox
+        /// rootfs made for the run).
+        #[arg(long, value_name = "REF", requires = "tier")]
+        image: Option<String>,
     },
     /// The daemon's API: create->ready, exec round-trip, delete, file throughput.
     Api {
@@ -100,9 +108,30 @@ const BWRAP_ARGS: &[&str] = &[
     "true",
 ];
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchTier {
+    Process,
+    Container,
+}
+
 pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
     match command {
-        BenchCommand::Start { iterations, phases } => start(iterations, phases),
+        BenchCommand::Start {
+            iterations,
+            phases,
+            tier: BenchTier::Process,
+            image: None,
+        } => start(iterations, phases),
+        BenchCommand::Start {
+            tier: BenchTier::Process,
+            ..
+        } => anyhow::bail!("--image needs --tier container"),
+        BenchCommand::Start {
+            iterations,
+            image,
+            tier: BenchTier::Container,
+            ..
+        } => crate::bench_container::start(iterations, image),
         BenchCommand::Api {
             url,
             iterations,

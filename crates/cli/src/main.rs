@@ -3,12 +3,14 @@
 mod approvals_cmds;
 mod bench;
 mod bench_api;
+mod bench_container;
 mod bench_e2b;
 mod bench_egress;
 mod bench_pause;
 mod bench_soak;
 mod daemon_cmds;
 mod persist_cmds;
+mod image_source;
 mod policy_cmds;
 mod run;
 mod sandbox_cmds;

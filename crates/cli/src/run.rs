@@ -40,8 +40,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     workspace: Option<PathBuf>,
     /// Host directory shown read-only as / (default: the host's /).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "image")]
     rootfs: Option<PathBuf>,
+    /// Run on the container tier with this image as /: its entrypoint, cmd (replaced by CMD
+    /// when one is given), env, working directory and user apply. For now a plain rootfs
+    /// directory or an image description (.json); see `image_source.rs`.
+    #[arg(long, value_name = "REF")]
+    image: Option<String>,
     /// Memory limit, without swap (e.g. 512MiB, 2G), or `max`.
     #[arg(long, value_name = "SIZE", value_parser = parse_limit_size)]
     memory: Option<Limit>,
@@ -60,10 +65,10 @@ pub struct RunArgs {
     /// Set K to V inside; a bare K copies the host's value. Nothing else is inherited.
     #[arg(long = "env", short = 'e', value_name = "K=V")]
     env: Vec<String>,
-    /// Working directory inside the sandbox.
-    #[arg(long, value_name = "PATH", default_value = "/workspace")]
-    cwd: String,
-    /// User (and group) inside the sandbox, numeric.
+    /// Working directory inside the sandbox [default: /workspace, or the image's].
+    #[arg(long, value_name = "PATH")]
+    cwd: Option<String>,
+    /// User (and group) inside the sandbox, numeric [default: 0, or the image's].
     #[arg(long, value_name = "UID[:GID]")]
     user: Option<UserSpec>,
     /// What to do when a confinement layer is unavailable.
@@ -79,8 +84,8 @@ pub struct RunArgs {
     /// Append the egress proxy's audit lines (JSON, one per decision) to this file.
     #[arg(long, value_name = "FILE")]
     audit_log: Option<PathBuf>,
-    /// The command and its arguments.
-    #[arg(required = true, last = true, value_name = "CMD")]
+    /// The command and its arguments (with --image: what replaces the image's cmd).
+    #[arg(required_unless_present = "image", last = true, value_name = "CMD")]
     command: Vec<String>,
 }
 
@@ -121,7 +126,13 @@ fn apply_limit(slot: &mut Option<u64>, limit: Option<Limit>) {
 
 /// Builds the sandbox configuration from the command line.
 pub fn config(args: RunArgs) -> anyhow::Result<SandboxConfig> {
-    let mut config = SandboxConfig::new(args.command);
+    let mut config = match &args.image {
+        Some(reference) => {
+            let image = crate::image_source::resolve(reference)?;
+            SandboxConfig::for_image(image, &args.command)
+        }
+        None => SandboxConfig::new(args.command),
+    };
     if let Some(path) = &args.policy {
         let policy = crate::policy_cmds::load(path)?;
         policy.settings().apply(&mut config);
@@ -168,9 +179,11 @@ pub fn config(args: RunArgs) -> anyhow::Result<SandboxConfig> {
         };
         config.env.push((name, value));
     }
-    config.cwd = args.cwd;
+    if let Some(cwd) = args.cwd {
+        config.cwd = cwd;
+    }
     if let Some(user) = args.user {
-        config.user = user;
+        config.set_user(user);
     }
     config.compat = match args.compat {
         CompatArg::Strict => Compat::Strict,

@@ -16,13 +16,13 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 use airlock_api::Compat;
-use airlock_policy::{IdMap, Plan, RlimitResource, ScratchPlan, WorkspacePlan};
+use airlock_policy::{IdMap, Plan, RlimitResource, RootPlan, ScratchPlan, WorkspacePlan};
 
 use crate::helper_live::{self, HostFds};
-use crate::report::{self, CONTROL_FD, Phase, REPORT_FD, Report, SPEC_FD, mark};
+use crate::report::{self, CONTROL_FD, HOLD_FD, Phase, REPORT_FD, Report, SPEC_FD, mark};
 use crate::spec::{Evaluation, HelperSpec};
 use crate::sys::{self, Forked};
-use crate::{landlock, relay, seccomp, view};
+use crate::{landlock, mountfs, relay, seccomp, view};
 
 /// Exit code for a sandbox that could not be set up.
 pub const SETUP_FAILED: i32 = 125;
@@ -57,7 +57,7 @@ pub fn main() -> i32 {
     }
     // Only the spec and report channels may cross into the helper; anything else the caller
     // leaked without close-on-exec stops here.
-    let _ = sys::close_from(REPORT_FD + 1, &[CONTROL_FD]);
+    let _ = sys::close_from(REPORT_FD + 1, &[CONTROL_FD, HOLD_FD]);
     match start() {
         Ok(()) => 0,
         Err(failure) => report_failure(failure),
@@ -81,7 +81,7 @@ fn start() -> Result<(), Failure> {
             .map_err(|e| with_source("leaving the caller's session", &e))?;
     } else {
         // Only long-lived sandboxes have a control channel.
-        let _ = sys::close_from(CONTROL_FD, &[]);
+        let _ = sys::close_from(CONTROL_FD, &[HOLD_FD]);
     }
     mark(Phase::HelperRunning);
     if sys::getppid() != spec.supervisor_pid {
@@ -132,10 +132,13 @@ fn start() -> Result<(), Failure> {
         }
         ScratchPlan::Memory { .. } => None,
     };
+    let image_upper = mountfs::ImageUpper::prepare(&spec.plan)
+        .map_err(|e| with_source("preparing the image's upper directory", &e))?;
     let host = HostFds {
         agent,
         egress,
         scratch,
+        image_upper,
     };
     run(&spec.plan, &spec.cgroup_leave, host, spec.evaluation)
 }
@@ -186,7 +189,6 @@ fn run(
         Forked::Parent(init_pid) => {
             drop(init_end);
             let long_lived = host.agent.is_some();
-            drop(host);
             mark(Phase::InitCloned);
             // Init is in the sandbox's cgroup now; the helper, a host process, leaves it, so that
             // the sandbox's OOM killer can never pick it, nor its limits count it.
@@ -198,7 +200,9 @@ fn run(
                     )
                 })
             });
-            if let Err(failure) = left.and_then(|()| release_init(plan, init_pid, &helper_end)) {
+            let released = left.and_then(|()| release_init(plan, init_pid, &helper_end, &host));
+            drop(host);
+            if let Err(failure) = released {
                 let _ = sys::kill(init_pid, libc::SIGKILL);
                 let _ = sys::waitpid(init_pid, 0);
                 return Err(failure);
@@ -313,7 +317,12 @@ fn map_text(maps: &[IdMap]) -> String {
 
 /// Writes init's id maps from outside its user namespace, builds the idmapped workspace while
 /// still privileged on the host, and lets init go.
-fn release_init(plan: &Plan, init_pid: libc::pid_t, socket: &OwnedFd) -> Result<(), Failure> {
+fn release_init(
+    plan: &Plan,
+    init_pid: libc::pid_t,
+    socket: &OwnedFd,
+    host: &HostFds,
+) -> Result<(), Failure> {
     let proc_dir = format!("/proc/{init_pid}");
     let write = |file: &str, text: &str| {
         std::fs::write(format!("{proc_dir}/{file}"), text)
@@ -325,11 +334,21 @@ fn release_init(plan: &Plan, init_pid: libc::pid_t, socket: &OwnedFd) -> Result<
     }
     write("uid_map", &map_text(&plan.identity.uid_map))?;
     write("gid_map", &map_text(&plan.identity.gid_map))?;
+    let userns = || {
+        File::open(format!("{proc_dir}/ns/user"))
+            .map(OwnedFd::from)
+            .map_err(|e| with_source("opening the user namespace", &e))
+    };
+    if let (RootPlan::Overlay { layers }, Some(upper)) = (&plan.view.root, &host.image_upper) {
+        let (upper, work) = upper.dirs();
+        let root = mountfs::image_root(layers, &userns()?, upper, work)
+            .map_err(|e| with_source("mounting the image's root", &e))?;
+        sys::send_with_fd(socket, ROOT_MESSAGE, Some(&root))
+            .map_err(|e| with_source("handing over the image's root", &e))?;
+    }
     let idmapped = match &plan.view.workspace {
         WorkspacePlan::Host { path, idmap: true } => {
-            let userns = File::open(format!("{proc_dir}/ns/user"))
-                .map_err(|e| with_source("opening the user namespace", &e))?;
-            idmap_workspace(path, &OwnedFd::from(userns), plan.compat)?
+            idmap_workspace(path, &userns()?, plan.compat)?
         }
         _ => None,
     };
@@ -359,6 +378,9 @@ fn idmap_workspace(
     }
 }
 
+/// The message that carries the container tier's root to init, before `go`.
+const ROOT_MESSAGE: &[u8] = b"root";
+
 /// The sandbox's init: pid 1 in the new pid namespace.
 fn init(
     plan: &Plan,
@@ -368,6 +390,9 @@ fn init(
 ) -> Result<i32, Failure> {
     let agent = host.agent.as_ref();
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+    // Init inherits HOLD_FD (the id range's lock) and keeps it out of reach like its other
+    // descriptors: the workload's child closes every descriptor from 3 up before its exec, and
+    // the agent's exec closes it too (`helper_live::exec_agent`).
     // The network namespace costs more to create than anything else: a thread builds it, with
     // the ipc and uts namespaces, while this one waits for its id maps and builds the filesystem
     // view. It needs no maps: init holds every capability in its new user namespace from birth.
@@ -390,7 +415,12 @@ fn init(
         sys::setns(&ipc, libc::CLONE_NEWIPC)?;
         sys::setns(&uts, libc::CLONE_NEWUTS)
     };
-    let (message, idmapped) = sys::recv_with_fd(&socket).unwrap_or_default();
+    let (mut message, mut idmapped) = sys::recv_with_fd(&socket).unwrap_or_default();
+    let mut image_root = None;
+    if message == ROOT_MESSAGE {
+        image_root = idmapped.take();
+        (message, idmapped) = sys::recv_with_fd(&socket).unwrap_or_default();
+    }
     if message != b"go" {
         // The helper is gone, and with it whoever would read a report.
         return Ok(SETUP_FAILED);
@@ -411,7 +441,11 @@ fn init(
     sys::reset_signals();
     let workspace = view::prepare_workspace(&plan.view.workspace, idmapped)
         .map_err(|e| with_source("filesystem view", &e))?;
-    view::build(
+    let memory_mount = match &host.image_upper {
+        Some(mountfs::ImageUpper::Memory(scratch)) => Some(&scratch.mount),
+        _ => None,
+    };
+    let resolved = view::build(
         &plan.view,
         workspace,
         view::Attachments {
@@ -421,16 +455,22 @@ fn init(
                 .map(|scratch| view::PreparedScratch::Disk {
                     tmp: &scratch.tmp,
                     workspace: &scratch.workspace,
-                }),
+                })
+                .or(memory_mount.map(view::PreparedScratch::MemoryMount)),
             agent_binary: agent.map(|agent| &agent.binary),
             egress_dir: host.egress.as_ref().map(|egress| &egress.dir),
             trust_bundle: host.egress.as_ref().map(|egress| &egress.trust_bundle),
+            image_root: image_root.as_ref(),
         },
-        plan.identity.uid,
-        plan.identity.gid,
+        &plan.identity,
         join_network,
     )
     .map_err(|e| with_source("filesystem view", &e))?;
+    drop(image_root);
+    // The container tier's user, found in the image: the rest of setup uses its ids, and its
+    // home when the environment names none.
+    let resolved_plan = resolved.map(|user| with_user(plan, user));
+    let plan = resolved_plan.as_ref().unwrap_or(plan);
     mark(Phase::ViewBuilt);
     apply_rlimits(plan)?;
     drop_privileges(plan)?;
@@ -490,6 +530,20 @@ fn apply_rlimits(plan: &Plan) -> Result<(), Failure> {
     Ok(())
 }
 
+/// `plan` with the workload's identity replaced by `user` (see `IdentityPlan::lookup`).
+fn with_user(plan: &Plan, user: airlock_policy::image_user::ResolvedUser) -> Plan {
+    let mut plan = plan.clone();
+    let set_home = plan.identity.lookup.as_ref().is_some_and(|l| l.set_home);
+    if set_home && !plan.process.env.iter().any(|(name, _)| name == "HOME") {
+        let home = user.home.clone().unwrap_or_else(|| "/".to_owned());
+        plan.process.env.push(("HOME".to_owned(), home));
+    }
+    plan.identity.uid = user.uid;
+    plan.identity.gid = user.gid;
+    plan.identity.groups = user.groups;
+    plan
+}
+
 fn drop_privileges(plan: &Plan) -> Result<(), Failure> {
     // Empty the bounding set while CAP_SETPCAP is still held, so exec can never regain anything.
     let mut cap = 0;
@@ -497,7 +551,8 @@ fn drop_privileges(plan: &Plan) -> Result<(), Failure> {
         cap += 1;
     }
     if plan.identity.privileged_caller {
-        sys::clear_groups().map_err(|e| with_source("dropping supplementary groups", &e))?;
+        sys::set_groups(&plan.identity.groups)
+            .map_err(|e| with_source("setting the supplementary groups", &e))?;
     }
     sys::setresgid(plan.identity.gid)
         .map_err(|e| with_source(&format!("switching to gid {}", plan.identity.gid), &e))?;

@@ -38,6 +38,8 @@ pub struct HostFds {
     pub agent: Option<AgentFds>,
     pub egress: Option<EgressFds>,
     pub scratch: Option<ScratchFds>,
+    /// The container tier's upper directory (and, in memory, the tmpfs that holds it).
+    pub image_upper: Option<crate::mountfs::ImageUpper>,
 }
 
 /// Detached clones of the on-disk scratch space's `tmp/` and `workspace/`.

@@ -16,6 +16,9 @@ pub struct HostSupport {
     /// The effective uid and gid of this process on the host.
     pub caller_uid: u32,
     pub caller_gid: u32,
+    /// Why overlayfs cannot take image layers as descriptors here (the container tier's
+    /// root), or `None` when it can.
+    pub overlay_unavailable: Option<String>,
 }
 
 impl HostSupport {
@@ -35,6 +38,7 @@ impl HostSupport {
             caller_is_root: crate::sys::geteuid() == 0,
             caller_uid: crate::sys::geteuid(),
             caller_gid: crate::sys::getegid(),
+            overlay_unavailable: crate::mountfs::overlay_takes_layer_fds().err(),
         }
     }
 }

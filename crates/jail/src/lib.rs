@@ -19,6 +19,7 @@ pub mod host;
 pub mod inotify;
 pub mod landlock;
 pub mod live;
+pub mod mountfs;
 pub mod oom;
 pub mod procctl;
 mod relay;
@@ -28,6 +29,7 @@ pub mod spec;
 pub mod supervisor;
 mod sys;
 mod view;
+mod view_image;
 
 pub use host::HostSupport;
 pub use supervisor::{

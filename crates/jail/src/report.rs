@@ -12,6 +12,10 @@ pub const SPEC_FD: RawFd = 3;
 pub const REPORT_FD: RawFd = 4;
 /// A long-lived sandbox's helper reads the supervisor's commit on this descriptor.
 pub const CONTROL_FD: RawFd = 5;
+/// A descriptor the helper holds, never reads and never passes on, for as long as the sandbox
+/// lives: the lock of the sandbox's host id range, so that the range stays taken as long as
+/// the sandbox exists, whoever started it and whether or not that process is still there.
+pub const HOLD_FD: RawFd = 6;
 
 /// A message from the sandbox side.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use airlock_api::Compat;
 use airlock_policy::Plan;
 
 use crate::cgroup::{self, CgroupError, Layout, SandboxCgroup};
-use crate::report::{CONTROL_FD, Phase, REPORT_FD, Report, SPEC_FD};
+use crate::report::{CONTROL_FD, HOLD_FD, Phase, REPORT_FD, Report, SPEC_FD};
 use crate::spec::{AgentSpec, HelperSpec};
 use crate::sys;
 
@@ -128,6 +128,10 @@ pub struct SpawnOptions {
     pub trace: bool,
     /// Security evaluation only (`airlock seceval`); the default changes nothing.
     pub evaluation: crate::spec::Evaluation,
+    /// A descriptor the helper holds as [`HOLD_FD`] for the sandbox's whole life (the lock
+    /// of its host id range), so that what it locks outlives this process if the sandbox
+    /// does.
+    pub hold: Option<std::sync::Arc<OwnedFd>>,
 }
 
 /// A running sandbox.
@@ -191,8 +195,16 @@ impl Sandbox {
             (report_w.as_raw_fd(), REPORT_FD),
         ];
         fds.extend(control.as_ref().map(|fd| (fd.as_raw_fd(), CONTROL_FD)));
+        let hold = options
+            .hold
+            .as_deref()
+            .map(|fd| sys::dup_above(fd, SPEC_FD + 8))
+            .transpose()
+            .map_err(spawn_err)?;
+        fds.extend(hold.as_ref().map(|fd| (fd.as_raw_fd(), HOLD_FD)));
         let pid = sys::spawn(&options.helper, &fds).map_err(spawn_err)?;
         drop(control);
+        drop(hold);
         drop((spec_r, report_w));
         let mut sandbox = Sandbox {
             helper: Some(pid),

@@ -364,9 +364,25 @@ pub fn setresgid(gid: u32) -> io::Result<()> {
 
 /// Drops every supplementary group.
 pub fn clear_groups() -> io::Result<()> {
-    // SAFETY: a zero-length list with a null pointer is the documented way to clear the groups.
-    check(unsafe { libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) })
-        .map(drop)
+    set_groups(&[])
+}
+
+/// Sets the supplementary groups to exactly `groups`.
+pub fn set_groups(groups: &[u32]) -> io::Result<()> {
+    // SAFETY: `groups` is a valid array of gid_t of the length passed (a null pointer with
+    // length 0 clears the list, as documented).
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_setgroups,
+            groups.len(),
+            if groups.is_empty() {
+                std::ptr::null()
+            } else {
+                groups.as_ptr()
+            },
+        )
+    })
+    .map(drop)
 }
 
 /// Empties the effective, permitted and inheritable capability sets.

@@ -13,7 +13,10 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use airlock_policy::{Mask, MaskKind, ScratchPlan, ViewPlan, WorkspacePlan};
+use airlock_policy::image_user::ResolvedUser;
+use airlock_policy::{
+    IdentityPlan, Mask, MaskKind, RootPlan, ScratchPlan, ViewPlan, WorkspacePlan,
+};
 
 use crate::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
 
@@ -36,7 +39,10 @@ pub struct ViewError {
     pub source: io::Error,
 }
 
-fn step<T>(what: impl FnOnce() -> String, result: io::Result<T>) -> Result<T, ViewError> {
+pub(crate) fn step<T>(
+    what: impl FnOnce() -> String,
+    result: io::Result<T>,
+) -> Result<T, ViewError> {
     result.map_err(|source| ViewError {
         step: what(),
         source,
@@ -74,6 +80,8 @@ pub fn prepare_workspace(
 pub enum PreparedScratch<'a> {
     /// One tmpfs of this size, made by init.
     Memory { size_bytes: u64 },
+    /// A tmpfs the helper made (it holds the container tier's upper directory too).
+    MemoryMount(&'a OwnedFd),
     /// Detached clones of the on-disk scratch directories, made by the helper on the host.
     Disk {
         tmp: &'a OwnedFd,
@@ -95,16 +103,17 @@ pub struct Attachments<'a> {
     pub egress_dir: Option<&'a OwnedFd>,
     /// The trust bundle with the sandbox's CA, over `SYSTEM_TRUST_STORE` when the view has it.
     pub trust_bundle: Option<&'a OwnedFd>,
+    /// The container tier's root: the image's overlay, made by the helper.
+    pub image_root: Option<&'a OwnedFd>,
 }
 
 pub fn build(
     plan: &ViewPlan,
     workspace: PreparedWorkspace,
     attachments: Attachments<'_>,
-    uid: u32,
-    gid: u32,
+    identity: &IdentityPlan,
     join_network: impl FnOnce() -> io::Result<()>,
-) -> Result<(), ViewError> {
+) -> Result<Option<ResolvedUser>, ViewError> {
     let stage = Path::new(STAGE);
     step(
         || "making mounts private".into(),
@@ -116,42 +125,53 @@ pub fn build(
             None,
         ),
     )?;
-    let rootfs = step(
-        || format!("opening rootfs {}", plan.rootfs.display()),
-        sys::open_path(&plan.rootfs),
-    )?;
-    let rootfs_path = PathBuf::from(format!("/proc/self/fd/{}", rootfs.as_raw_fd()));
-    step(
-        || "mounting the staging root".into(),
-        sys::mount(
-            Some("airlock"),
-            stage,
-            Some("tmpfs"),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            Some("mode=0755,size=1m,nr_inodes=4096"),
-        ),
-    )?;
-    bind_top_level(&rootfs, &rootfs_path, stage)?;
-    for dir in PROVIDED {
-        mkdir(&stage.join(dir), 0o755)?;
-    }
-    apply_masks(stage, &plan.masks)?;
+    let image = match (&plan.root, attachments.image_root) {
+        (RootPlan::Host { path }, _) => {
+            stage_host_root(stage, path, &plan.masks)?;
+            false
+        }
+        (RootPlan::Overlay { .. }, Some(overlay)) => {
+            crate::view_image::attach_root(stage, overlay)?;
+            if !plan.masks.is_empty() {
+                apply_masks(stage, &plan.masks)?;
+            }
+            true
+        }
+        (RootPlan::Overlay { .. }, None) => {
+            return step(
+                || "the image's root was not prepared".into(),
+                Err(io::ErrorKind::NotFound.into()),
+            );
+        }
+    };
+    // The container tier's user comes from the image's own files, read before anything of
+    // Airlock's is mounted in it.
+    let resolved = if identity.lookup.is_some() {
+        Some(crate::view_image::lookup_user(stage, identity)?)
+    } else {
+        None
+    };
+    let (uid, gid) = resolved
+        .as_ref()
+        .map_or((identity.uid, identity.gid), |user| (user.uid, user.gid));
     if let Some(binary) = attachments.agent_binary {
-        attach_agent(stage, binary)?;
+        attach_agent(stage, binary, image)?;
     }
     if let Some(dir) = attachments.egress_dir {
-        attach_egress(stage, dir, attachments.trust_bundle)?;
+        attach_egress(stage, dir, attachments.trust_bundle, image)?;
     }
-    let root = step(|| "opening the new root".into(), sys::open_path(stage))?;
-    step(
-        || "making the view read-only".into(),
-        sys::mount_setattr(
-            &root,
-            true,
-            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-            None,
-        ),
-    )?;
+    if !image {
+        let root = step(|| "opening the new root".into(), sys::open_path(stage))?;
+        step(
+            || "making the view read-only".into(),
+            sys::mount_setattr(
+                &root,
+                true,
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                None,
+            ),
+        )?;
+    }
     let fresh = matches!(workspace, PreparedWorkspace::Fresh);
     let scratch = match (attachments.scratch, &plan.scratch) {
         (Some(prepared), _) => prepared,
@@ -165,8 +185,20 @@ pub fn build(
             );
         }
     };
+    // The runtime could not know the image's user when it made the volume: hand the fresh
+    // workspace to it now (init is root of the namespace, and both owners are mapped).
+    if let (true, true, PreparedScratch::Disk { workspace, .. }) = (image, fresh, &scratch) {
+        step(
+            || "handing the fresh workspace to the image's user".into(),
+            std::os::unix::fs::chown(
+                format!("/proc/self/fd/{}", workspace.as_raw_fd()),
+                Some(uid),
+                Some(gid),
+            ),
+        )?;
+    }
     attach_scratch(stage, scratch, fresh, uid, gid)?;
-    mount_proc(stage)?;
+    mount_proc(stage, image)?;
     mount_dev(stage)?;
     if let PreparedWorkspace::Tree(tree) = workspace {
         attach_host_workspace(stage, &tree)?;
@@ -192,7 +224,32 @@ pub fn build(
         sys::umount_detach(Path::new(".")),
     )?;
     step(|| "chdir /".into(), sys::chdir(Path::new("/")))?;
-    Ok(())
+    Ok(resolved)
+}
+
+/// The process tier's root: a small tmpfs at the staging path holding one read-only bind of
+/// each top-level entry of `rootfs`, the mount points Airlock provides, and the masks.
+fn stage_host_root(stage: &Path, rootfs: &Path, masks: &[Mask]) -> Result<(), ViewError> {
+    let rootfs_fd = step(
+        || format!("opening rootfs {}", rootfs.display()),
+        sys::open_path(rootfs),
+    )?;
+    let rootfs_path = PathBuf::from(format!("/proc/self/fd/{}", rootfs_fd.as_raw_fd()));
+    step(
+        || "mounting the staging root".into(),
+        sys::mount(
+            Some("airlock"),
+            stage,
+            Some("tmpfs"),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            Some("mode=0755,size=1m,nr_inodes=4096"),
+        ),
+    )?;
+    bind_top_level(&rootfs_fd, &rootfs_path, stage)?;
+    for dir in PROVIDED {
+        mkdir(&stage.join(dir), 0o755)?;
+    }
+    apply_masks(stage, masks)
 }
 
 fn mkdir(path: &Path, mode: u32) -> Result<(), ViewError> {
@@ -358,15 +415,34 @@ fn attach_egress(
     stage: &Path,
     dir: &OwnedFd,
     trust_bundle: Option<&OwnedFd>,
+    image: bool,
 ) -> Result<(), ViewError> {
-    let target = stage.join(airlock_policy::EGRESS_DIR.trim_start_matches('/'));
-    step(
-        || format!("creating {}", target.display()),
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(&target),
-    )?;
+    let relative = airlock_policy::EGRESS_DIR.trim_start_matches('/');
+    let target = if image {
+        crate::view_image::ensure_dir(stage, Path::new(relative), 0o755)?
+    } else {
+        let target = stage.join(relative);
+        step(
+            || format!("creating {}", target.display()),
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(&target),
+        )?;
+        target
+    };
+    // Read-only on every tier: the container tier's root is writable.
+    for tree in std::iter::once(dir).chain(trust_bundle) {
+        step(
+            || "securing the egress directory".into(),
+            sys::mount_setattr(
+                tree,
+                false,
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                None,
+            ),
+        )?;
+    }
     let target_fd = step(
         || "opening the egress mount point".into(),
         sys::open_path(&target),
@@ -394,20 +470,36 @@ fn attach_egress(
     }
 }
 
-fn attach_agent(stage: &Path, binary: &OwnedFd) -> Result<(), ViewError> {
-    let target = stage.join(crate::spec::AGENT_PATH.trim_start_matches('/'));
-    if let Some(dir) = target.parent() {
+fn attach_agent(stage: &Path, binary: &OwnedFd, image: bool) -> Result<(), ViewError> {
+    let relative = crate::spec::AGENT_PATH.trim_start_matches('/');
+    let target = if image {
+        crate::view_image::ensure_file(stage, Path::new(relative))?
+    } else {
+        let target = stage.join(relative);
+        if let Some(dir) = target.parent() {
+            step(
+                || format!("creating {}", dir.display()),
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o755)
+                    .create(dir),
+            )?;
+        }
         step(
-            || format!("creating {}", dir.display()),
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(dir),
+            || "creating the agent's mount point".into(),
+            fs::write(&target, b""),
         )?;
-    }
+        target
+    };
+    // A host binary: never writable from inside, on any tier (CVE-2019-5736's lesson).
     step(
-        || "creating the agent's mount point".into(),
-        fs::write(&target, b""),
+        || "securing the agent".into(),
+        sys::mount_setattr(
+            binary,
+            false,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            None,
+        ),
     )?;
     let target_fd = step(
         || "opening the agent's mount point".into(),
@@ -419,8 +511,13 @@ fn attach_agent(stage: &Path, binary: &OwnedFd) -> Result<(), ViewError> {
     )
 }
 
-fn mount_proc(stage: &Path) -> Result<(), ViewError> {
-    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+/// A fresh `/proc`. Read-only on the container tier, whose Landlock grants writes on `/`
+/// and so cannot keep the workload off `/proc` (the process tier's Landlock does).
+fn mount_proc(stage: &Path, read_only: bool) -> Result<(), ViewError> {
+    let mut flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    if read_only {
+        flags |= libc::MS_RDONLY;
+    }
     step(
         || "mounting /proc".into(),
         sys::mount(Some("proc"), &stage.join("proc"), Some("proc"), flags, None),
@@ -511,18 +608,25 @@ fn attach_scratch(
     let tmp = stage.join("tmp");
     let workspace = stage.join("workspace");
     match scratch {
-        PreparedScratch::Memory { size_bytes } => {
+        PreparedScratch::Memory { .. } | PreparedScratch::MemoryMount(_) => {
             let holder = stage.join("proc");
-            step(
-                || "mounting the scratch space".into(),
-                sys::mount(
-                    Some("airlock"),
-                    &holder,
-                    Some("tmpfs"),
-                    libc::MS_NOSUID | libc::MS_NODEV,
-                    Some(&format!("mode=0755,size={size_bytes}")),
-                ),
-            )?;
+            match scratch {
+                PreparedScratch::MemoryMount(mount) => step(
+                    || "attaching the scratch space".into(),
+                    sys::move_mount(mount, &holder),
+                )?,
+                PreparedScratch::Memory { size_bytes } => step(
+                    || "mounting the scratch space".into(),
+                    sys::mount(
+                        Some("airlock"),
+                        &holder,
+                        Some("tmpfs"),
+                        libc::MS_NOSUID | libc::MS_NODEV,
+                        Some(&format!("mode=0755,size={size_bytes}")),
+                    ),
+                )?,
+                PreparedScratch::Disk { .. } => {}
+            }
             let bind = |name: &str, mode: u32, owner: Option<(u32, u32)>, target: &Path| {
                 let source = holder.join(name);
                 mkdir(&source, mode)?;

@@ -8,7 +8,7 @@ use crate::document::Policy;
 use crate::document_compile;
 use crate::plan::{
     CgroupLimits, IdMap, IdentityPlan, LandlockPlan, Mask, MaskKind, Plan, ProcessPlan, Rlimit,
-    RlimitResource, ScratchPlan, ViewPlan, WorkspacePlan,
+    RlimitResource, RootPlan, ScratchPlan, UserLookup, ViewPlan, WorkspacePlan,
 };
 use crate::seccomp::default_rules;
 
@@ -37,10 +37,26 @@ pub struct HostFacts {
 /// Why a configuration cannot become a plan.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CompileError {
-    #[error("the {0} tier is not available yet; use --tier process")]
+    #[error("the {0} tier is not available yet; use --tier process or container")]
     UnsupportedTier(&'static str),
     #[error("no command given")]
     EmptyCommand,
+    #[error("the container tier needs an image (--image)")]
+    MissingImage,
+    #[error("an image belongs to the container tier, not the {0} tier")]
+    ImageOnWrongTier(&'static str),
+    #[error("--rootfs and an image are exclusive: the image is the container tier's root")]
+    RootfsWithImage,
+    #[error("the image has {0} layers; an overlay stacks at most {max}", max = airlock_api::MAX_IMAGE_LAYERS)]
+    TooManyLayers(usize),
+    #[error("the image has no layers")]
+    NoLayers,
+    #[error("the image has no entrypoint and no cmd: give a command after --")]
+    NoImageCommand,
+    #[error(
+        "the container tier needs a root caller (it idmaps the image's layers and mounts an overlay on the host's side)"
+    )]
+    ContainerNeedsRoot,
     #[error("{what} contains a NUL byte")]
     NulByte { what: String },
     #[error("`{0}` is not a valid environment variable name")]
@@ -92,13 +108,41 @@ const HOST_RUNTIME_DIRS: &[&str] = &["/run", "/var/run"];
 
 /// Compiles `config` into the plan that `airlock-jail` applies.
 pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, CompileError> {
-    if config.tier != Tier::Process {
-        return Err(CompileError::UnsupportedTier(config.tier.as_str()));
-    }
+    let container = match config.tier {
+        Tier::Process => false,
+        Tier::Container => true,
+        other => return Err(CompileError::UnsupportedTier(other.as_str())),
+    };
     validate_process(config)?;
-    let rootfs = match &config.rootfs {
-        Some(path) => absolute("--rootfs", path)?,
-        None => PathBuf::from("/"),
+    let root = match (&config.image, container) {
+        (Some(_), false) => return Err(CompileError::ImageOnWrongTier(config.tier.as_str())),
+        (None, true) => return Err(CompileError::MissingImage),
+        (Some(image), true) => {
+            if config.rootfs.is_some() {
+                return Err(CompileError::RootfsWithImage);
+            }
+            if host.caller_uid != 0 {
+                return Err(CompileError::ContainerNeedsRoot);
+            }
+            if image.layers.is_empty() {
+                return Err(CompileError::NoLayers);
+            }
+            if image.layers.len() > airlock_api::MAX_IMAGE_LAYERS {
+                return Err(CompileError::TooManyLayers(image.layers.len()));
+            }
+            let layers = image
+                .layers
+                .iter()
+                .map(|layer| absolute("an image layer", layer))
+                .collect::<Result<Vec<_>, _>>()?;
+            RootPlan::Overlay { layers }
+        }
+        (None, false) => RootPlan::Host {
+            path: match &config.rootfs {
+                Some(path) => absolute("--rootfs", path)?,
+                None => PathBuf::from("/"),
+            },
+        },
     };
     let privileged_caller = host.caller_uid == 0;
     let workspace = match &config.workspace {
@@ -111,25 +155,24 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
     let mut plan = Plan {
         identity: identity(config, host),
         view: ViewPlan {
-            rootfs,
+            root,
             workspace,
             scratch: ScratchPlan::Memory {
                 size_bytes: memory_scratch_bytes(config),
             },
-            masks: masks(&host.state_dirs),
+            // The container tier shows nothing of the host: there is nothing to mask.
+            masks: if container {
+                Vec::new()
+            } else {
+                masks(&host.state_dirs)
+            },
             read_only_paths: Vec::new(),
             hostname: "airlock".to_owned(),
         },
-        landlock: LandlockPlan {
-            read: vec!["/".into()],
-            read_except: home_secrets(),
-            write_trees: ["/workspace", "/tmp", "/dev/shm", "/dev/pts"]
-                .map(PathBuf::from)
-                .to_vec(),
-            write_files: ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty"]
-                .map(PathBuf::from)
-                .to_vec(),
-            scoped: true,
+        landlock: if container {
+            container_landlock()
+        } else {
+            process_landlock()
         },
         seccomp: default_rules(),
         rlimits: vec![
@@ -166,7 +209,11 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
         },
         process: ProcessPlan {
             argv: config.command.clone(),
-            env: environment(&config.env),
+            env: if container {
+                container_environment(&config.env)
+            } else {
+                environment(&config.env)
+            },
             cwd: config.cwd.clone(),
         },
         compat: config.compat,
@@ -201,7 +248,11 @@ fn validate_process(config: &SandboxConfig) -> Result<(), CompileError> {
         });
     }
     if config.command.first().is_none_or(String::is_empty) {
-        return Err(CompileError::EmptyCommand);
+        return Err(if config.image.is_some() {
+            CompileError::NoImageCommand
+        } else {
+            CompileError::EmptyCommand
+        });
     }
     for arg in &config.command {
         no_nul("an argument", arg)?;
@@ -242,8 +293,43 @@ fn absolute(what: &'static str, path: &Path) -> Result<PathBuf, CompileError> {
     Ok(path.to_path_buf())
 }
 
+/// The process tier's Landlock plan: reads everywhere but credential names, writes only in the
+/// scratch space, the workspace and a few devices.
+fn process_landlock() -> LandlockPlan {
+    LandlockPlan {
+        read: vec!["/".into()],
+        read_except: home_secrets(),
+        write_trees: ["/workspace", "/tmp", "/dev/shm", "/dev/pts"]
+            .map(PathBuf::from)
+            .to_vec(),
+        write_files: ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty"]
+            .map(PathBuf::from)
+            .to_vec(),
+        scoped: true,
+    }
+}
+
+/// The container tier's: the whole root is the sandbox's own overlay and may be written
+/// (`apt-get install`), so the write rights cover `/`. `/proc`, `/sys` and `/dev` stay
+/// unwritable through their read-only mounts instead (Landlock cannot carve a subtree out of
+/// a grant); device nodes still cannot be created anywhere. The home directories inside
+/// are the image's, not the host's: no read exception.
+fn container_landlock() -> LandlockPlan {
+    LandlockPlan {
+        read: vec!["/".into()],
+        read_except: Vec::new(),
+        write_trees: vec!["/".into()],
+        write_files: Vec::new(),
+        scoped: true,
+    }
+}
+
 fn identity(config: &SandboxConfig, host: &HostFacts) -> IdentityPlan {
     let user = config.user;
+    let lookup = config.image.as_ref().map(|image| UserLookup {
+        spec: image.config.user.clone().filter(|spec| !spec.is_empty()),
+        set_home: !config.env.iter().any(|(name, _)| name == "HOME"),
+    });
     if host.caller_uid == 0 {
         let map = vec![IdMap {
             inside: 0,
@@ -256,6 +342,8 @@ fn identity(config: &SandboxConfig, host: &HostFacts) -> IdentityPlan {
             uid: user.uid,
             gid: user.gid,
             privileged_caller: true,
+            lookup,
+            groups: Vec::new(),
         };
     }
     // An unprivileged caller may map only its own ids; the workload's ids stand for them.
@@ -273,7 +361,23 @@ fn identity(config: &SandboxConfig, host: &HostFacts) -> IdentityPlan {
         uid: user.uid,
         gid: user.gid,
         privileged_caller: false,
+        lookup,
+        groups: Vec::new(),
     }
+}
+
+/// The container tier's environment: a default `PATH`, then the image's and the caller's
+/// variables (in `requested`, the caller's last), which win. `HOME` comes from the image's
+/// `/etc/passwd` when neither sets it (see [`UserLookup::set_home`]).
+fn container_environment(requested: &[(String, String)]) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = vec![("PATH".into(), DEFAULT_PATH.into())];
+    for (name, value) in requested {
+        match env.iter_mut().find(|(existing, _)| existing == name) {
+            Some(slot) => slot.1.clone_from(value),
+            None => env.push((name.clone(), value.clone())),
+        }
+    }
+    env
 }
 
 /// Credential paths in every home directory, as patterns.
@@ -326,3 +430,7 @@ fn environment(requested: &[(String, String)]) -> Vec<(String, String)> {
 #[cfg(test)]
 #[path = "compile_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "compile_container_tests.rs"]
+mod container_tests;

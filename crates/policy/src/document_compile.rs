@@ -191,7 +191,12 @@ pub fn apply(policy: &Policy, config: &SandboxConfig, plan: &mut Plan) -> Result
     }
     let host_workspace = matches!(config.workspace, airlock_api::WorkspaceSource::Host { .. });
     let masks: Vec<String> = plan.view.masks.iter().map(|m| m.path.clone()).collect();
-    for effect in filesystem_effects(doc, &home, host_workspace, &masks) {
+    let container = config.tier == airlock_api::Tier::Container;
+    for mut effect in filesystem_effects(doc, &home, host_workspace, &masks) {
+        if container {
+            let home_known = plan.process.env.iter().any(|(name, _)| name == "HOME");
+            effect.outcome = container_outcome(&effect, home_known);
+        }
         match effect.outcome {
             FsOutcome::Refused(reason) => {
                 return Err(CompileError::PolicyUnsupported {
@@ -228,6 +233,32 @@ pub fn apply(policy: &Policy, config: &SandboxConfig, plan: &mut Plan) -> Result
         });
     }
     Ok(())
+}
+
+/// What a rule does on the container tier, where `/` is the image's writable overlay rather
+/// than the host's read-only view: `ro` becomes a read-only bind, `rw` is the default, `deny`
+/// a mask. `~` stands for a home directory known only once the image's user is looked up.
+pub fn container_outcome(effect: &FsEffect, home_known: bool) -> FsOutcome {
+    if effect
+        .rule
+        .trim_start_matches("protected: ")
+        .starts_with('~')
+        && !home_known
+    {
+        return FsOutcome::Refused(
+            "`~` is the image user's home, known only when the sandbox starts; name the path or set HOME".into(),
+        );
+    }
+    let (area, is_root) = paths::area(&effect.path);
+    match (&effect.outcome, area, is_root, effect.access) {
+        (_, Area::Host, true, PathAccess::Rw) => FsOutcome::Default,
+        (_, Area::Host, true, _) => FsOutcome::Refused(
+            "`/` is the image's writable root on the container tier; it cannot be read-only or hidden".into(),
+        ),
+        (_, Area::Host, false, PathAccess::Ro) => FsOutcome::Protected,
+        (_, Area::Host, false, PathAccess::Rw) => FsOutcome::Default,
+        (outcome, ..) => outcome.clone(),
+    }
 }
 
 fn apply_syscalls(doc: &PolicyDocument, rules: &mut Vec<SeccompRule>) {

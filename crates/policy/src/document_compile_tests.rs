@@ -246,11 +246,14 @@ fn test_explain_names_mechanisms_and_gaps_per_tier() {
     }
     assert!(!text.contains("tier container"));
     let container = explain(&policy, Tier::Container, &config, &host());
+    assert!(container.contains("tier container"), "{container}");
     assert!(
-        container.contains("not available in this build"),
+        container.contains("nothing of the host is visible"),
         "{container}"
     );
-    assert!(container.contains("NOT ENFORCED: the container tier is not available"));
+    let microvm = explain(&policy, Tier::Microvm, &config, &host());
+    assert!(microvm.contains("not available in this build"), "{microvm}");
+    assert!(microvm.contains("NOT ENFORCED: the microvm tier is not available"));
     let full =
         crate::document::Policy::from_yaml("f", "version: 1\nnetwork:\n  mode: full\n").unwrap();
     assert!(

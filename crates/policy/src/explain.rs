@@ -48,7 +48,7 @@ pub fn explain(policy: &Policy, tier: Tier, config: &SandboxConfig, host: &HostF
         let _ = write!(out, " (extends {})", policy.profiles().join(", "));
     }
     let _ = writeln!(out);
-    let unavailable = tier != Tier::Process;
+    let unavailable = !matches!(tier, Tier::Process | Tier::Container);
     if unavailable {
         let _ = writeln!(
             out,
@@ -56,7 +56,7 @@ pub fn explain(policy: &Policy, tier: Tier, config: &SandboxConfig, host: &HostF
             tier.as_str()
         );
     } else {
-        let _ = writeln!(out, "tier process");
+        let _ = writeln!(out, "tier {}", tier.as_str());
     }
     let required = policy.document().tier.unwrap_or(Tier::Process);
     if required.strength() > tier.strength() {
@@ -108,9 +108,9 @@ fn filesystem(policy: &Policy, tier: Tier, config: &SandboxConfig, host: &HostFa
             "a read-only bind mount over it",
         ),
         Tier::Container => (
-            "the image's read-only root",
-            "Landlock in the container",
-            "a read-only bind",
+            "the image's overlay",
+            "Landlock",
+            "a read-only bind mount over it",
         ),
         _ => (
             "the guest's read-only root disk",
@@ -118,14 +118,25 @@ fn filesystem(policy: &Policy, tier: Tier, config: &SandboxConfig, host: &HostFa
             "a read-only bind in the guest",
         ),
     };
-    let mut lines = vec![
+    let container = tier == Tier::Container;
+    let base_root = if container {
+        line(
+            "/ rw (base)",
+            format!(
+                "{view}: the image's layers under a fresh upper directory in the sandbox's scratch space, writable except /proc, /sys and /dev; nothing of the host is visible, so nothing needs a mask"
+            ),
+        )
+    } else {
         line(
             "/ ro (base)",
             format!(
                 "{view}: the host's root, read-only; {landlock} grants reads; {} built-in masks hide credentials and Airlock's state",
                 masks.len()
             ),
-        ),
+        )
+    };
+    let mut lines = vec![
+        base_root,
         line(
             ":workspace rw, :tmp rw (base)",
             format!(
@@ -133,7 +144,12 @@ fn filesystem(policy: &Policy, tier: Tier, config: &SandboxConfig, host: &HostFa
             ),
         ),
     ];
-    for effect in filesystem_effects(policy.document(), &home, host_workspace, &masks) {
+    let home_known = config.env.iter().any(|(name, _)| name == "HOME");
+    let masks = if container { Vec::new() } else { masks };
+    for mut effect in filesystem_effects(policy.document(), &home, host_workspace, &masks) {
+        if container {
+            effect.outcome = crate::document_compile::container_outcome(&effect, home_known);
+        }
         let rule = format!(
             "{} {} -> {}",
             effect.rule,

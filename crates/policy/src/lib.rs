@@ -12,6 +12,7 @@ mod document_compile;
 pub mod egress;
 mod explain;
 pub mod fuzzing;
+pub mod image_user;
 pub mod net;
 mod paths;
 mod plan;
@@ -22,14 +23,15 @@ mod settings;
 pub mod syscalls;
 mod validate;
 
-pub use compile::{CompileError, HostFacts, compile};
+pub use compile::{CompileError, HostFacts, SANDBOX_ID_BASE, SANDBOX_ID_COUNT, compile};
 pub use document::{MAX_POLICY_BYTES, Policy, PolicyError, Problem};
 pub use document_compile::{FsEffect, FsOutcome, egress_plan, filesystem_effects};
 pub use explain::explain;
 pub use plan::{
     CgroupLimits, EGRESS_CA, EGRESS_DIR, EGRESS_SOCKET, EGRESS_TRUST_BUNDLE, EgressSetup, IdMap,
     IdentityPlan, LandlockPlan, Mask, MaskKind, Plan, ProcessPlan, Rlimit, RlimitResource,
-    SCRATCH_TMP, SCRATCH_WORKSPACE, SYSTEM_TRUST_STORE, ScratchPlan, ViewPlan, WorkspacePlan,
+    RootPlan, SCRATCH_TMP, SCRATCH_UPPER, SCRATCH_WORK, SCRATCH_WORKSPACE, SYSTEM_TRUST_STORE,
+    ScratchPlan, UserLookup, ViewPlan, WorkspacePlan, id_range,
 };
 pub use prover::{Counterexample, Finding, FindingKind, diff, within};
 pub use seccomp::{ArgCheck, SeccompRule, SyscallAction};

@@ -28,6 +28,37 @@ pub struct IdentityPlan {
     /// Whether the caller can write a multi-id map (it is root); otherwise the map is the
     /// caller's own id only and `setgroups` must be denied first.
     pub privileged_caller: bool,
+    /// Set on the container tier: init looks the user up in the image's own `/etc/passwd`
+    /// and `/etc/group` before it drops its privileges.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lookup: Option<UserLookup>,
+    /// Supplementary groups inside (a root caller only; empty otherwise). Filled in by init
+    /// from the image's `/etc/group` on the container tier.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<u32>,
+}
+
+/// A user to find in the image (the container tier), resolved by init inside the sandbox's
+/// root, where the image's files are, and through which nothing of the host is reachable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserLookup {
+    /// `name[:group]`, `uid[:gid]` or a mix, as in an OCI config's `User`; `None` keeps
+    /// [`IdentityPlan::uid`] and [`IdentityPlan::gid`].
+    pub spec: Option<String>,
+    /// Set `HOME` from the user's entry (or `/`) when the environment has none.
+    pub set_home: bool,
+}
+
+/// The host ids one sandbox's user namespace maps, for a root caller: `uid 0` inside is
+/// `base` outside. The runtime gives each live sandbox its own range (see
+/// [`Plan::use_id_range`]).
+pub const fn id_range(base: u32) -> IdMap {
+    IdMap {
+        inside: 0,
+        outside: base,
+        count: crate::compile::SANDBOX_ID_COUNT,
+    }
 }
 
 /// What stands at `/workspace`.
@@ -76,12 +107,29 @@ pub struct Mask {
     pub kind: MaskKind,
 }
 
+/// What the view's `/` is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum RootPlan {
+    /// A host directory shown read-only (the process tier; the host's `/` by default), with
+    /// the masks over it.
+    Host { path: PathBuf },
+    /// An overlayfs (the container tier): the image's layer directories, lowest first, as
+    /// read-only lower layers, each idmapped into the sandbox's user namespace, over a fresh
+    /// upper directory in the sandbox's scratch space. The host is not visible at all.
+    Overlay { layers: Vec<PathBuf> },
+}
+
+/// The upper and work directories of an [`RootPlan::Overlay`] in a
+/// [`ScratchPlan::Disk`]'s `host_dir`. (In memory they sit in the scratch tmpfs.)
+pub const SCRATCH_UPPER: &str = "upper";
+pub const SCRATCH_WORK: &str = "work";
+
 /// The filesystem view, built in a fresh mount namespace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ViewPlan {
-    /// The host directory shown read-only as `/`.
-    pub rootfs: PathBuf,
+    pub root: RootPlan,
     pub workspace: WorkspacePlan,
     pub scratch: ScratchPlan,
     pub masks: Vec<Mask>,
@@ -210,6 +258,20 @@ impl Plan {
     /// Lets the sandbox be paused: its cgroup can be frozen.
     pub fn make_freezable(&mut self) {
         self.cgroup.freezable = true;
+    }
+
+    /// Maps the sandbox's ids to the host range that starts at `base` (a root caller's plan
+    /// only; an unprivileged caller's map is its own ids, and stays).
+    pub fn use_id_range(&mut self, base: u32) {
+        if self.identity.privileged_caller {
+            self.identity.uid_map = vec![id_range(base)];
+            self.identity.gid_map = vec![id_range(base)];
+        }
+    }
+
+    /// Whether the view's root is an image's overlay (the container tier).
+    pub fn has_image_root(&self) -> bool {
+        matches!(self.view.root, RootPlan::Overlay { .. })
     }
 
     /// Gives the workload a memory cgroup of its own with the sandbox's memory limit, and

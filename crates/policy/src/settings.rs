@@ -48,7 +48,7 @@ impl Settings {
             config.tier = tier;
         }
         if let Some(user) = self.user {
-            config.user = user;
+            config.set_user(user);
         }
         let r = &mut config.resources;
         if let Some(memory) = self.memory {

@@ -155,7 +155,10 @@ fn check_filesystem(c: &mut Checker<'_>) {
                 continue;
             }
         };
+        // On the container tier `/` is the image's own writable overlay.
+        let writable_root = c.doc.document.tier == Some(airlock_api::Tier::Container);
         let problem = match (access, path.root) {
+            (PathAccess::Rw, Root::Absolute) if writable_root && !path.is_provided() => None,
             _ if path.is_provided() => Some(format!(
                 "`{text}` is below a filesystem Airlock provides itself (/proc, /sys, /dev, /run); rules cannot change it"
             )),

@@ -14,6 +14,7 @@
 mod backend;
 pub mod egress;
 mod evaluation;
+pub mod id_range;
 mod live;
 pub mod storage;
 
@@ -29,8 +30,9 @@ pub use egress::{EgressOptions, EgressSession};
 pub use airlock_jail::oom::OomWatch;
 pub use airlock_jail::report::Phase;
 pub use airlock_jail::{Ending, TerminationSignals as Signals, error_chain};
-pub use backend::{Backend, BackendSupport};
+pub use backend::{Backend, BackendSupport, ContainerTier, ProcessTier, TierBackend};
 pub use evaluation::{Ablation, SECCOMP_TAG_ERRNO};
+pub use id_range::{IdRange, IdRangeError};
 pub use live::{AGENT_RESERVE_BYTES, LiveSandbox, LiveSpec, Pending, find_agent};
 pub use storage::{Storage, StorageError, VolumeSource};
 
@@ -63,6 +65,10 @@ pub enum RuntimeError {
     NoVolume(String),
     #[error("freezing or thawing the sandbox failed")]
     Freeze(#[source] std::io::Error),
+    #[error("image layer {0} does not exist or is not a directory")]
+    LayerMissing(PathBuf),
+    #[error("no host id range for the sandbox")]
+    IdRange(#[from] IdRangeError),
 }
 
 /// One runtime per process: it knows where its helper is and what the host supports.
@@ -147,17 +153,15 @@ impl Runtime {
         config: &SandboxConfig,
         adjust: impl FnOnce(&mut airlock_policy::Plan, &mut SpawnOptions),
     ) -> Result<(Sandbox, Option<Instant>), RuntimeError> {
-        let backend = Backend::for_tier(config.tier);
-        let support = backend.probe(&self.support);
-        if let Some(reason) = support.unavailable {
-            return Err(RuntimeError::TierUnavailable {
-                tier: config.tier.as_str(),
-                reason,
-            });
-        }
-        check_paths(config)?;
+        let backend = Backend::for_tier(config.tier).available(&self.support)?;
+        backend.check(config)?;
         let mut plan = airlock_policy::compile(config, &self.facts())?;
         let mut options = self.spawn_options();
+        // The helper holds the range's lock until the sandbox has ended.
+        if let Some(range) = self.id_range(&plan)? {
+            plan.use_id_range(range.base());
+            options.hold = Some(range.lock());
+        }
         adjust(&mut plan, &mut options);
         let sandbox = backend.start(&plan, &options)?;
         let deadline = config
@@ -240,7 +244,16 @@ impl Runtime {
             cgroups: self.support.cgroups.clone(),
             trace: self.trace,
             evaluation: airlock_jail::spec::Evaluation::default(),
+            hold: None,
         }
+    }
+
+    /// A host id range of its own for a root caller's sandbox (see [`IdRange`]).
+    fn id_range(&self, plan: &airlock_policy::Plan) -> Result<Option<IdRange>, RuntimeError> {
+        if !plan.identity.privileged_caller {
+            return Ok(None);
+        }
+        Ok(Some(IdRange::allocate()?))
     }
 
     fn facts(&self) -> HostFacts {
@@ -330,7 +343,7 @@ fn default_state_dirs() -> Vec<PathBuf> {
     dirs
 }
 
-fn check_paths(config: &SandboxConfig) -> Result<(), RuntimeError> {
+pub(crate) fn check_paths(config: &SandboxConfig) -> Result<(), RuntimeError> {
     if let WorkspaceSource::Host { path } = &config.workspace
         && !path.is_dir()
     {

@@ -12,7 +12,7 @@ use airlock_jail::spec::{AGENT_LISTEN_FD, AGENT_PATH, AgentSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::storage::{Storage, VolumeOwners, VolumeSource};
-use crate::{Backend, Runtime, RuntimeError, check_paths};
+use crate::{Backend, IdRange, Runtime, RuntimeError};
 
 /// What the caller asks for.
 #[derive(Debug, Clone)]
@@ -42,6 +42,11 @@ pub struct LiveSandbox {
     #[serde(default)]
     pub cgroup_dirs: Vec<PathBuf>,
     pub dir: PathBuf,
+    /// The first host id of the sandbox's own id range (a root caller's sandbox). Its
+    /// helper holds the range's lock, so a restarted daemon that re-adopts the sandbox finds
+    /// it still taken, and no new sandbox gets it while this one lives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id_range: Option<u32>,
 }
 
 impl LiveSandbox {
@@ -192,7 +197,7 @@ fn check_id(id: &str) -> Result<(), RuntimeError> {
 
 /// The host ids that own a volume's `tmp/` (the sandbox's root) and `workspace/` (the
 /// workload's user), through the sandbox's id maps.
-fn volume_owners(identity: &airlock_policy::IdentityPlan) -> VolumeOwners {
+fn volume_owners(identity: &airlock_policy::IdentityPlan, upper: bool) -> VolumeOwners {
     let outside = |maps: &[airlock_policy::IdMap], inside: u32| {
         maps.iter()
             .find(|m| inside >= m.inside && inside - m.inside < m.count)
@@ -204,6 +209,7 @@ fn volume_owners(identity: &airlock_policy::IdentityPlan) -> VolumeOwners {
             outside(&identity.uid_map, identity.uid),
             outside(&identity.gid_map, identity.gid),
         ),
+        upper,
     }
 }
 
@@ -235,13 +241,7 @@ impl Runtime {
         egress: Option<&crate::EgressSession>,
     ) -> Result<Pending, RuntimeError> {
         check_id(&spec.id)?;
-        let backend = Backend::for_tier(spec.config.tier);
-        if let Some(reason) = backend.probe(&self.support).unavailable {
-            return Err(RuntimeError::TierUnavailable {
-                tier: spec.config.tier.as_str(),
-                reason,
-            });
-        }
+        let backend = Backend::for_tier(spec.config.tier).available(&self.support)?;
         let mut config = spec.config.clone();
         config.command = vec![
             AGENT_PATH.to_owned(),
@@ -249,11 +249,17 @@ impl Runtime {
             AGENT_LISTEN_FD.to_string(),
         ];
         config.timeout_ms = None;
-        check_paths(&config)?;
+        backend.check(&config)?;
         let mut plan = airlock_policy::compile(&config, &self.facts())?;
+        let mut options = self.spawn_options();
+        let id_range = self.id_range(&plan)?;
+        if let Some(range) = &id_range {
+            plan.use_id_range(range.base());
+            options.hold = Some(range.lock());
+        }
         let volume = match &self.storage {
             Some(storage) => {
-                let owners = volume_owners(&plan.identity);
+                let owners = volume_owners(&plan.identity, backend.needs_upper());
                 let dir = storage.create_volume(
                     &spec.id,
                     config.resources.disk_bytes,
@@ -288,7 +294,7 @@ impl Runtime {
         };
         let socket = agent.socket.clone();
         let name = format!("{}-{}", self.owner, spec.id);
-        let starting = backend.start_live(&plan, &self.spawn_options(), &name, agent)?;
+        let starting = backend.start_live(&plan, &options, &name, agent)?;
         let jail = starting.record();
         let record = LiveSandbox {
             id: spec.id.clone(),
@@ -298,6 +304,7 @@ impl Runtime {
             cgroup: jail.cgroup.clone(),
             cgroup_dirs: jail.cgroup_dirs.clone(),
             dir: spec.dir.clone(),
+            id_range: id_range.as_ref().map(IdRange::base),
         };
         Ok(Pending {
             starting,
@@ -306,12 +313,20 @@ impl Runtime {
         })
     }
 
-    /// Checks that a recorded sandbox still runs (same helper pid and start time).
+    /// Checks that a recorded sandbox still runs (same helper pid and start time) and still
+    /// holds its host id range (its helper keeps the range's lock), so that no new sandbox
+    /// can be given it.
     pub fn adopt(&self, record: &LiveSandbox) -> Result<(), RuntimeError> {
         record
             .pidfd()
             .map(drop)
-            .map_err(|_| RuntimeError::Gone(record.id.clone()))
+            .map_err(|_| RuntimeError::Gone(record.id.clone()))?;
+        if let Some(base) = record.id_range
+            && !IdRange::is_held_in(std::path::Path::new(crate::id_range::ID_RANGE_DIR), base)
+        {
+            return Err(RuntimeError::Gone(record.id.clone()));
+        }
+        Ok(())
     }
 
     /// Ends a sandbox and removes what it owned: processes, cgroup and its directory. Safe to

@@ -121,6 +121,9 @@ pub enum VolumeSource {
 pub struct VolumeOwners {
     pub root: (u32, u32),
     pub workload: (u32, u32),
+    /// Also make the container tier's `upper/` (owned by the sandbox's root, like the
+    /// image's `/`) and `work/` (the overlay's own, root's).
+    pub upper: bool,
 }
 
 impl Storage {
@@ -231,10 +234,15 @@ impl Storage {
         created.map_err(volume_error(&dir))?;
         let made = (|| -> io::Result<()> {
             disk::btrfs_limit_subvolume(&dir, limit_bytes)?;
-            for (name, mode, (uid, gid)) in [
+            let mut dirs = vec![
                 (airlock_policy::SCRATCH_TMP, 0o1777, owners.root),
                 (airlock_policy::SCRATCH_WORKSPACE, 0o755, owners.workload),
-            ] {
+            ];
+            if owners.upper {
+                dirs.push((airlock_policy::SCRATCH_UPPER, 0o755, owners.root));
+                dirs.push((airlock_policy::SCRATCH_WORK, 0o700, (0, 0)));
+            }
+            for (name, mode, (uid, gid)) in dirs {
                 let path = dir.join(name);
                 // A kept or copied `/tmp` starts empty, as after a reboot.
                 if name == airlock_policy::SCRATCH_TMP && path.exists() {

@@ -290,6 +290,7 @@ impl Daemon {
             cgroup: Some(self.runtime.cgroup_name(id)),
             cgroup_dirs: Vec::new(),
             dir,
+            id_range: None,
         }
     }
 

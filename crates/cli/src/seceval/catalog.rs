@@ -177,6 +177,42 @@ pub enum Post {
     NoSurvivor,
     /// The egress proxy's test upstream received no byte during the attempt.
     UpstreamSilent,
+    /// The container-tier test image's layer directory is exactly as it was (a write inside
+    /// landed in the sandbox's own upper directory).
+    LayersUntouched,
+}
+
+/// How a case differs on the container tier, where `/` is the image's own overlay and
+/// nothing of the host is visible. A field left out keeps the case's own; `null` clears an
+/// optional one.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierCase {
+    #[serde(default)]
+    pub probe: Option<Vec<String>>,
+    #[serde(default)]
+    pub sandbox: Option<Vec<String>>,
+    #[serde(default)]
+    pub expect: Option<Expect>,
+    #[serde(default)]
+    pub proofs: Option<Vec<Proof>>,
+    #[serde(default, deserialize_with = "present")]
+    pub control: Option<Option<Control>>,
+    #[serde(default)]
+    pub post: Option<Vec<Post>>,
+    #[serde(default, deserialize_with = "present")]
+    pub na: Option<Option<String>>,
+    #[serde(default, deserialize_with = "present")]
+    pub known_gap: Option<Option<String>>,
+}
+
+/// A field that is present, even as `null` (`Some(None)`), told from one left out (`None`).
+fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -224,6 +260,49 @@ pub struct Case {
     /// this tier, and the scorecard shows it red with this reason.
     #[serde(default)]
     pub known_gap: Option<String>,
+    /// What changes on the container tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<TierCase>,
+}
+
+impl Case {
+    /// The case as it runs on `tier`.
+    pub fn on_tier(&self, tier: airlock_api::Tier) -> Case {
+        let mut case = self.clone();
+        case.container = None;
+        let Some(over) = self
+            .container
+            .clone()
+            .filter(|_| tier == airlock_api::Tier::Container)
+        else {
+            return case;
+        };
+        if let Some(probe) = over.probe {
+            case.probe = probe;
+        }
+        if let Some(sandbox) = over.sandbox {
+            case.sandbox = sandbox;
+        }
+        if let Some(expect) = over.expect {
+            case.expect = expect;
+        }
+        if let Some(proofs) = over.proofs {
+            case.proofs = proofs;
+        }
+        if let Some(control) = over.control {
+            case.control = control;
+        }
+        if let Some(post) = over.post {
+            case.post = post;
+        }
+        if let Some(na) = over.na {
+            case.na = na;
+        }
+        if let Some(known_gap) = over.known_gap {
+            case.known_gap = known_gap;
+        }
+        case
+    }
 }
 
 impl Catalog {
@@ -247,14 +326,25 @@ impl Catalog {
             });
         }
         let mut seen = std::collections::BTreeSet::new();
+        let tiers: Vec<Case> = self
+            .cases
+            .iter()
+            .filter(|c| c.container.is_some())
+            .map(|c| c.on_tier(airlock_api::Tier::Container))
+            .collect();
         for case in &self.cases {
+            if !seen.insert(case.id.as_str()) {
+                return Err(CatalogError::Case {
+                    case: case.id.clone(),
+                    problem: "the id is used twice".into(),
+                });
+            }
+        }
+        for case in self.cases.iter().chain(&tiers) {
             let bad = |problem: String| CatalogError::Case {
                 case: case.id.clone(),
                 problem,
             };
-            if !seen.insert(case.id.as_str()) {
-                return Err(bad("the id is used twice".into()));
-            }
             if !self.groups.iter().any(|g| g.id == case.group) {
                 return Err(bad(format!("unknown group `{}`", case.group)));
             }

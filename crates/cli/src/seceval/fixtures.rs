@@ -51,6 +51,47 @@ pub struct Fixtures {
     upstream_bytes: Arc<AtomicU64>,
     values: BTreeMap<String, String>,
     counter: AtomicU64,
+    /// The container tier's test image layer and its fingerprint when it was made.
+    image_layer: Option<(PathBuf, Vec<String>)>,
+}
+
+/// Where the container tier's test image has the probe.
+pub const IMAGE_PROBE: &str = "/usr/bin/airlock-probe";
+
+/// Every entry below `dir` with its type, mode, owner, size, mtime and, for small files, its
+/// contents: any write or deletion through to the layer changes it.
+fn fingerprint(dir: &Path) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut prints = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let Ok(meta) = fs::symlink_metadata(&path) else {
+            prints.push(format!("{} missing", path.display()));
+            continue;
+        };
+        let contents = if meta.is_file() && meta.len() < 4096 {
+            fs::read(&path).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        prints.push(format!(
+            "{} {:o} {}:{} {} {} {:?}",
+            path.display(),
+            meta.mode(),
+            meta.uid(),
+            meta.gid(),
+            meta.len(),
+            meta.mtime_nsec() + meta.mtime() * 1_000_000_000,
+            contents
+        ));
+        if meta.is_dir()
+            && let Ok(entries) = fs::read_dir(&path)
+        {
+            stack.extend(entries.flatten().map(|e| e.path()));
+        }
+    }
+    prints.sort();
+    prints
 }
 
 fn set_mode(path: &Path, mode: u32) -> anyhow::Result<()> {
@@ -85,6 +126,7 @@ impl Fixtures {
             upstream_bytes: Arc::default(),
             values: BTreeMap::new(),
             counter: AtomicU64::new(0),
+            image_layer: None,
         };
         let scratch_text = fixtures.scratch.display().to_string();
         for (name, value) in [
@@ -98,7 +140,6 @@ impl Fixtures {
                 fixtures.late_home.join(".netrc").display().to_string(),
             ),
             ("ready", format!("{scratch_text}/late-ready")),
-            ("suid", format!("{scratch_text}/probe-suid")),
             ("blockdev", block_device()),
         ] {
             fixtures.values.insert(name.to_owned(), value);
@@ -137,19 +178,107 @@ impl Fixtures {
         let _ = fs::remove_file(self.scratch.join("late-ready"));
     }
 
-    /// A set-user-id root copy of the probe that only the sandbox's user 1000 may execute: its
-    /// group is that user's host gid (a root caller maps gid N inside to `0x70000000 + N`, see
-    /// `SANDBOX_ID_BASE` in crates/policy/src/compile.rs), and its mode gives others nothing, so
-    /// that no host user gains a set-uid root binary while the suite runs.
-    pub fn plant_setuid(&self, probe: &Path) -> anyhow::Result<()> {
-        const SANDBOX_GID_1000: u32 = 0x7000_0000 + 1000;
-        let target = self.scratch.join("probe-suid");
+    /// A set-user-id root copy of the probe that only the sandbox's user 1000 may execute, in
+    /// a host workspace (`{suidws}`) whose parent only root can enter, so that no host user
+    /// gains a set-uid root binary while the suite runs. Inside, the idmapped workspace shows
+    /// it as the sandbox's root's, group 1000 (each sandbox has host ids of its own, so a
+    /// host-side group could not name "the sandbox's user 1000").
+    pub fn plant_setuid(&mut self, probe: &Path) -> anyhow::Result<()> {
+        let private = self.scratch.join("private");
+        fs::create_dir_all(&private)?;
+        set_mode(&private, 0o700)?;
+        let workspace = private.join("suid-ws");
+        fs::create_dir_all(&workspace)?;
+        set_mode(&workspace, 0o755)?;
+        let target = workspace.join("probe-suid");
         fs::copy(probe, &target)
             .with_context(|| format!("copying the probe to {}", target.display()))?;
         set_mode(&target, 0o700)?;
-        std::os::unix::fs::chown(&target, Some(0), Some(SANDBOX_GID_1000))
+        std::os::unix::fs::chown(&target, Some(0), Some(1000))
             .with_context(|| format!("chown {}", target.display()))?;
-        set_mode(&target, 0o4710)
+        set_mode(&target, 0o4710)?;
+        self.set("suidws", workspace.display().to_string());
+        Ok(())
+    }
+
+    /// The container tier's test image: one layer with the probe at [`IMAGE_PROBE`], an
+    /// `/etc/passwd`, `/etc/group`, a `/usr/bin/env` to aim writes at and a marker in
+    /// `/home`, but no `/etc/shadow` (a host secret has no copy here); and a hostile variant
+    /// whose second layer plants symbolic links where Airlock mounts its filesystems.
+    /// `{image}`, `{hostileimage}` and `{imagelayer}` name them.
+    pub fn build_image(&mut self, probe: &Path) -> anyhow::Result<()> {
+        let dir = self.scratch.join("image");
+        let base = dir.join("layers/base");
+        let hostile = dir.join("layers/hostile");
+        for sub in [
+            "usr/bin",
+            "etc",
+            "home/agent",
+            "root",
+            "tmp",
+            "bin",
+            "var/tmp",
+        ] {
+            fs::create_dir_all(base.join(sub))?;
+        }
+        fs::create_dir_all(&hostile)?;
+        for path in [&dir, &dir.join("layers"), &base, &hostile] {
+            set_mode(path, 0o755)?;
+        }
+        let target = base.join(IMAGE_PROBE.trim_start_matches('/'));
+        if fs::hard_link(probe, &target).is_err() {
+            fs::copy(probe, &target)
+                .with_context(|| format!("copying the probe to {}", target.display()))?;
+        }
+        write_file(&base.join("usr/bin/env"), "#!/bin/sh\n# seceval\n", 0o755)?;
+        write_file(
+            &base.join("etc/passwd"),
+            "root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/agent:/bin/sh\n",
+            0o644,
+        )?;
+        write_file(&base.join("etc/group"), "root:x:0:\nagent:x:1000:\n", 0o644)?;
+        write_file(&base.join("home/seceval-kept"), "image\n", 0o644)?;
+        std::os::unix::fs::chown(base.join("home/agent"), Some(1000), Some(1000))?;
+        set_mode(&base.join("root"), 0o700)?;
+        set_mode(&base.join("tmp"), 0o1777)?;
+        set_mode(&base.join("var/tmp"), 0o1777)?;
+        for (link, points_to) in [
+            ("proc", "/"),
+            ("tmp", "/etc"),
+            ("dev", "/home"),
+            ("workspace", "/usr"),
+            ("sys", "../.."),
+            ("run", "/etc"),
+        ] {
+            std::os::unix::fs::symlink(points_to, hostile.join(link))?;
+        }
+        let describe = |name: &str, layers: &[&Path]| -> anyhow::Result<String> {
+            let image = airlock_api::ImageRootfs {
+                digest: format!("sha256:seceval-{name}"),
+                layers: layers.iter().map(|l| l.to_path_buf()).collect(),
+                config: airlock_api::ImageConfig {
+                    env: vec!["PATH=/usr/bin:/bin".into()],
+                    ..airlock_api::ImageConfig::default()
+                },
+            };
+            let path = dir.join(format!("{name}.json"));
+            fs::write(&path, serde_json::to_vec(&image)?)?;
+            Ok(path.display().to_string())
+        };
+        let image = describe("image", &[&base])?;
+        let hostile_image = describe("hostile", &[&base, &hostile])?;
+        self.set("image", image);
+        self.set("hostileimage", hostile_image);
+        self.set("imagelayer", base.display().to_string());
+        self.image_layer = Some((base.clone(), fingerprint(&base)));
+        Ok(())
+    }
+
+    /// Whether the test image's layer is as [`Fixtures::build_image`] left it.
+    pub fn image_layer_untouched(&self) -> bool {
+        self.image_layer
+            .as_ref()
+            .is_some_and(|(layer, print)| fingerprint(layer) == *print)
     }
 
     /// Starts every host-side sink and records where it listens.
@@ -171,7 +300,14 @@ impl Fixtures {
                 let _ = udp.send_to(&buf[..n], peer);
             }
         });
-        let abstract_name = format!("airlock-seceval-{}", std::process::id());
+        // One name per run of the fixtures: each tier sets up its own, and the listener of an
+        // earlier tier keeps its name bound.
+        static INSTANCE: AtomicU64 = AtomicU64::new(0);
+        let abstract_name = format!(
+            "airlock-seceval-{}-{}",
+            std::process::id(),
+            INSTANCE.fetch_add(1, Ordering::Relaxed)
+        );
         self.count_unix(abstract_listener(&abstract_name)?);
         self.set("abstract", format!("@{abstract_name}"));
         fs::create_dir_all(&self.host_tmp)?;

@@ -14,6 +14,7 @@ mod fakenet;
 mod fixtures;
 mod report;
 mod runner;
+mod scenarios;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -185,16 +186,11 @@ pub fn seceval(args: SecevalArgs) -> anyhow::Result<ExitCode> {
             .into_iter()
             .find(|b| b.tier == tier)
             .and_then(|b| b.unavailable);
+        let tier_cases: Vec<catalog::Case> = cases.iter().map(|c| c.on_tier(tier)).collect();
+        let tier_cases: Vec<&catalog::Case> = tier_cases.iter().collect();
         let results = match unavailable {
-            Some(reason) => {
-                let reason = if tier == airlock_api::Tier::Process {
-                    reason
-                } else {
-                    "tier not built".to_owned()
-                };
-                report::all_not_applicable(&cases, &reason)
-            }
-            None => run_process_tier(&catalog, &cases, &args)?,
+            Some(reason) => report::all_not_applicable(&tier_cases, &reason),
+            None => run_tier(&catalog, &tier_cases, &args, tier)?,
         };
         all.push(TierResults {
             tier: tier.as_str().to_owned(),
@@ -238,10 +234,11 @@ fn find_probe(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     )
 }
 
-fn run_process_tier(
+fn run_tier(
     catalog: &Catalog,
     cases: &[&catalog::Case],
     args: &SecevalArgs,
+    tier: airlock_api::Tier,
 ) -> anyhow::Result<Vec<CaseResult>> {
     // The effective uid, from /proc (the CLI makes no syscalls itself): the suite needs root
     // for cgroups, network namespaces and its fixtures under /home and /run.
@@ -276,7 +273,13 @@ fn run_process_tier(
             .map(std::path::absolute)
             .transpose()?,
         unavailable: BTreeMap::new(),
+        tier,
     };
+    if tier == airlock_api::Tier::Container {
+        env.fixtures
+            .build_image(&env.probe)
+            .context("building the container tier's test image")?;
+    }
     let policy_dir = env.fixtures.scratch.join("policies");
     std::fs::create_dir_all(&policy_dir)?;
     for (name, text) in &catalog.policies {
@@ -302,11 +305,12 @@ fn run_process_tier(
         }
     }
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let progress_tier = tier.as_str();
     let mut results = Vec::new();
     for (index, case) in cases.iter().enumerate() {
         if progress {
             eprint!(
-                "\rairlock seceval: {}/{} {:<60}",
+                "\rairlock seceval: {progress_tier} {}/{} {:<60}",
                 index + 1,
                 cases.len(),
                 case.id
@@ -321,7 +325,9 @@ fn run_process_tier(
                 Vec::new(),
             ),
         };
-        let bwrap = args.baseline.map(|_| {
+        // The baseline is the process tier's comparison; it would only repeat itself here.
+        let baseline = args.baseline.filter(|_| tier == airlock_api::Tier::Process);
+        let bwrap = baseline.map(|_| {
             runner::baseline(&env, case).unwrap_or_else(|err| Verdict::NotApplicable {
                 reason: format!("could not run: {}", crate::one_line(&err)),
             })

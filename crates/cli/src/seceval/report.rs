@@ -104,6 +104,7 @@ pub fn scorecard(
     baseline: bool,
 ) -> io::Result<()> {
     for tier in tiers {
+        let baseline = baseline && tier.cases.iter().any(|c| c.bwrap.is_some());
         if tier
             .cases
             .iter()
@@ -290,6 +291,25 @@ pub fn markdown(catalog: &Catalog) -> String {
             if let Some(reason) = &case.known_gap {
                 let _ = write!(attack, " **known gap: {reason}**");
             }
+            let mut proven = proof_text(case);
+            if case.container.is_some() {
+                let on = case.on_tier(airlock_api::Tier::Container);
+                let what = match &on.na {
+                    Some(reason) => format!("n/a: {reason}"),
+                    None => format!(
+                        "{} `{}`; {}",
+                        on.expect
+                            .layers
+                            .iter()
+                            .map(|l| format!("`{l}`"))
+                            .collect::<Vec<_>>()
+                            .join(" + "),
+                        on.expect.outcome,
+                        proof_text(&on)
+                    ),
+                };
+                let _ = write!(proven, ". **Container tier:** {what}");
+            }
             let refs: Vec<String> = case.refs.iter().map(u32::to_string).collect();
             let _ = writeln!(
                 md,
@@ -303,7 +323,7 @@ pub fn markdown(catalog: &Catalog) -> String {
                     .collect::<Vec<_>>()
                     .join(" + "),
                 cell(&errno),
-                cell(&proof_text(case)),
+                cell(&proven),
                 cell(&case.source),
                 refs.join(", ")
             );
@@ -387,8 +407,24 @@ No packet leaves the machine. The suite creates, and removes afterwards:
   (to that upstream) and `rebind.test` (to 169.254.169.254, as a rebinding DNS server would);
   any other name fails instead of reaching real DNS;
 - fake home directories with world-readable credentials (so that file modes are not what
-  protects them), a set-uid root copy of the probe, and a daemon (`airlock serve` on loopback,
+  protects them), a set-uid root copy of the probe in a host workspace only root can reach on
+  the host, and a daemon (`airlock serve` on loopback,
   with its own state directory) with three sandboxes.
+
+## The container tier
+
+`--tier container` (and `all`) runs the whole catalog again with every `airlock run` in a
+container-tier sandbox of a test image the suite builds (one layer: the static probe at
+`/usr/bin/airlock-probe`, an `/etc/passwd`, `/etc/group` and `/usr/bin/env`, and no
+`/etc/shadow`), unless the case names another (`{hostileimage}` adds a layer of symbolic
+links where Airlock mounts its filesystems). Where the tier changes what stops an attack, the
+case says so (its `container` entry, shown as **Container tier** below): a host path is not
+hidden by a mask there but absent (`ENOENT`, with a control showing the host has it, and
+unchanged with Landlock and the masks taken away); a write to the image's own files succeeds
+and lands in the sandbox's upper directory, never in the shared layer directory (checked after
+the attempt); `/proc` is read-only (`EROFS`), since Landlock grants writes on the whole root;
+and the process tier's host-socket gap does not exist. Cases through the daemon are n/a there
+until the daemon's create call takes an image.
 
 ## Baseline
 

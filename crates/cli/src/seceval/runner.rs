@@ -52,6 +52,9 @@ pub struct Env {
     pub user_policy: Option<PathBuf>,
     /// Fixtures that could not be set up on this host, and why.
     pub unavailable: BTreeMap<Need, String>,
+    /// The tier the cases run on; on the container tier every `airlock run` runs the test
+    /// image (`{image}`) unless the case names another, and the probe is the image's.
+    pub tier: airlock_api::Tier,
 }
 
 /// What happened to one case in one column.
@@ -148,6 +151,10 @@ pub fn evaluate(env: &Env, case: &Case) -> anyhow::Result<(Verdict, Vec<String>)
         Target::Airlock(&[])
     };
     let first = match case.via {
+        Via::Scenario if super::scenarios::is_run_scenario(case.scenario.as_deref()) => Attempt {
+            outcome: super::scenarios::run(env, case.scenario.as_deref().unwrap_or_default())?,
+            post_failures: Vec::new(),
+        },
         Via::Scenario => {
             let daemon = env.daemon.as_ref().context("the daemon is not running")?;
             let name = case.scenario.as_deref().unwrap_or_default();
@@ -244,14 +251,14 @@ pub fn evaluate(env: &Env, case: &Case) -> anyhow::Result<(Verdict, Vec<String>)
 
 /// The bwrap column: the same attempt, with bwrap's outcome.
 pub fn baseline(env: &Env, case: &Case) -> anyhow::Result<Verdict> {
-    if case.via != Via::Run {
-        return Ok(Verdict::NotApplicable {
-            reason: "needs Airlock's daemon".into(),
-        });
-    }
     if let Some(reason) = case.baseline_na.as_ref().or(case.na.as_ref()) {
         return Ok(Verdict::NotApplicable {
             reason: reason.clone(),
+        });
+    }
+    if case.via != Via::Run {
+        return Ok(Verdict::NotApplicable {
+            reason: "needs Airlock's daemon".into(),
         });
     }
     if let Some(reason) = unavailable_need(env, case) {
@@ -334,7 +341,18 @@ fn attempt(
                     {
                         sandbox_args.extend(["--policy".into(), policy.display().to_string()]);
                     }
-                    command.args(&sandbox_args).arg("--").arg(&env.probe);
+                    let container = env.tier == airlock_api::Tier::Container
+                        || sandbox_args.iter().any(|a| a == "--image");
+                    if container && !sandbox_args.iter().any(|a| a == "--image") {
+                        let image = values.get("image").context("the test image is missing")?;
+                        sandbox_args.extend(["--image".into(), image.clone()]);
+                    }
+                    command.args(&sandbox_args).arg("--");
+                    if container {
+                        command.arg(super::fixtures::IMAGE_PROBE);
+                    } else {
+                        command.arg(&env.probe);
+                    }
                     command
                 }
                 Target::Bwrap => {
@@ -370,6 +388,11 @@ fn attempt(
                 let received = env.fixtures.upstream_bytes() - upstream_before;
                 if received > 0 {
                     post_failures.push(format!("{received} byte(s) reached the upstream"));
+                }
+            }
+            Post::LayersUntouched => {
+                if !env.fixtures.image_layer_untouched() {
+                    post_failures.push("the image's layer directory changed".to_owned());
                 }
             }
             Post::NoSurvivor => {

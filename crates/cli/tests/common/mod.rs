@@ -8,6 +8,8 @@
 )]
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
+pub mod image;
+
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -198,10 +200,18 @@ pub fn processes_with(marker: &str) -> Vec<u32> {
 
 /// Sandbox inits running as `uid` inside (under a root caller) that lost their helper and were
 /// handed to the host's pid 1: what a sandbox ended without reaping its init leaves behind, if
-/// only as a zombie. Tests pick distinct uids so that they see only their own.
+/// only as a zombie. Tests pick distinct uids so that they see only their own. Each sandbox has
+/// a host id range of its own (`SANDBOX_ID_BASE + slot * 65536`), so `uid` inside is any
+/// host uid that is `uid` past a range's base.
 pub fn orphaned_inits(uid: u32) -> Vec<u32> {
     const SANDBOX_ID_BASE: u32 = 0x7000_0000;
-    let host_uid = (SANDBOX_ID_BASE + uid).to_string();
+    let in_a_range = |owner: &str| {
+        owner
+            .parse::<u32>()
+            .ok()
+            .and_then(|owner| owner.checked_sub(SANDBOX_ID_BASE))
+            .is_some_and(|offset| offset % 65_536 == uid)
+    };
     host_processes()
         .filter(|(_, dir)| {
             let status = fs::read_to_string(dir.join("status")).unwrap_or_default();
@@ -217,7 +227,7 @@ pub fn orphaned_inits(uid: u32) -> Vec<u32> {
                 .next()
                 .unwrap_or_default()
                 .to_owned();
-            field("Name:") == "airlock-jail" && field("PPid:") == "1" && owner == host_uid
+            field("Name:") == "airlock-jail" && field("PPid:") == "1" && in_a_range(&owner)
         })
         .map(|(pid, _)| pid)
         .collect()
