@@ -340,11 +340,26 @@ fn release_init(
             .map_err(|e| with_source("opening the user namespace", &e))
     };
     if let (RootPlan::Overlay { layers }, Some(upper)) = (&plan.view.root, &host.image_upper) {
-        let (upper, work) = upper.dirs();
-        let root = mountfs::image_root(layers, &userns()?, upper, work)
+        let userns = userns()?;
+        let (upper, work) = upper
+            .dirs()
+            .map_err(|e| with_source("opening the image's upper directory", &e))?;
+        let root = mountfs::image_root(layers, &userns, &upper, &work)
             .map_err(|e| with_source("mounting the image's root", &e))?;
         sys::send_with_fd(socket, ROOT_MESSAGE, Some(&root))
             .map_err(|e| with_source("handing over the image's root", &e))?;
+    }
+    // The on-disk scratch volume keeps the sandbox's files with its own ids (0 is its root),
+    // whatever host range the sandbox runs in: they are shown through idmapped mounts, so
+    // that a resume, a snapshot or a fork in another range sees them as theirs.
+    if let Some(scratch) = &host.scratch
+        && plan.identity.privileged_caller
+    {
+        let userns = userns()?;
+        for (name, tree) in [("/tmp", &scratch.tmp), ("/workspace", &scratch.workspace)] {
+            sys::mount_setattr(tree, false, sys::MOUNT_ATTR_IDMAP, Some(&userns))
+                .map_err(|e| with_source(&format!("idmapping the scratch {name}"), &e))?;
+        }
     }
     let idmapped = match &plan.view.workspace {
         WorkspacePlan::Host { path, idmap: true } => {

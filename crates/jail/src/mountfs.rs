@@ -336,6 +336,9 @@ pub fn memory_scratch(
 }
 
 /// The upper and work directories of an on-disk scratch volume (see `ScratchPlan::Disk`).
+/// Not idmapped: overlayfs refuses an idmapped upper directory (EINVAL, measured on 6.18), so
+/// `upper/` keeps the sandbox's host ids (the runtime shifts them when a volume changes
+/// range).
 pub fn disk_upper(host_dir: &Path) -> io::Result<(OwnedFd, OwnedFd)> {
     let dir = sys::open_path(host_dir)?;
     Ok((
@@ -359,8 +362,9 @@ pub fn overlay_takes_layer_fds() -> Result<(), String> {
 /// Where the container tier's upper and work directories are, as the helper holds them.
 #[derive(Debug)]
 pub enum ImageUpper {
-    /// In the on-disk scratch volume (`upper/` and `work/`).
-    Disk { upper: OwnedFd, work: OwnedFd },
+    /// In the on-disk scratch volume (`upper/` and `work/`), opened once the sandbox's user
+    /// namespace exists.
+    Disk { host_dir: PathBuf },
     /// In the scratch tmpfs the helper made, which init then attaches for `/tmp` and a fresh
     /// `/workspace`.
     Memory(MemoryScratch),
@@ -374,14 +378,9 @@ impl ImageUpper {
             return Ok(None);
         }
         Ok(Some(match &plan.view.scratch {
-            airlock_policy::ScratchPlan::Disk { host_dir } => {
-                let (upper, work) =
-                    disk_upper(host_dir).map_err(|source| MountFsError::Scratch {
-                        what: format!("the upper directory in {}", host_dir.display()),
-                        source,
-                    })?;
-                ImageUpper::Disk { upper, work }
-            }
+            airlock_policy::ScratchPlan::Disk { host_dir } => ImageUpper::Disk {
+                host_dir: host_dir.clone(),
+            },
             airlock_policy::ScratchPlan::Memory { size_bytes } => {
                 let root = |maps: &[airlock_policy::IdMap]| {
                     maps.iter().find(|m| m.inside == 0).map_or(0, |m| m.outside)
@@ -392,10 +391,13 @@ impl ImageUpper {
         }))
     }
 
-    pub fn dirs(&self) -> (&OwnedFd, &OwnedFd) {
+    /// The upper and work directories, as the overlay takes them.
+    pub fn dirs(&self) -> io::Result<(OwnedFd, OwnedFd)> {
         match self {
-            ImageUpper::Disk { upper, work } => (upper, work),
-            ImageUpper::Memory(scratch) => (&scratch.upper, &scratch.work),
+            ImageUpper::Disk { host_dir } => disk_upper(host_dir),
+            ImageUpper::Memory(scratch) => {
+                Ok((scratch.upper.try_clone()?, scratch.work.try_clone()?))
+            }
         }
     }
 }

@@ -198,18 +198,33 @@ fn check_id(id: &str) -> Result<(), RuntimeError> {
 /// The host ids that own a volume's `tmp/` (the sandbox's root) and `workspace/` (the
 /// workload's user), through the sandbox's id maps.
 fn volume_owners(identity: &airlock_policy::IdentityPlan, upper: bool) -> VolumeOwners {
-    let outside = |maps: &[airlock_policy::IdMap], inside: u32| {
-        maps.iter()
-            .find(|m| inside >= m.inside && inside - m.inside < m.count)
-            .map_or(inside, |m| m.outside + (inside - m.inside))
+    // A root caller's sandboxes see their volume through a mount idmapped with their user
+    // namespace, so it keeps their own ids (0 is the sandbox's root) in whichever host range
+    // they run: a resume, a snapshot or a fork in another range finds the files theirs. An
+    // unprivileged caller's single id is its own on both sides.
+    let (root, workload) = if identity.privileged_caller {
+        ((0, 0), (identity.uid, identity.gid))
+    } else {
+        let outside = |maps: &[airlock_policy::IdMap], inside: u32| {
+            maps.iter()
+                .find(|m| inside >= m.inside && inside - m.inside < m.count)
+                .map_or(inside, |m| m.outside + (inside - m.inside))
+        };
+        (
+            (outside(&identity.uid_map, 0), outside(&identity.gid_map, 0)),
+            (
+                outside(&identity.uid_map, identity.uid),
+                outside(&identity.gid_map, identity.gid),
+            ),
+        )
+    };
+    let host_root = |maps: &[airlock_policy::IdMap]| {
+        maps.iter().find(|m| m.inside == 0).map_or(0, |m| m.outside)
     };
     VolumeOwners {
-        root: (outside(&identity.uid_map, 0), outside(&identity.gid_map, 0)),
-        workload: (
-            outside(&identity.uid_map, identity.uid),
-            outside(&identity.gid_map, identity.gid),
-        ),
-        upper,
+        root,
+        workload,
+        upper: upper.then(|| (host_root(&identity.uid_map), host_root(&identity.gid_map))),
     }
 }
 

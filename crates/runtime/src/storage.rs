@@ -115,15 +115,17 @@ pub enum VolumeSource {
     Snapshot(String),
 }
 
-/// Who owns a volume's directories, in host ids: the sandbox's root owns `tmp/`, the
-/// workload's user `workspace/`.
+/// Who owns a volume's directories, as the volume stores them: the sandbox's root owns
+/// `tmp/` (and `upper/`), the workload's user `workspace/`. For a root caller these are the
+/// sandbox's own ids, shown through idmapped mounts; otherwise the caller's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VolumeOwners {
     pub root: (u32, u32),
     pub workload: (u32, u32),
-    /// Also make the container tier's `upper/` (owned by the sandbox's root, like the
-    /// image's `/`) and `work/` (the overlay's own, root's).
-    pub upper: bool,
+    /// Also make the container tier's `upper/` and `work/`, `upper/` owned by these host
+    /// ids (the sandbox's root in its host range: overlayfs refuses an idmapped upper
+    /// directory, so these files carry host ids, shifted when the volume changes range).
+    pub upper: Option<(u32, u32)>,
 }
 
 impl Storage {
@@ -238,14 +240,21 @@ impl Storage {
                 (airlock_policy::SCRATCH_TMP, 0o1777, owners.root),
                 (airlock_policy::SCRATCH_WORKSPACE, 0o755, owners.workload),
             ];
-            if owners.upper {
-                dirs.push((airlock_policy::SCRATCH_UPPER, 0o755, owners.root));
+            if let Some(upper_owner) = owners.upper {
+                let upper = dir.join(airlock_policy::SCRATCH_UPPER);
+                if let Ok(meta) = std::fs::symlink_metadata(&upper) {
+                    // Kept or copied from a sandbox of another host range.
+                    shift_owners(&upper, (meta.uid(), meta.gid()), upper_owner)?;
+                }
+                dirs.push((airlock_policy::SCRATCH_UPPER, 0o755, upper_owner));
                 dirs.push((airlock_policy::SCRATCH_WORK, 0o700, (0, 0)));
             }
             for (name, mode, (uid, gid)) in dirs {
                 let path = dir.join(name);
-                // A kept or copied `/tmp` starts empty, as after a reboot.
-                if name == airlock_policy::SCRATCH_TMP && path.exists() {
+                // A kept or copied `/tmp` starts empty, as after a reboot, and so does the
+                // overlay's work directory (a volatile overlay leaves a marker there).
+                let fresh = [airlock_policy::SCRATCH_TMP, airlock_policy::SCRATCH_WORK];
+                if fresh.contains(&name) && path.exists() {
                     std::fs::remove_dir_all(&path)?;
                 }
                 match std::fs::create_dir(&path) {
@@ -323,6 +332,34 @@ impl Storage {
             && self.snapshots().is_empty()
             && disk::unmount(&self.mount).is_ok()
     }
+}
+
+/// Moves every file of the tree at `root` from the host range whose root is `from` to the one
+/// whose root is `to` (ids outside the range are left alone). Never follows a symlink.
+fn shift_owners(root: &Path, from: (u32, u32), to: (u32, u32)) -> io::Result<()> {
+    if from == to {
+        return Ok(());
+    }
+    let shift = |id: u32, from: u32, to: u32| {
+        id.checked_sub(from)
+            .filter(|offset| *offset < airlock_policy::SANDBOX_ID_COUNT)
+            .map_or(id, |offset| to + offset)
+    };
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        let meta = std::fs::symlink_metadata(&path)?;
+        std::os::unix::fs::lchown(
+            &path,
+            Some(shift(meta.uid(), from.0, to.0)),
+            Some(shift(meta.gid(), from.1, to.1)),
+        )?;
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(&path)? {
+                pending.push(entry?.path());
+            }
+        }
+    }
+    Ok(())
 }
 
 fn list_dirs(dir: &Path) -> Vec<String> {

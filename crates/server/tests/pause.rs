@@ -127,6 +127,8 @@ async fn test_pause_to_disk_after_frees_a_frozen_sandbox_and_keeps_its_files() {
         run(&client, &id, "pgrep -c sleep || true").await.trim(),
         "0"
     );
+    // Started again (perhaps in another host id range), it still owns its files.
+    run(&client, &id, "echo again >> /workspace/f").await;
 }
 
 #[tokio::test]
@@ -174,6 +176,16 @@ async fn test_fork_and_snapshot_through_the_native_api() {
         let fork = fork.sandbox.as_ref().expect("each fork succeeds here");
         assert_eq!(run(&client, &fork.id, "cat /workspace/f").await, "parent\n");
         run(&client, &fork.id, &format!("echo {i} > /workspace/mine")).await;
+        // Each fork runs in a host id range of its own, and still owns the copied files.
+        assert_eq!(
+            run(
+                &client,
+                &fork.id,
+                "echo more >> /workspace/f && stat -c %u:%g /workspace/f"
+            )
+            .await,
+            "0:0\n"
+        );
     }
     assert_eq!(
         run(&client, &id, "cat /workspace/mine 2>/dev/null || echo none").await,
