@@ -63,10 +63,15 @@ url, key = sys.argv[1], sys.argv[2]
 headers = {"X-API-Key": key}
 for sandbox in requests.get(f"{url}/v1/sandboxes", headers=headers, timeout=30).json()["sandboxes"]:
     requests.delete(f"{url}/v1/sandboxes/{sandbox['id']}", headers=headers, timeout=60)
+for snapshot in requests.get(f"{url}/v1/snapshots", headers=headers, timeout=30).json()["snapshots"]:
+    requests.delete(f"{url}/v1/snapshots/{snapshot['id']}", headers=headers, timeout=60)
 PY
     fi
     kill "$daemon" 2>/dev/null || true
     wait "$daemon" 2>/dev/null || true
+    # The daemon unmounts its disk scratch storage once nothing is left on it; whatever a
+    # failed run left goes with the lazy unmount.
+    if mountpoint -q "$state/storage" 2>/dev/null; then umount -l "$state/storage" || true; fi
     rm -rf "$state"
 }
 trap cleanup EXIT

@@ -163,7 +163,8 @@ fn operation(
     };
     op.insert("security".into(), security);
     if let Some(body) = content(route.request, generator) {
-        let required = !matches!(route.request, Payload::OptionalJson(_));
+        // An upload may be empty: it makes an empty file.
+        let required = !matches!(route.request, Payload::OptionalJson(_) | Payload::Octets);
         op.insert(
             "requestBody".into(),
             json!({ "required": required, "content": body }),

@@ -41,8 +41,16 @@ pub enum OnTimeout {
 }
 
 /// A sandbox's lifecycle, set at create and kept through every pause and resume.
+/// `auto_resume` needs `on_timeout: pause` and `pause_mode: frozen`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend(
+    "if" = {"properties": {"auto_resume": {"const": true}}, "required": ["auto_resume"]},
+    "then" = {
+        "properties": {"on_timeout": {"const": "pause"}, "pause_mode": {"const": "frozen"}},
+        "required": ["on_timeout"]
+    }
+))]
 pub struct Lifecycle {
     #[serde(default)]
     pub on_timeout: OnTimeout,
