@@ -264,7 +264,7 @@ async fn test_auth_routing_validation_and_body_limits() {
     expect_error(
         &client,
         Method::GET,
-        "/v1/sandboxes?state=paused",
+        "/v1/sandboxes?state=frozen",
         &[],
         "",
         StatusCode::BAD_REQUEST,
@@ -460,8 +460,8 @@ async fn test_sandbox_control_plane_and_capacity() {
     // Delete: 204, then 404; the events outlive the sandbox.
     assert_eq!(
         common::sandbox_cgroups(&b.id).len(),
-        2,
-        "a live sandbox has memory and pids cgroups (so the leftover check can see them)"
+        3,
+        "a live sandbox has memory, pids and freezer cgroups (so the leftover check can see them)"
     );
     client.delete(&b.id).await.unwrap();
     assert_eq!(code_of(client.get(&b.id).await), ErrorCode::NotFound);

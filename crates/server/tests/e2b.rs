@@ -339,26 +339,33 @@ fn test_keys_routing_credentials_and_errors() {
     let bad = e2b.routed(&id, "port", "GET", "/", &[], b"");
     assert_eq!(bad.status, 400);
 
-    // Unknown templates, pause (refused; the sandbox keeps running), legacy resume.
+    // Unknown templates; pause (204, then 409), the state, legacy resume (201, then 409).
     let missing = e2b.api("POST", "/v2/sandboxes", Some(json!({"templateID": "nope"})));
     assert_eq!(missing.status, 404);
     assert_eq!(missing.json()["message"], "template 'nope' not found");
-    let paused = e2b.api("POST", &format!("/sandboxes/{id}/pause"), Some(json!({})));
-    assert_eq!(paused.status, 500);
-    assert!(
-        paused.json()["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("Error pausing sandbox")
+    let pause = |body| e2b.api("POST", &format!("/sandboxes/{id}/pause"), Some(body));
+    assert_eq!(pause(json!({})).status, 204);
+    assert_eq!(pause(json!({})).status, 409, "already paused");
+    let detail = e2b.api("GET", &format!("/sandboxes/{id}"), None).json();
+    assert_eq!(
+        (detail["state"].as_str(), detail["pauseMode"].as_str()),
+        (Some("paused"), Some("full"))
     );
+    let resume = || e2b.api("POST", &format!("/sandboxes/{id}/resume"), Some(json!({})));
+    assert_eq!(resume().status, 201);
+    assert_eq!(resume().status, 409, "already running");
     assert_eq!(
         e2b.api("GET", &format!("/sandboxes/{id}"), None).json()["state"],
         "running"
     );
     assert_eq!(
-        e2b.api("POST", &format!("/sandboxes/{id}/resume"), Some(json!({})))
-            .status,
-        409
+        e2b.api(
+            "POST",
+            "/sandboxes/nosuchsandbox0000000/pause",
+            Some(json!({}))
+        )
+        .status,
+        404
     );
 
     // An error with an unread body leaves the keep-alive connection usable.
