@@ -11,7 +11,15 @@ pub mod digest;
 pub mod fuzzing;
 pub mod layer;
 pub mod oci;
+mod pull;
 pub mod reference;
+pub mod registry;
+pub mod store;
 
 pub use digest::Digest;
+pub use pull::{LayerPulled, PullError, PullOptions, PullReport};
 pub use reference::Reference;
+pub use store::ingest::{Phase, Progress, ProgressFn};
+pub use store::{
+    ImageDetails, ImageStore, ImageSummary, LayerDetails, PruneReport, StoreError, StoreOptions,
+};
