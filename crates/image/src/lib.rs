@@ -9,6 +9,7 @@
 
 pub mod digest;
 pub mod fuzzing;
+mod import;
 pub mod layer;
 pub mod oci;
 mod pull;
@@ -17,6 +18,7 @@ pub mod registry;
 pub mod store;
 
 pub use digest::Digest;
+pub use import::{ImportError, ImportKind, ImportOptions, ImportReport, ImportedImage};
 pub use pull::{LayerPulled, PullError, PullOptions, PullReport};
 pub use reference::Reference;
 pub use store::ingest::{Phase, Progress, ProgressFn};
