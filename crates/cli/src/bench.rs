@@ -52,6 +52,8 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 500)]
         count: usize,
     },
+    /// Image pull and unpack from a local registry, against skopeo copy to an OCI directory.
+    Image(crate::bench_image::ImageBenchArgs),
     /// The egress proxy: added latency of small GETs and CONNECT pass-through throughput, each
     /// against direct access on loopback.
     Egress {
@@ -95,6 +97,7 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             requests,
             download_mib,
         } => crate::bench_egress::egress(requests, download_mib),
+        BenchCommand::Image(args) => crate::bench_image::image(args),
     }
 }
 

@@ -369,23 +369,50 @@ fn ingest_inner(
     }
     let verified = (|| -> Result<(Option<LayerReport>, LayerCompression), IngestError> {
         let (report, diff_id, compression) = {
-            let decompressed =
+            let mut decompressed =
                 Decompressed::new(&mut compressed, job.compression).map_err(classify)?;
             let compression = decompressed.compression();
             let max_bytes = limits.max_layer_bytes.saturating_add(1 << 20);
-            let mut tar = HashingReader::new(Limited {
-                inner: decompressed,
-                bytes: 0,
-                max_bytes,
-            });
-            let report = if need_layer {
-                Some(unpack_into(job, &mut tar, &unpack, limits, ownership)?)
+            if need_layer {
+                // Two stages on two threads: this one inflates, the other hashes the tar and
+                // writes the files (inflating alone takes about as long as the rest).
+                let (report, diff_id) = std::thread::scope(|scope| {
+                    let (chunks, received) = std::sync::mpsc::sync_channel(16);
+                    let applier = scope.spawn(|| {
+                        let input = ChunkReader {
+                            chunks: received,
+                            current: Vec::new(),
+                            at: 0,
+                        };
+                        let mut tar = HashingReader::new(Limited {
+                            inner: input,
+                            bytes: 0,
+                            max_bytes,
+                        });
+                        let report = unpack_into(job, &mut tar, &unpack, limits, ownership)?;
+                        // What the tar did not read (padding, trailing bytes) is in the diff id.
+                        io::copy(&mut tar, &mut io::sink()).map_err(classify)?;
+                        Ok::<_, IngestError>((report, tar.hasher.finish()))
+                    });
+                    feed(&mut decompressed, &chunks);
+                    drop(chunks);
+                    applier.join().unwrap_or_else(|_| {
+                        Err(IngestError::Decompress {
+                            blob: blob.clone(),
+                            source: io::Error::other("the unpacking thread panicked"),
+                        })
+                    })
+                })?;
+                (Some(report), diff_id, compression)
             } else {
-                None
-            };
-            // What the tar did not read (padding, trailing bytes) is part of the diff id.
-            io::copy(&mut tar, &mut io::sink()).map_err(classify)?;
-            (report, tar.hasher.finish(), compression)
+                let mut tar = HashingReader::new(Limited {
+                    inner: decompressed,
+                    bytes: 0,
+                    max_bytes,
+                });
+                io::copy(&mut tar, &mut io::sink()).map_err(classify)?;
+                (None, tar.hasher.finish(), compression)
+            }
         };
         io::copy(&mut compressed, &mut io::sink()).map_err(classify)?;
         let source = compressed.get_ref();
@@ -436,6 +463,52 @@ fn ingest_inner(
         unpacked: report,
         compression: Some(compression),
     })
+}
+
+/// Sends `input` in chunks until its end, an error (passed on) or a receiver that hung up.
+fn feed(input: &mut impl Read, chunks: &std::sync::mpsc::SyncSender<io::Result<Vec<u8>>>) {
+    loop {
+        let mut chunk = vec![0u8; 256 << 10];
+        match input.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(n) => {
+                chunk.truncate(n);
+                if chunks.send(Ok(chunk)).is_err() {
+                    return;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                let _ = chunks.send(Err(e));
+                return;
+            }
+        }
+    }
+}
+
+/// Reads the chunks [`feed`] sends.
+struct ChunkReader {
+    chunks: std::sync::mpsc::Receiver<io::Result<Vec<u8>>>,
+    current: Vec<u8>,
+    at: usize,
+}
+
+impl Read for ChunkReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.at == self.current.len() {
+            match self.chunks.recv() {
+                Ok(chunk) => {
+                    self.current = chunk?;
+                    self.at = 0;
+                }
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len() - self.at);
+        buf[..n].copy_from_slice(&self.current[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
 }
 
 /// Applies the tar into `<unpack>/rootfs`, with `<unpack>/trash` for replaced directories.

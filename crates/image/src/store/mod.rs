@@ -512,7 +512,10 @@ impl ImageStore {
                 } else {
                     entry.metadata().map_or(0, |m| m.len())
                 };
-                let moved = trash.join(&name);
+                let moved = trash.join(format!(
+                    "{}-{name}",
+                    if is_layer { "layer" } else { "blob" }
+                ));
                 if fs::rename(entry.path(), &moved).is_ok() {
                     if is_layer && !name.ends_with(".json") {
                         report.layers += 1;

@@ -36,20 +36,6 @@ pub fn images() -> PathBuf {
     dir
 }
 
-/// The `airlock` binary (built by `cargo build --workspace`, as the test command does).
-pub fn airlock_bin() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-    let bin = target.join("debug/airlock");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo build --workspace` first",
-        bin.display()
-    );
-    bin
-}
-
 static SEQUENCE: AtomicU64 = AtomicU64::new(0);
 
 /// A directory removed on drop.
@@ -170,9 +156,9 @@ impl Drop for Registry {
     }
 }
 
+/// A one-thread runtime, as the CLI uses (layers still unpack on blocking threads).
 pub fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap()
