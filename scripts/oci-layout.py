@@ -9,6 +9,8 @@ tests: OUT/layouts/<name>/ (oci-layout, index.json, blobs/sha256/...), one tag p
                    link, an absolute symlink and a new file
   busybox:multi    an image index: linux/arm64 (a tiny decoy) and linux/amd64 (the gzip image)
   python:gzip      the mmdebstrap minbase + python3 rootfs, one big gzip layer (if built)
+  python:split     the same files as three gzip layers (usr/lib, usr/share, the rest), as
+                   images built in steps have; `airlock bench image --tag split`
 
 Only the standard library and the gzip/zstd programs are used; everything is deterministic.
 """
@@ -140,7 +142,23 @@ def main():
         layout = Layout("python")
         py_config = {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin"], "Cmd": ["/usr/bin/python3"]}
         layout.tag(layout.image([(python, "gzip")], py_config), "gzip")
+        layout.tag(layout.image([(part, "gzip") for part in split(python)], py_config), "split")
         layout.finish()
+
+
+def split(tar_bytes):
+    """The members of a tar as three tars: usr/lib/, usr/share/ and everything else."""
+    outs = [io.BytesIO() for _ in range(3)]
+    writers = [tarfile.open(fileobj=o, mode="w", format=tarfile.PAX_FORMAT) for o in outs]
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as source:
+        for member in source:
+            name = member.name.lstrip("./")
+            part = 0 if name.startswith("usr/lib/") else 1 if name.startswith("usr/share/") else 2
+            data = source.extractfile(member) if member.isfile() else None
+            writers[part].addfile(member, data)
+    for writer in writers:
+        writer.close()
+    return [o.getvalue() for o in outs]
 
 
 if __name__ == "__main__":
