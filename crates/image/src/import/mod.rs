@@ -69,6 +69,12 @@ pub enum ImportError {
         #[source]
         source: io::Error,
     },
+    #[error("importing `{path}`: not a tar archive, nor an OCI layout directory")]
+    NotArchive {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("importing `{path}`: `{member}` is missing")]
     Missing { path: PathBuf, member: String },
     #[error(
@@ -598,7 +604,7 @@ impl ImageStore {
         let _lock = self.store_lock(false).map_err(store_error)?;
         let read_error = |source| ImportError::Read {
             path: path.to_path_buf(),
-            member: String::new(),
+            member: path.display().to_string(),
             source,
         };
         let tag = options.tag.as_deref();
@@ -641,7 +647,10 @@ impl ImageStore {
         } else {
             path.to_path_buf()
         };
-        let scanned = Source::scan_tar(&tar_path).map_err(read_error)?;
+        let scanned = Source::scan_tar(&tar_path).map_err(|source| ImportError::NotArchive {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let importer = Importer {
             store: self,
             path: path.to_path_buf(),

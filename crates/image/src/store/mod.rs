@@ -205,6 +205,12 @@ impl ImageStore {
     /// Opens (creating) the store at `root`.
     pub fn open(root: &Path, options: StoreOptions) -> Result<ImageStore, StoreError> {
         create_private_dir(root)?;
+        // Absolute, so that the layer directories handed to the container tier are too.
+        let root = &fs::canonicalize(root).map_err(|source| StoreError::Io {
+            action: "resolve",
+            path: root.to_path_buf(),
+            source,
+        })?;
         for sub in ["blobs/sha256", "layers/sha256", "locks", "tmp"] {
             create_private_dir(&root.join(sub))?;
         }
