@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every cargo-fuzz target (libFuzzer) for a bounded time: the policy parser, the agent's
-# Connect framing, JSON messages and file paths, and the daemon's request bodies. Stable Rust
+# Connect framing, JSON messages and file paths, the daemon's request bodies, and the image
+# store's layer applier (as root, like the store). Stable Rust
 # works without a sanitizer (`--sanitizer none`); nightly users may drop that flag to add
 # AddressSanitizer. Corpora grow under target/fuzz-corpus/, never in the repository; each
 # target also reads its kept seeds and regression inputs. Usage: scripts/fuzz.sh [SECONDS]
@@ -28,3 +29,4 @@ run agent connect_framing
 run agent json_messages
 run agent file_paths
 run server request_bodies
+run image apply_layer

@@ -16,14 +16,19 @@ command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs) # airlockd's disk scratc
 [ -x /bin/busybox ] || command -v busybox >/dev/null || need+=(busybox-static)  # container-tier test images
 command -v crun >/dev/null || need+=(crun)             # the container benchmark's peers
 command -v podman >/dev/null || need+=(podman)
+command -v docker-registry >/dev/null || need+=(docker-registry) # the image store's tests
+command -v skopeo >/dev/null || need+=(skopeo)         # pushes test images, bench image's peer
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap) # the python test image
+command -v zstd >/dev/null || need+=(zstd)             # zstd test layers
+dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static) # the busybox test image
 /usr/bin/python3 -c 'import requests' 2>/dev/null || need+=(python3-requests)  # and another
 if ((${#need[@]})); then
     if [ "$(id -u)" -ne 0 ]; then
         echo "scripts/test.sh: missing ${need[*]}; install them or run as root" >&2
         exit 1
     fi
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    apt-get -o DPkg::Lock::Timeout=900 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -qq "${need[@]}" >/dev/null
 fi
 if [ "$(id -u)" -ne 0 ]; then
     echo "scripts/test.sh: the integration tests create cgroups and idmapped mounts; run as root" >&2
@@ -45,9 +50,15 @@ cargo run --quiet --locked --bin airlock -- bench start --iterations 20 --phases
 # And the soak's: the daemon's RSS and the store's size per create/delete cycle.
 cargo run --quiet --locked --bin airlock -- bench soak --cycles 3 --sandboxes 20
 cargo run --quiet --locked --bin airlock -- bench start --tier container --iterations 10
+cargo run --quiet --locked --bin airlock -- bench pause --iterations 5 --snapshots 3
 # The start-up floor the README compares against must keep building and running.
 cc -O2 -Wall -Wextra -Werror -o target/startup-floor scripts/startup-floor.c -lpthread
 target/startup-floor 20
+# The image store's test images (busybox, and an mmdebstrap minbase with python3), built from
+# Debian's packages and cached under target/test-images/ by their inputs.
+scripts/test-images.sh
+# Image pull and unpack against skopeo copy (figures only).
+cargo run --quiet --locked --bin airlock -- bench image --rounds 1
 cargo test --workspace --locked
 # The security evaluation (docs/seceval.md) on every tier this machine has, beside bwrap: fails on
 # any case allowed or stopped by the wrong layer.
@@ -57,4 +68,5 @@ cargo run --quiet --locked --bin airlock -- seceval --tier all --baseline bwrap
 # libFuzzer for a few seconds each (scripts/fuzz.sh; installs cargo-fuzz when missing).
 AIRLOCK_FUZZ_ITERATIONS=50000 cargo test --locked -p airlock-agent -p airlock-server --test fuzz --test fuzz_bodies
 AIRLOCK_FUZZ_ITERATIONS=50000 cargo test --locked -p airlock-policy --test fuzz_policy
+AIRLOCK_FUZZ_ITERATIONS=20000 cargo test --locked -p airlock-image --test fuzz_layers
 scripts/fuzz.sh 10

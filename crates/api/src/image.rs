@@ -1,12 +1,15 @@
-//! A container-tier image as the runtime sees it: unpacked layer directories plus the image's
-//! config. The image store (`airlock-image`) produces it; the container tier consumes it.
+//! Container-tier images as the runtime sees them: unpacked layers plus the image's config.
+//!
+//! The image store (`airlock-image`) produces these; the container tier consumes them. Layer
+//! directories are shared between images and sandboxes and never written after unpacking.
 
 use std::path::PathBuf;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// A container-tier root filesystem: an image's unpacked layers plus its config.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ImageRootfs {
     /// The image's digest (`sha256:<hex>` of its manifest), for reports.
@@ -18,15 +21,15 @@ pub struct ImageRootfs {
     pub config: ImageConfig,
 }
 
-/// The parts of an OCI image config that decide how its process starts.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// The parts of an OCI image config that decide how the workload starts.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ImageConfig {
-    /// `K=V`, as in the OCI config.
+    /// `K=V` entries, as in the OCI config's `Env`.
     pub env: Vec<String>,
+    /// The OCI config's `WorkingDir`, if set.
     pub working_dir: Option<String>,
-    /// `uid[:gid]` or `name[:group]`, resolved against the image's own `/etc/passwd` and
-    /// `/etc/group` when the sandbox starts.
+    /// `uid[:gid]` or `name[:group]`, resolved against the image's `/etc/passwd` at start.
     pub user: Option<String>,
     pub entrypoint: Vec<String>,
     pub cmd: Vec<String>,
@@ -109,5 +112,22 @@ mod tests {
         let json = r#"{"digest":"sha256:00","layers":["/l"],"config":{"env":[],"working_dir":null,"user":null,"entrypoint":[],"cmd":[],"extra":1}}"#;
         let err = serde_json::from_str::<ImageRootfs>(json).unwrap_err();
         assert!(err.to_string().contains("unknown field `extra`"), "{err}");
+    }
+
+    #[test]
+    fn test_image_rootfs_round_trip_equal() {
+        let rootfs = ImageRootfs {
+            digest: "sha256:ab".into(),
+            layers: vec![PathBuf::from("/var/lib/airlock/images/layers/sha256/cd")],
+            config: ImageConfig {
+                env: vec!["PATH=/bin".into()],
+                working_dir: Some("/app".into()),
+                user: Some("1000:1000".into()),
+                entrypoint: vec!["/bin/sh".into()],
+                cmd: vec!["-c".into(), "true".into()],
+            },
+        };
+        let json = serde_json::to_string(&rootfs).unwrap();
+        assert_eq!(serde_json::from_str::<ImageRootfs>(&json).unwrap(), rootfs);
     }
 }

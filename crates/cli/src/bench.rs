@@ -83,6 +83,8 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 10)]
         snapshots: usize,
     },
+    /// Image pull and unpack from a local registry, against skopeo copy to an OCI directory.
+    Image(crate::bench_image::ImageBenchArgs),
     /// The egress proxy: added latency of small GETs and CONNECT pass-through throughput, each
     /// against direct access on loopback.
     Egress {
@@ -156,6 +158,7 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             iterations,
             snapshots,
         } => crate::bench_pause::pause(iterations, snapshots),
+        BenchCommand::Image(args) => crate::bench_image::image(args),
     }
 }
 

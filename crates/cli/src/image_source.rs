@@ -1,18 +1,15 @@
-//! What `airlock run --image REF` runs, until the image store lands: the one function the
-//! lead points at `airlock_image::ImageStore::resolve` when merging (engineer A's branch).
-//!
-//! Accepted for now:
+//! What `airlock run --image REF` runs:
+//! - a reference to an image in the local store (`airlock image pull|import`, e.g.
+//!   `127.0.0.1:5000/airlock/minbase:bookworm` or `sha256:...`);
+//! - an OCI layout directory, imported into the store first;
 //! - a plain rootfs directory: one layer, an empty config (give the command after `--`);
 //! - an image description, a `.json` file holding an [`ImageRootfs`] (layer directories,
-//!   lowest first, already in overlay form, and the config): what the store's `resolve`
-//!   returns, written by hand or by a test.
-//!
-//! An OCI layout directory (or a registry reference) needs the store's layer applier, and is
-//! refused with a message that says so.
+//!   lowest first, already in overlay form, and the config), as tests write them.
 
 use std::path::Path;
 
 use airlock_api::{ImageConfig, ImageRootfs};
+use airlock_image::{ImageStore, ImportOptions, StoreOptions};
 use anyhow::{Context, bail};
 
 /// The most bytes of an image description that are read.
@@ -21,13 +18,24 @@ const MAX_DESCRIPTION_BYTES: u64 = 1 << 20;
 pub fn resolve(reference: &str) -> anyhow::Result<ImageRootfs> {
     let path = std::path::absolute(Path::new(reference))
         .with_context(|| format!("--image {reference}"))?;
-    let meta = std::fs::metadata(&path)
-        .with_context(|| format!("--image {reference}: no such directory or file"))?;
+    let Ok(meta) = std::fs::metadata(&path) else {
+        let store = ImageStore::open(&ImageStore::default_root(), StoreOptions::default())
+            .context("opening the image store")?;
+        return store.resolve(reference).with_context(|| {
+            format!("--image {reference}: no such file, and not an image in the store (airlock image ls)")
+        });
+    };
     if meta.is_dir() {
         if path.join("oci-layout").is_file() {
-            bail!(
-                "--image {reference} is an OCI layout; its layers must be unpacked by the image store (`airlock image import`), which this build does not have yet: give a rootfs directory or an image description (.json)"
-            );
+            let store = ImageStore::open(&ImageStore::default_root(), StoreOptions::default())
+                .context("opening the image store")?;
+            let report = store
+                .import(&path, &ImportOptions::default(), None)
+                .with_context(|| format!("--image {reference}: importing the OCI layout"))?;
+            let Some(image) = report.images.first() else {
+                bail!("--image {reference}: the OCI layout holds no image");
+            };
+            return Ok(store.resolve(image.digest.as_str())?);
         }
         return Ok(ImageRootfs {
             digest: format!("dir:{}", path.display()),

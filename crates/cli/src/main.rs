@@ -6,9 +6,11 @@ mod bench_api;
 mod bench_container;
 mod bench_e2b;
 mod bench_egress;
+mod bench_image;
 mod bench_pause;
 mod bench_soak;
 mod daemon_cmds;
+mod image_cmds;
 mod image_source;
 mod persist_cmds;
 mod policy_cmds;
@@ -63,6 +65,13 @@ enum Command {
         #[command(subcommand)]
         which: approvals_cmds::ApprovalsCommand,
     },
+    /// Pull, import, list, inspect and remove container images in the local store.
+    Image {
+        #[command(flatten)]
+        store: image_cmds::StoreArgs,
+        #[command(subcommand)]
+        which: image_cmds::ImageCommand,
+    },
     /// Check, explain and compare policy documents.
     Policy {
         #[command(subcommand)]
@@ -103,6 +112,7 @@ fn main() -> ExitCode {
         Command::Keys(args) => daemon_cmds::keys(&args),
         Command::Sandbox { daemon, which } => sandbox_cmds::sandbox(&daemon, which),
         Command::Exec { daemon, args } => sandbox_cmds::exec(&daemon, args),
+        Command::Image { store, which } => image_cmds::image(&store, which),
         Command::Policy { which } => policy_cmds::policy(which),
         Command::Approvals { daemon, which } => approvals_cmds::approvals(&daemon, which),
         Command::Seceval(args) => seceval::seceval(args),

@@ -42,3 +42,8 @@ impl HostSupport {
         }
     }
 }
+
+/// The caller's effective uid (the image store keeps an image's file owners only as root).
+pub fn effective_uid() -> u32 {
+    crate::sys::geteuid()
+}

@@ -9,6 +9,7 @@
     reason = "the jail is one of the two crates that talk to the kernel directly"
 )]
 
+pub mod beneath;
 pub mod cgroup;
 pub mod child;
 pub mod disk;

@@ -1,0 +1,27 @@
+//! Airlock's image store.
+//!
+//! Compressed blobs addressed by SHA-256 and verified on arrival, each layer unpacked once into
+//! its own directory (keyed by its diff id, shared by every image that has it), references,
+//! manifests and leases in SQLite, pulls from OCI distribution registries and imports of
+//! local archives. [`ImageStore::resolve`] gives the container tier an
+//! [`airlock_api::ImageRootfs`]. ARCHITECTURE.md ("crates/image") has the layout on disk and
+//! the crash-safety argument; [`layer`] the applier's rules.
+
+pub mod digest;
+pub mod fuzzing;
+mod import;
+pub mod layer;
+pub mod oci;
+mod pull;
+pub mod reference;
+pub mod registry;
+pub mod store;
+
+pub use digest::Digest;
+pub use import::{ImportError, ImportKind, ImportOptions, ImportReport, ImportedImage};
+pub use pull::{LayerPulled, PullError, PullOptions, PullReport};
+pub use reference::Reference;
+pub use store::ingest::{Phase, Progress, ProgressFn};
+pub use store::{
+    ImageDetails, ImageStore, ImageSummary, LayerDetails, PruneReport, StoreError, StoreOptions,
+};
