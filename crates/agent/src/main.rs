@@ -3,6 +3,9 @@
 //! `--egress-relay PORT:SOCKET` (see `relay`); or `--egress-relay PORT:SOCKET` alone, for a
 //! sandbox whose pid 1 is not the agent. `--workload-cgroup-fd N --oom-events-fd M` hand it
 //! the workload's cgroup (see `airlock_agent::workload`).
+//!
+//! `airlock-agent interpreter ...` is E2B's code interpreter instead (`airlock_interpreter`):
+//! the agent's binary is in every sandbox, so a template's start command can run it.
 
 use std::os::unix::fs::FileTypeExt;
 
@@ -91,6 +94,11 @@ fn listener(listen: Listen) -> anyhow::Result<std::os::unix::net::UnixListener> 
 }
 
 fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    if args.next().as_deref() == Some("interpreter") {
+        let rest: Vec<String> = args.collect();
+        return airlock_interpreter::cli::main(&rest).map_err(anyhow::Error::from);
+    }
     // The workload shares the agent's uid; exec made the agent dumpable again, so the workload
     // could otherwise read its memory and environment and take its descriptors.
     airlock_jail::procctl::set_non_dumpable().context("PR_SET_DUMPABLE")?;
