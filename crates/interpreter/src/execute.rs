@@ -10,12 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use jupyter_protocol::{ExecutionState, JupyterMessage, JupyterMessageContent, ReplyStatus, Stdio};
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
 use crate::context::{Context, Turn};
-use crate::kernel::{Kernel, KillReason, Received};
+use crate::kernel::{Kernel, KillReason, Message, Received};
 use crate::languages::EnvSnippets;
 use crate::wire::{OutputLine, ResultLine};
 
@@ -43,18 +42,34 @@ pub struct Job {
     pub env: Option<EnvSnippets>,
 }
 
-fn timestamp(message: &JupyterMessage) -> String {
-    match serde_json::to_value(message.header.date) {
-        Ok(Value::String(date)) => date,
+fn error_line(content: &Value, default_name: &str) -> OutputLine {
+    let field = |key: &str| content.get(key).and_then(Value::as_str).unwrap_or("");
+    let traceback = match content.get("traceback") {
+        Some(Value::Array(lines)) => lines
+            .iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join("\n"),
         _ => String::new(),
+    };
+    let name = if field("ename").is_empty() {
+        default_name
+    } else {
+        field("ename")
+    };
+    OutputLine::Error {
+        name: name.to_owned(),
+        value: field("evalue").to_owned(),
+        traceback,
     }
 }
 
-fn bundle(media: &impl serde::Serialize) -> Map<String, Value> {
-    match serde_json::to_value(media) {
-        Ok(Value::Object(map)) => map,
+fn result_line(content: &Value, is_main_result: bool) -> OutputLine {
+    let bundle = match content.get("data") {
+        Some(Value::Object(data)) => data.clone(),
         _ => Map::new(),
-    }
+    };
+    OutputLine::Result(Box::new(ResultLine::from_bundle(bundle, is_main_result)))
 }
 
 /// The error line for a kernel that ended under an execution.
@@ -85,45 +100,38 @@ struct Progress {
     error_sent: bool,
 }
 
-fn map(message: &JupyterMessage, progress: &mut Progress) -> Option<OutputLine> {
-    match &message.content {
-        JupyterMessageContent::ExecuteInput(input) => Some(OutputLine::NumberOfExecutions {
-            execution_count: input.execution_count.value() as u64,
+fn map(message: &Message, progress: &mut Progress) -> Option<OutputLine> {
+    let content = &message.content;
+    match message.msg_type.as_str() {
+        "execute_input" => Some(OutputLine::NumberOfExecutions {
+            execution_count: content
+                .get("execution_count")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
         }),
-        JupyterMessageContent::StreamContent(stream) => {
-            let text = stream.text.clone();
-            let timestamp = timestamp(message);
-            Some(match stream.name {
-                Stdio::Stdout => OutputLine::Stdout { text, timestamp },
-                Stdio::Stderr => OutputLine::Stderr { text, timestamp },
+        "stream" => {
+            let text = message.text("text").unwrap_or("").to_owned();
+            let timestamp = message.date.clone();
+            Some(match message.text("name") {
+                Some("stderr") => OutputLine::Stderr { text, timestamp },
+                _ => OutputLine::Stdout { text, timestamp },
             })
         }
-        JupyterMessageContent::ExecuteResult(result) => Some(OutputLine::Result(Box::new(
-            ResultLine::from_bundle(bundle(&result.data), true),
-        ))),
-        JupyterMessageContent::DisplayData(display) => Some(OutputLine::Result(Box::new(
-            ResultLine::from_bundle(bundle(&display.data), false),
-        ))),
-        JupyterMessageContent::ErrorOutput(error) if !progress.error_sent => {
+        "execute_result" => Some(result_line(content, true)),
+        "display_data" => Some(result_line(content, false)),
+        "error" if !progress.error_sent => {
             progress.error_sent = true;
-            Some(OutputLine::Error {
-                name: error.ename.clone(),
-                value: error.evalue.clone(),
-                traceback: error.traceback.join("\n"),
-            })
+            Some(error_line(content, "Error"))
         }
-        JupyterMessageContent::ExecuteReply(reply) => {
+        "execute_reply" => {
             progress.replied = true;
-            match (&reply.status, &reply.error) {
-                (ReplyStatus::Error, Some(error)) if !progress.error_sent => {
+            match message.text("status") {
+                Some("error") if !progress.error_sent => {
                     progress.error_sent = true;
-                    Some(OutputLine::Error {
-                        name: error.ename.clone(),
-                        value: error.evalue.clone(),
-                        traceback: error.traceback.join("\n"),
-                    })
+                    Some(error_line(content, "Error"))
                 }
-                (ReplyStatus::Aborted, _) if !progress.error_sent => {
+                // ipykernel says `aborted`, older kernels `abort`.
+                Some("abort" | "aborted") if !progress.error_sent => {
                     progress.error_sent = true;
                     Some(OutputLine::error(
                         "ExecutionAborted",
@@ -133,8 +141,8 @@ fn map(message: &JupyterMessage, progress: &mut Progress) -> Option<OutputLine> 
                 _ => None,
             }
         }
-        JupyterMessageContent::Status(status) => {
-            if status.execution_state == ExecutionState::Idle {
+        "status" => {
+            if message.text("execution_state") == Some("idle") {
                 progress.idle = true;
             }
             None
@@ -250,26 +258,43 @@ async fn stream(context: &Context, kernel: &Arc<Kernel>, code: &str, lines: &mut
             () = closed.closed(), if !lines.gone => lines.gone = true,
         }
     }
+    let settle = kernel.late_output();
+    if settle.is_zero() {
+        return;
+    }
+    let until = tokio::time::Instant::now() + settle;
+    while let Ok(Received::Message(message)) =
+        tokio::time::timeout_at(until, kernel.next(&mut request)).await
+    {
+        if let Some(line) = map(&message, &mut progress) {
+            lines.send(&line).await;
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use jupyter_protocol::{ErrorOutput, ExecuteReply, Status, StreamContent};
+    use serde_json::json;
 
-    fn message(content: impl Into<JupyterMessageContent>) -> JupyterMessage {
-        JupyterMessage::new(content.into(), None)
+    fn message(msg_type: &str, content: Value) -> Message {
+        Message {
+            msg_type: msg_type.to_owned(),
+            parent_id: Some("p".to_owned()),
+            date: "2026-12-01T00:00:00.000001Z".to_owned(),
+            content,
+        }
     }
 
     #[test]
     fn test_map_first_error_only_and_reply_error_when_none_came() {
         let mut progress = Progress::default();
-        let error = ErrorOutput {
-            ename: "ZeroDivisionError".to_owned(),
-            evalue: "division by zero".to_owned(),
-            traceback: vec!["line 1".to_owned(), "line 2".to_owned()],
-        };
-        let first = map(&message(error.clone()), &mut progress);
+        let error = json!({
+            "ename": "ZeroDivisionError",
+            "evalue": "division by zero",
+            "traceback": ["line 1", "line 2"],
+        });
+        let first = map(&message("error", error.clone()), &mut progress);
         assert_eq!(
             first,
             Some(OutputLine::Error {
@@ -278,17 +303,17 @@ mod tests {
                 traceback: "line 1\nline 2".to_owned(),
             })
         );
-        assert_eq!(map(&message(error), &mut progress), None);
-        let reply = ExecuteReply {
-            status: ReplyStatus::Aborted,
-            ..ExecuteReply::default()
-        };
-        assert_eq!(map(&message(reply.clone()), &mut progress), None);
+        assert_eq!(map(&message("error", error), &mut progress), None);
+        let aborted = json!({"status": "abort"});
+        assert_eq!(
+            map(&message("execute_reply", aborted.clone()), &mut progress),
+            None
+        );
         assert!(progress.replied);
 
         let mut fresh = Progress::default();
         assert_eq!(
-            map(&message(reply), &mut fresh),
+            map(&message("execute_reply", aborted), &mut fresh),
             Some(OutputLine::error(
                 "ExecutionAborted",
                 "Execution was aborted"
@@ -297,14 +322,31 @@ mod tests {
     }
 
     #[test]
-    fn test_map_stream_and_idle() {
+    fn test_map_stream_result_and_idle() {
         let mut progress = Progress::default();
-        let line = map(&message(StreamContent::stderr("warn\n")), &mut progress);
-        assert!(matches!(line, Some(OutputLine::Stderr { ref text, .. }) if text == "warn\n"));
-        let idle = Status {
-            execution_state: ExecutionState::Idle,
-        };
-        assert_eq!(map(&message(idle), &mut progress), None);
+        let line = map(
+            &message("stream", json!({"name": "stderr", "text": "warn\n"})),
+            &mut progress,
+        );
+        assert_eq!(
+            line,
+            Some(OutputLine::Stderr {
+                text: "warn\n".to_owned(),
+                timestamp: "2026-12-01T00:00:00.000001Z".to_owned(),
+            })
+        );
+        let result = map(
+            &message(
+                "display_data",
+                json!({"data": {"text/plain": "x"}, "metadata": {}}),
+            ),
+            &mut progress,
+        );
+        assert!(
+            matches!(result, Some(OutputLine::Result(r)) if !r.is_main_result && r.text.as_deref() == Some("x"))
+        );
+        let idle = json!({"execution_state": "idle"});
+        assert_eq!(map(&message("status", idle), &mut progress), None);
         assert!(progress.idle && !progress.replied);
     }
 }

@@ -15,18 +15,19 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use bytes::Bytes;
 use jupyter_protocol::connection_info::Transport;
 use jupyter_protocol::{
-    ConnectionInfo, ExecuteRequest, ExecutionState, InterruptRequest, JupyterMessage,
-    JupyterMessageContent, KernelInfoRequest,
+    ConnectionInfo, ExecuteRequest, InterruptRequest, JupyterMessage, JupyterMessageContent,
+    KernelInfoRequest,
 };
-use jupyter_zmq_client::{
-    ClientIoPubConnection, DealerRecvConnection, DealerSendConnection, RuntimeError,
-};
+use jupyter_zmq_client::{Connection, DealerSendConnection, RawMessage, RuntimeError};
+use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use zeromq::SocketRecv;
 
 use crate::languages::KernelSpec;
 
@@ -36,6 +37,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long to wait for iopub to carry the handshake's status before asking again (a SUB
 /// socket misses what was published before its subscription arrived).
 const IOPUB_SETTLE: Duration = Duration::from_millis(500);
+/// How long output of a kernel other than ipykernel still counts after it said idle: Deno's
+/// kernel publishes a first cell's output after its idle status.
+const LATE_OUTPUT: Duration = Duration::from_millis(50);
 /// The most of a kernel's own stdout and stderr kept, for the error of a failed start.
 const TAIL_BYTES: usize = 4096;
 
@@ -102,7 +106,42 @@ impl Tail {
     }
 }
 
-type Routes = Mutex<HashMap<String, mpsc::UnboundedSender<JupyterMessage>>>;
+/// A message from the kernel, read leniently: kernels other than ipykernel leave out or
+/// misspell fields of the typed protocol (`language_info.version`, `status: "abort"`), and
+/// one odd field must not lose a whole reply.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    pub msg_type: String,
+    pub parent_id: Option<String>,
+    /// The header's `date` as the kernel wrote it.
+    pub date: String,
+    pub content: Value,
+}
+
+impl Message {
+    fn parse(parts: &[Bytes]) -> Option<Message> {
+        let [header, parent, _metadata, content, ..] = parts else {
+            return None;
+        };
+        let header: Value = serde_json::from_slice(header).ok()?;
+        let parent: Value = serde_json::from_slice(parent).unwrap_or(Value::Null);
+        let text =
+            |value: &Value, key: &str| value.get(key).and_then(Value::as_str).map(str::to_owned);
+        Some(Message {
+            msg_type: text(&header, "msg_type")?,
+            parent_id: text(&parent, "msg_id"),
+            date: text(&header, "date").unwrap_or_default(),
+            content: serde_json::from_slice(content).unwrap_or(Value::Null),
+        })
+    }
+
+    /// A string field of the content.
+    pub fn text(&self, key: &str) -> Option<&str> {
+        self.content.get(key).and_then(Value::as_str)
+    }
+}
+
+type Routes = Mutex<HashMap<String, mpsc::UnboundedSender<Message>>>;
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -143,6 +182,8 @@ pub struct Kernel {
     control: tokio::sync::Mutex<DealerSendConnection>,
     routes: Arc<Routes>,
     killed: Mutex<Option<KillReason>>,
+    /// Zero for ipykernel, [`LATE_OUTPUT`] for others.
+    late_output: Duration,
     process: Process,
 }
 
@@ -158,7 +199,7 @@ impl fmt::Debug for Kernel {
 /// A request in flight: its replies and iopub messages arrive here until it is dropped.
 pub struct Request {
     pub msg_id: String,
-    messages: mpsc::UnboundedReceiver<JupyterMessage>,
+    messages: mpsc::UnboundedReceiver<Message>,
     routes: Arc<Routes>,
 }
 
@@ -178,7 +219,7 @@ impl Drop for Request {
 
 /// What waiting on a request gave.
 pub enum Received {
-    Message(Box<JupyterMessage>),
+    Message(Box<Message>),
     /// The kernel's process ended (how, in words).
     Died(String),
 }
@@ -186,7 +227,7 @@ pub enum Received {
 impl fmt::Debug for Received {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Received::Message(message) => write!(f, "Message({})", message.header.msg_type),
+            Received::Message(message) => write!(f, "Message({})", message.msg_type),
             Received::Died(how) => write!(f, "Died({how})"),
         }
     }
@@ -218,12 +259,8 @@ async fn keep_tail(mut pipe: impl AsyncRead + Unpin, tail: Arc<Mutex<Tail>>) {
     }
 }
 
-fn parent_id(message: &JupyterMessage) -> Option<&str> {
-    message.parent_header.as_ref().map(|h| h.msg_id.as_str())
-}
-
-fn route(routes: &Routes, message: JupyterMessage) {
-    let Some(parent) = parent_id(&message) else {
+fn route(routes: &Routes, message: Message) {
+    let Some(parent) = &message.parent_id else {
         return;
     };
     if let Some(sender) = lock(routes).get(parent) {
@@ -231,23 +268,18 @@ fn route(routes: &Routes, message: JupyterMessage) {
     }
 }
 
-async fn read_iopub(mut iopub: ClientIoPubConnection, routes: Arc<Routes>) {
+/// Reads a channel until its socket fails, verifying each message's signature.
+async fn read_channel<S: SocketRecv>(mut channel: Connection<S>, routes: Arc<Routes>) {
     loop {
-        match iopub.read().await {
-            Ok(message) => route(&routes, message),
-            Err(RuntimeError::ZmqError(_)) => return,
-            // A message this client cannot parse; the rest of the stream is still good.
-            Err(err) => eprintln!("airlock-interpreter: dropped an iopub message: {err}"),
-        }
-    }
-}
-
-async fn read_dealer(mut dealer: DealerRecvConnection, routes: Arc<Routes>) {
-    loop {
-        match dealer.read().await {
-            Ok(message) => route(&routes, message),
-            Err(RuntimeError::ZmqError(_)) => return,
-            Err(err) => eprintln!("airlock-interpreter: dropped a reply: {err}"),
+        let Ok(multipart) = channel.socket.recv().await else {
+            return;
+        };
+        match RawMessage::from_multipart(multipart, &channel.mac) {
+            Ok(raw) => match Message::parse(&raw.jparts) {
+                Some(message) => route(&routes, message),
+                None => eprintln!("airlock-interpreter: dropped a malformed kernel message"),
+            },
+            Err(err) => eprintln!("airlock-interpreter: dropped a kernel message: {err}"),
         }
     }
 }
@@ -363,15 +395,13 @@ impl Kernel {
         let (shell_send, shell_recv) = shell.split();
         let (control_send, control_recv) = control.split();
         let routes: Arc<Routes> = Arc::new(Mutex::new(HashMap::new()));
-        process
-            .tasks
-            .push(tokio::spawn(read_iopub(iopub, routes.clone())));
-        process
-            .tasks
-            .push(tokio::spawn(read_dealer(shell_recv, routes.clone())));
-        process
-            .tasks
-            .push(tokio::spawn(read_dealer(control_recv, routes.clone())));
+        for task in [
+            tokio::spawn(read_channel(iopub, routes.clone())),
+            tokio::spawn(read_channel(shell_recv, routes.clone())),
+            tokio::spawn(read_channel(control_recv, routes.clone())),
+        ] {
+            process.tasks.push(task);
+        }
         let kernel = Kernel {
             name,
             interrupt_by_message: spec.interrupt_by_message,
@@ -379,30 +409,34 @@ impl Kernel {
             control: tokio::sync::Mutex::new(control_send),
             routes,
             killed: Mutex::new(None),
+            late_output: Duration::ZERO,
             process,
         };
-        kernel.handshake().await?;
+        let mut kernel = kernel;
+        let implementation = kernel.handshake().await?;
+        if implementation != "ipython" {
+            kernel.late_output = LATE_OUTPUT;
+        }
         Ok(kernel)
     }
 
-    /// `kernel_info_request` until both its reply (shell) and its idle status (iopub) came.
-    async fn handshake(&self) -> Result<(), KernelError> {
+    /// `kernel_info_request` until both its reply (shell) and its idle status (iopub) came;
+    /// returns the reply's `implementation`.
+    async fn handshake(&self) -> Result<String, KernelError> {
         let deadline = tokio::time::Instant::now() + START_TIMEOUT;
         loop {
             let mut request = self.request(KernelInfoRequest {}.into(), false).await?;
-            let (mut replied, mut idle) = (false, false);
+            let (mut replied, mut idle) = (None, false);
             let mut settle: Option<tokio::time::Instant> = None;
-            while !(replied && idle) {
+            while !(replied.is_some() && idle) {
                 let until = settle.map_or(deadline, |s| s.min(deadline));
                 match tokio::time::timeout_at(until, self.next(&mut request)).await {
-                    Ok(Received::Message(message)) => match &message.content {
-                        JupyterMessageContent::KernelInfoReply(_) => {
-                            replied = true;
+                    Ok(Received::Message(message)) => match message.msg_type.as_str() {
+                        "kernel_info_reply" => {
+                            replied = Some(message.text("implementation").unwrap_or("").to_owned());
                             settle = Some(tokio::time::Instant::now() + IOPUB_SETTLE);
                         }
-                        JupyterMessageContent::Status(status)
-                            if status.execution_state == ExecutionState::Idle =>
-                        {
+                        "status" if message.text("execution_state") == Some("idle") => {
                             idle = true;
                         }
                         _ => {}
@@ -424,14 +458,19 @@ impl Kernel {
                     Err(_) => break,
                 }
             }
-            if replied && idle {
-                return Ok(());
+            if let (Some(implementation), true) = (replied, idle) {
+                return Ok(implementation);
             }
         }
     }
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// How long after idle its output may still arrive.
+    pub fn late_output(&self) -> Duration {
+        self.late_output
     }
 
     /// The kernel's own output, lossily decoded and trimmed.

@@ -11,8 +11,8 @@ use jupyter_zmq_client::KernelspecDir;
 /// The languages E2B's SDKs name, and the kernelspec names that serve them by convention.
 const KNOWN: &[(&str, &[&str])] = &[
     ("python", &["python3", "python"]),
-    ("javascript", &["jslab", "javascript"]),
-    ("typescript", &["tslab", "typescript"]),
+    ("javascript", &["deno", "javascript"]),
+    ("typescript", &["deno", "typescript"]),
     ("bash", &["bash"]),
     ("r", &["ir"]),
     ("java", &["java"]),
