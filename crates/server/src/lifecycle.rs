@@ -140,6 +140,12 @@ impl Daemon {
         if let Some(storage) = scratch::open_storage(&config)? {
             runtime.set_storage(storage);
         }
+        if let Err(err) = runtime.start_zygote() {
+            tracing::warn!(
+                error = %airlock_runtime::error_chain(&err),
+                "no helper zygote: each sandbox's helper is exec'd"
+            );
+        }
         let metrics = Arc::new(Metrics::new());
         let audit = Audit::new(
             &config.state_dir,
