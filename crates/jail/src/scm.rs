@@ -54,7 +54,7 @@ pub fn send_with_fds(socket: &OwnedFd, data: &[u8], fds: &[RawFd]) -> io::Result
     ];
     let msg = message_header(&mut iov, &mut control);
     if !fds.is_empty() {
-        let bytes = (fds.len() * std::mem::size_of::<RawFd>()) as libc::c_uint;
+        let bytes = std::mem::size_of_val(fds) as libc::c_uint;
         // SAFETY: `control` is CMSG_SPACE bytes for `fds.len()` descriptors, so the first header
         // and its data fit; CMSG_FIRSTHDR is non-null because msg_controllen is large enough.
         unsafe {
