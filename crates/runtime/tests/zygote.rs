@@ -50,7 +50,7 @@ fn stat(pid: i32) -> Option<(i32, String)> {
 
 /// Our children named `airlock-jail`, the zygote aside.
 fn helpers(zygote: i32) -> Vec<i32> {
-    let me = std::process::id() as i32;
+    let me = std::process::id().cast_signed();
     std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
@@ -72,7 +72,7 @@ fn test_zygote_helpers_run_sandboxes_as_children_of_the_runtime() {
     let _serial = serial();
     let runtime = runtime_with_zygote();
     let zygote = runtime.zygote_pid().unwrap();
-    let me = std::process::id() as i32;
+    let me = std::process::id().cast_signed();
     assert_eq!(
         stat(zygote).map(|(ppid, _)| ppid),
         Some(me),
