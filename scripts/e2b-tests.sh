@@ -43,6 +43,25 @@ fi
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     apt_install nodejs npm
 fi
+# The code-interpreter template runs the host's kernels: ipykernel (with matplotlib and pandas)
+# from Debian, and bash_kernel from PyPI (Debian has none) for bash contexts, installed into
+# /usr/local for the system Python with its kernelspec under /usr/local/share/jupyter.
+kernel_packages=(python3-ipykernel python3-matplotlib python3-pandas python3-pexpect python3-filetype python3-pip)
+missing=()
+for package in "${kernel_packages[@]}"; do
+    dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+done
+if ((${#missing[@]})); then
+    apt_install "${missing[@]}"
+fi
+bash_kernel_version=0.10.0
+if [ "$(/usr/bin/python3 -c 'import importlib.metadata as m; print(m.version("bash_kernel"))' 2>/dev/null)" != "$bash_kernel_version" ] \
+    || [ ! -f /usr/local/share/jupyter/kernels/bash/kernel.json ]; then
+    echo "e2b-tests: installing bash_kernel $bash_kernel_version for /usr/bin/python3"
+    /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps \
+        --break-system-packages "bash_kernel==$bash_kernel_version"
+    /usr/bin/python3 -m bash_kernel.install --prefix /usr/local >/dev/null
+fi
 node_major=$(node -p 'process.versions.node.split(".")[0]')
 if ((node_major < 20)); then
     echo "scripts/e2b-tests.sh: the e2b npm SDK needs Node.js 20 or later, found $(node --version)" >&2

@@ -22,6 +22,10 @@ command -v mmdebstrap >/dev/null || need+=(mmdebstrap) # the python test image
 command -v zstd >/dev/null || need+=(zstd)             # zstd test layers
 dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static) # the busybox test image
 /usr/bin/python3 -c 'import requests' 2>/dev/null || need+=(python3-requests)  # and another
+# The code-interpreter template's kernels on the process tier (the host's Python).
+for package in python3-ipykernel python3-matplotlib python3-pandas python3-pexpect python3-filetype; do
+    dpkg -s "$package" >/dev/null 2>&1 || need+=("$package")
+done
 if ((${#need[@]})); then
     if [ "$(id -u)" -ne 0 ]; then
         echo "scripts/test.sh: missing ${need[*]}; install them or run as root" >&2

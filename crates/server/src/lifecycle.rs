@@ -25,6 +25,7 @@
 
 mod checks;
 mod egress_ops;
+mod interpreter;
 mod pause;
 mod scratch;
 mod watcher;
@@ -53,6 +54,7 @@ use crate::egress::{SandboxEgress, proxy_plan};
 use crate::error::ApiError;
 use crate::metrics::{CreateSource, Metrics};
 pub use checks::{check_map, env_key_ok};
+pub use interpreter::{INTERPRETER_PORT, INTERPRETER_TEMPLATE};
 
 use crate::store::{BASE_TEMPLATE, RowState, SandboxRow, Store, StoreError, now_ms};
 
@@ -480,6 +482,12 @@ impl Daemon {
         match started {
             Ok((row, record, egress)) => {
                 self.install_running(&id, &token_hash, record, egress, row.deadline_ms);
+                if row.request.template.as_deref() == Some(INTERPRETER_TEMPLATE)
+                    && let Err(err) = self.start_interpreter(&id).await
+                {
+                    self.end(&id, "create_failed", &err.message).await;
+                    return Err(err);
+                }
                 Ok(CreateSandboxResponse {
                     sandbox: view(&row),
                     access_token: token,

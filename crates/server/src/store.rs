@@ -86,6 +86,9 @@ const TRIM_BATCH: i64 = 1000;
 
 /// The built-in template every store starts with.
 pub const BASE_TEMPLATE: &str = "base";
+/// The other built-in one: `base` with E2B's code interpreter serving port 49999.
+pub use crate::lifecycle::INTERPRETER_TEMPLATE;
+const INTERPRETER_DESCRIPTION: &str = "The host root, read-only, with E2B's code interpreter on port 49999 (the host's kernels: python by ipykernel, bash, javascript and typescript by Deno when installed)";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -250,6 +253,11 @@ impl Store {
             "INSERT OR IGNORE INTO templates (name, description, rootfs, builtin)
              VALUES (?1, 'The host root, read-only', NULL, 1)",
             params![BASE_TEMPLATE],
+        )?;
+        conn.execute(
+            "INSERT OR IGNORE INTO templates (name, description, rootfs, builtin)
+             VALUES (?1, ?2, NULL, 1)",
+            params![INTERPRETER_TEMPLATE, INTERPRETER_DESCRIPTION],
         )?;
         Ok(Store {
             conn: Mutex::new(conn),
@@ -773,9 +781,13 @@ mod tests {
         let events = store.events(Some("s1"), 10).unwrap();
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].kind, "create");
-        let templates = store.list_templates().unwrap();
-        assert_eq!(templates.len(), 1);
-        assert_eq!(templates[0].name, BASE_TEMPLATE);
+        let names: Vec<String> = store
+            .list_templates()
+            .unwrap()
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        assert_eq!(names, [BASE_TEMPLATE, INTERPRETER_TEMPLATE]);
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -376,7 +376,7 @@ fn test_insecure_no_auth_only_on_loopback() {
         .build()
         .unwrap();
     let templates = runtime.block_on(daemon.anonymous().templates()).unwrap();
-    assert_eq!(templates.templates.len(), 1);
+    assert_eq!(templates.templates.len(), 2);
 }
 
 #[tokio::test]

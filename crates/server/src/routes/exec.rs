@@ -111,7 +111,7 @@ pub async fn exec(ctx: &mut Ctx) -> Result<Response<crate::http::Body>, ApiError
 }
 
 /// Waits for `start`, skipping keepalives.
-async fn first_event(reader: &mut EnvelopeReader) -> Result<u32, ApiError> {
+pub(crate) async fn first_event(reader: &mut EnvelopeReader) -> Result<u32, ApiError> {
     loop {
         match reader.next().await? {
             Some(Envelope::Message(value)) => {

@@ -6,7 +6,7 @@
 //! (an early error) is read in the background while the answer goes out (`http::linger`).
 
 mod egress;
-mod exec;
+pub(crate) mod exec;
 mod files;
 mod persistence;
 mod sandboxes;

@@ -1,0 +1,252 @@
+"""E2B's code interpreter (template `code-interpreter-v1`, port 49999) through the unmodified
+`e2b-code-interpreter` SDK: streamed output, rich results, errors, contexts, restarts, env
+vars, the client's timeout as an interrupt, and a bash context.
+
+The template runs the host's kernels on the process tier: ipykernel with matplotlib and
+pandas from Debian, bash_kernel when installed (scripts/e2b-tests.sh installs all of them)."""
+
+import base64
+import json
+import struct
+import subprocess
+
+import pytest
+
+e2b_code_interpreter = pytest.importorskip("e2b_code_interpreter")
+from e2b_code_interpreter import Sandbox  # noqa: E402
+
+TEMPLATE = "code-interpreter-v1"
+
+
+def bash_kernel_installed() -> bool:
+    # The sandbox sees the host's root, so the host's kernelspecs are the template's.
+    found = subprocess.run(
+        ["/usr/bin/python3", "-c", "import bash_kernel"], capture_output=True, check=False
+    )
+    return found.returncode == 0
+
+
+@pytest.fixture
+def new_interpreter(daemon):
+    made = []
+
+    def create(**options):
+        options.setdefault("timeout", 600)
+        sandbox = Sandbox.create(**options)
+        daemon.track(sandbox.sandbox_id)
+        made.append(sandbox)
+        return sandbox
+
+    yield create
+    for sandbox in made:
+        try:
+            sandbox.kill()
+        except Exception:  # noqa: BLE001 - a failed kill shows up in the session's leak check
+            pass
+
+
+@pytest.fixture
+def interpreter(new_interpreter):
+    return new_interpreter()
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk, after checking the signature."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", data[:16]
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_interpreter_default_template_is_code_interpreter(interpreter):
+    assert interpreter.get_info().template_id == TEMPLATE
+    # The 49999 server answers its health check through the data plane.
+    execution = interpreter.run_code("1 + 1")
+    assert execution.text == "2"
+    assert execution.error is None
+
+
+def test_interpreter_stdout_and_stderr_reach_the_callbacks(interpreter):
+    out, err = [], []
+    execution = interpreter.run_code(
+        "import sys\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\n",
+        on_stdout=lambda m: out.append(m.line),
+        on_stderr=lambda m: err.append(m.line),
+    )
+    assert "".join(out) == "to stdout\n"
+    assert "".join(err) == "to stderr\n"
+    assert execution.logs.stdout == ["to stdout\n"]
+    assert execution.logs.stderr == ["to stderr\n"]
+    assert execution.execution_count is not None
+
+
+def test_interpreter_results_main_and_displayed(interpreter):
+    seen = []
+    execution = interpreter.run_code(
+        "from IPython.display import display, Markdown\n"
+        "display(Markdown('**bold**'))\n"
+        "{'a': 1, 'b': [1, 2]}\n",
+        on_result=seen.append,
+    )
+    assert execution.error is None
+    assert len(execution.results) == 2
+    shown, main = execution.results
+    assert not shown.is_main_result and shown.markdown == "**bold**"
+    assert main.is_main_result
+    assert main.text == "{'a': 1, 'b': [1, 2]}"
+    assert main.json == {"a": 1, "b": [1, 2]}
+    assert len(seen) == 2
+    # A str result loses one pair of quotes, as E2B's server does.
+    assert interpreter.run_code("'abc'").text == "abc"
+
+
+def test_interpreter_matplotlib_figure_is_a_png_of_its_size(interpreter):
+    execution = interpreter.run_code(
+        # The inline backend crops to the drawn area unless told not to.
+        "%config InlineBackend.print_figure_kwargs = {'bbox_inches': None}\n"
+        "import matplotlib.pyplot as plt\n"
+        "fig = plt.figure(figsize=(4, 3), dpi=100)\n"
+        "plt.plot([1, 2, 3], [1, 4, 9], label='squares')\n"
+        "plt.title('growth')\n"
+        "plt.show()\n",
+        timeout=240,
+    )
+    assert execution.error is None, execution.error
+    pngs = [r for r in execution.results if r.png]
+    assert len(pngs) == 1, execution.results
+    assert png_size(base64.b64decode(pngs[0].png)) == (400, 300)
+    chart = pngs[0].chart
+    assert chart is not None, "a line plot comes with its chart data"
+    assert getattr(chart.type, "value", chart.type) == "line"
+    assert chart.title == "growth"
+    points = chart.elements[0].points
+    assert [tuple(p) for p in points] == [(1, 1), (2, 4), (3, 9)]
+
+
+def test_interpreter_dataframe_is_html_and_data(interpreter):
+    execution = interpreter.run_code(
+        "import pandas as pd\npd.DataFrame({'x': [1, 2], 'y': ['a', 'b']})\n", timeout=240
+    )
+    assert execution.error is None, execution.error
+    (result,) = execution.results
+    assert result.is_main_result
+    assert "<table" in result.html and "<td>a</td>" in result.html
+    assert result.data == {"x": [1, 2], "y": ["a", "b"]}
+
+
+def test_interpreter_exception_has_name_value_and_traceback(interpreter):
+    errors = []
+    execution = interpreter.run_code(
+        "def inner():\n    return 1 / 0\n\ninner()\n", on_error=errors.append
+    )
+    error = execution.error
+    assert error is not None
+    assert error.name == "ZeroDivisionError"
+    assert error.value == "division by zero"
+    assert "inner()" in error.traceback and "1 / 0" in error.traceback
+    assert "\x1b[" not in error.traceback, "tracebacks come without colours"
+    assert errors and errors[0].name == "ZeroDivisionError"
+
+
+def test_interpreter_contexts_keep_state_apart(interpreter):
+    first = interpreter.create_code_context()
+    second = interpreter.create_code_context(cwd="/tmp")
+    assert first.id != second.id and first.language == "python"
+    assert second.cwd == "/tmp"
+    interpreter.run_code("shared = 'first'", context=first)
+    assert interpreter.run_code("shared", context=first).text == "first"
+    missing = interpreter.run_code("shared", context=second)
+    assert missing.error is not None and missing.error.name == "NameError"
+    assert interpreter.run_code("import os; os.getcwd()", context=second).text == "/tmp"
+    listed = {c.id for c in interpreter.list_code_contexts()}
+    assert {first.id, second.id} <= listed
+    interpreter.remove_code_context(second)
+    assert second.id not in {c.id for c in interpreter.list_code_contexts()}
+    with pytest.raises(Exception, match="not found"):
+        interpreter.run_code("1", context=second)
+
+
+def test_interpreter_restart_forgets_state(interpreter):
+    context = interpreter.create_code_context()
+    interpreter.run_code("kept = 41", context=context)
+    assert interpreter.run_code("kept + 1", context=context).text == "42"
+    interpreter.restart_code_context(context)
+    after = interpreter.run_code("kept", context=context)
+    assert after.error is not None and after.error.name == "NameError"
+
+
+def test_interpreter_env_vars_per_execution_and_per_sandbox(new_interpreter, tag):
+    sandbox = new_interpreter(envs={"SANDBOX_WIDE": tag})
+    code = "import os; print(os.environ.get('PER_RUN', 'unset'), os.environ.get('SANDBOX_WIDE', 'unset'))"
+    # Quotes, a backslash and a newline arrive as they were sent (no code injection).
+    value = "it's \"quoted\" \\ and\nmore"
+    with_var = sandbox.run_code(code, envs={"PER_RUN": value})
+    assert with_var.error is None, with_var.error
+    assert "".join(with_var.logs.stdout) == f"{value} {tag}\n"
+    # Per-execution variables end with their execution.
+    assert sandbox.run_code(code).logs.stdout == [f"unset {tag}\n"]
+
+
+def test_interpreter_client_timeout_interrupts_the_kernel(interpreter):
+    context = interpreter.create_code_context()
+    interpreter.run_code("ticks = 0", context=context)
+    with pytest.raises(Exception) as raised:
+        interpreter.run_code(
+            "import time\nwhile True:\n    ticks += 1\n    time.sleep(0.01)\n",
+            context=context,
+            timeout=3,
+        )
+    assert "timed out" in str(raised.value).lower() or "timeout" in type(raised.value).__name__.lower()
+    # Had the loop not been interrupted, this would wait for the context forever.
+    first = interpreter.run_code("ticks", context=context, timeout=120)
+    assert first.error is None and int(first.text) > 0
+    second = interpreter.run_code("ticks", context=context, timeout=120)
+    assert second.text == first.text, "the loop still runs"
+
+
+def test_interpreter_magics_work(interpreter):
+    execution = interpreter.run_code("%cd /tmp\nimport os\nos.getcwd()")
+    assert execution.text == "/tmp"
+    shell = interpreter.run_code("!echo from-the-shell")
+    # IPython runs `!` commands on a terminal, hence the carriage return.
+    assert "".join(shell.logs.stdout).strip() == "from-the-shell"
+
+
+def test_interpreter_bad_requests_get_e2bs_answers(interpreter):
+    from e2b.exceptions import InvalidArgumentException
+
+    context = interpreter.create_code_context()
+    with pytest.raises(InvalidArgumentException):
+        interpreter.run_code("1", context=context, language="python")
+    with pytest.raises(Exception, match="not found"):
+        interpreter.restart_code_context("no-such-context")
+
+
+@pytest.mark.skipif(not bash_kernel_installed(), reason="bash_kernel is not installed on the host")
+def test_interpreter_bash_context(interpreter):
+    execution = interpreter.run_code("echo hello-from-bash; KEPT=7", language="bash")
+    assert execution.error is None, execution.error
+    assert "".join(execution.logs.stdout).strip() == "hello-from-bash"
+    assert "".join(interpreter.run_code("echo $KEPT", language="bash").logs.stdout).strip() == "7"
+    context = interpreter.create_code_context(language="bash")
+    assert context.language == "bash"
+    alone = interpreter.run_code("echo ${KEPT:-none}", context=context)
+    assert "".join(alone.logs.stdout).strip() == "none"
+    env = interpreter.run_code("echo $PER_RUN", language="bash", envs={"PER_RUN": "x y"})
+    assert "".join(env.logs.stdout).strip() == "x y"
+
+
+def test_interpreter_raw_execute_streams_ndjson(daemon, interpreter):
+    """The wire itself: lines in E2B's order, the status codes for bad input."""
+    headers = {"Content-Type": "application/json", "E2b-Sandbox-Id": interpreter.sandbox_id,
+               "E2b-Sandbox-Port": "49999"}
+    body = json.dumps({"code": "print(1)\n2", "context_id": None, "language": None,
+                       "env_vars": None}).encode()
+    response = daemon.request("POST", "/execute", headers, body)
+    assert response.status == 200, response.body
+    types = [json.loads(line)["type"] for line in response.body.decode().splitlines()]
+    assert types == ["number_of_executions", "stdout", "result", "end_of_execution"]
+    both = json.dumps({"code": "1", "context_id": "x", "language": "python"}).encode()
+    response = daemon.request("POST", "/execute", headers, both)
+    assert response.status == 400
+    assert response.body == b"Only one of context_id or language can be provided"
+    assert daemon.request("GET", "/health", headers).json() == "OK"
