@@ -83,6 +83,18 @@ enum Command {
     /// `airlock run` with layers taken away: the proof runs of `airlock seceval` only.
     #[command(name = "__seceval-run", hide = true)]
     SecevalRun(seceval::EvalRunArgs),
+    /// Serve MCP over stdin/stdout: tools for a daemon's sandboxes (for desktop agents).
+    Mcp {
+        #[command(flatten)]
+        daemon: sandbox_cmds::DaemonArgs,
+        /// Only these tools (comma-separated; clients cap how many they take). Names:
+        /// sandbox_create, sandbox_list, sandbox_info, sandbox_kill, sandbox_pause,
+        /// sandbox_resume, sandbox_set_timeout, run_code, run_command, process_output,
+        /// process_kill, file_read, file_write, file_edit, file_list, file_stat, file_mkdir,
+        /// file_move, file_remove, file_search, sandbox_url.
+        #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+        tools: Vec<String>,
+    },
     /// Run a command in a daemon's sandbox (`airlock sandbox exec`).
     Exec {
         #[command(flatten)]
@@ -112,6 +124,7 @@ fn main() -> ExitCode {
         Command::Keys(args) => daemon_cmds::keys(&args),
         Command::Sandbox { daemon, which } => sandbox_cmds::sandbox(&daemon, which),
         Command::Exec { daemon, args } => sandbox_cmds::exec(&daemon, args),
+        Command::Mcp { daemon, tools } => sandbox_cmds::mcp(&daemon, &tools),
         Command::Image { store, which } => image_cmds::image(&store, which),
         Command::Policy { which } => policy_cmds::policy(which),
         Command::Approvals { daemon, which } => approvals_cmds::approvals(&daemon, which),

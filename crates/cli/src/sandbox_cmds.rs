@@ -447,6 +447,15 @@ async fn copy(client: &Client, source: String, destination: String) -> anyhow::R
     Ok(ExitCode::SUCCESS)
 }
 
+/// `airlock mcp`: MCP over stdio until the client closes it (nothing else on stdout).
+pub fn mcp(daemon: &DaemonArgs, tools: &[String]) -> anyhow::Result<ExitCode> {
+    let client = daemon.client()?;
+    block_on(async {
+        airlock_server::mcp::serve_stdio(client, tools).await?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

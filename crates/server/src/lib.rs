@@ -17,6 +17,8 @@
 //!   [`fuzzing`]: the invariants of request handling that the fuzzers check.
 //! - [`e2b`]: the E2B-compatible API on the same port (control plane, data plane, the routing
 //!   between them and `/v1`); its module docs give the routing rules.
+//! - [`mcp`]: MCP tools for sandboxes (rmcp), over stdio for `airlock mcp` and over streamable
+//!   HTTP at `/mcp` (API key auth); the tools call `/v1` and the data plane as a client.
 //! - [`egress`]: `network: proxy` sandboxes' egress proxies (hot reload, approvals);
 //!   [`audit`]: the audit logs and the events API.
 //!
@@ -79,6 +81,7 @@ pub mod http;
 pub mod keys_cmd;
 pub mod lifecycle;
 pub mod logging;
+pub mod mcp;
 pub mod metrics;
 pub mod openapi;
 pub mod proxy;

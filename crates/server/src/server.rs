@@ -102,6 +102,7 @@ async fn serve(config: Config) -> Result<(), ServeError> {
     let _ = daemon
         .store
         .record_event(None, "daemon_start", &format!("listening on {local}"));
+    crate::mcp::set_daemon_address(local);
     tokio::spawn(trim_events(daemon.clone()));
     let mut stdout = std::io::stdout();
     let _ = writeln!(stdout, "airlockd listening on http://{local}");

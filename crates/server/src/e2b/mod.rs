@@ -175,7 +175,11 @@ pub fn classify(uri: &Uri, headers: &HeaderMap) -> Surface {
 
 /// Serves one request of any surface: the daemon's connection handler calls this.
 pub async fn serve(daemon: Arc<Daemon>, request: Request<Incoming>) -> Response<Body> {
-    match classify(request.uri(), request.headers()) {
+    let surface = classify(request.uri(), request.headers());
+    if request.uri().path() == crate::mcp::PATH && !matches!(surface, Surface::Data(_)) {
+        return crate::mcp::serve_http(daemon, request).await;
+    }
+    match surface {
         Surface::Native => crate::routes::dispatch(daemon, request).await,
         Surface::Control => control::dispatch(daemon, request).await,
         Surface::Data(target) => data::dispatch(daemon, request, target).await,
