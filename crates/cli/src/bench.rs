@@ -83,6 +83,19 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 10)]
         snapshots: usize,
     },
+    /// The code-interpreter template: create + first run_code("1+1"), and run_code round
+    /// trips through the data plane (a private daemon unless --url).
+    Interpreter {
+        /// A running daemon to measure (default: start a private one).
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+        /// Creates measured, each with its first run_code (a kernel start each).
+        #[arg(long, default_value_t = 5)]
+        creates: usize,
+        /// run_code round trips on one warm context (after 5 warm-up ones).
+        #[arg(long, default_value_t = 200)]
+        iterations: usize,
+    },
     /// Image pull and unpack from a local registry, against skopeo copy to an OCI directory.
     Image(crate::bench_image::ImageBenchArgs),
     /// The egress proxy: added latency of small GETs and CONNECT pass-through throughput, each
@@ -159,6 +172,11 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             snapshots,
         } => crate::bench_pause::pause(iterations, snapshots),
         BenchCommand::Image(args) => crate::bench_image::image(args),
+        BenchCommand::Interpreter {
+            url,
+            creates,
+            iterations,
+        } => crate::bench_interpreter::interpreter(url, creates, iterations),
     }
 }
 
