@@ -62,6 +62,20 @@ if [ "$(/usr/bin/python3 -c 'import importlib.metadata as m; print(m.version("ba
         --break-system-packages "bash_kernel==$bash_kernel_version"
     /usr/bin/python3 -m bash_kernel.install --prefix /usr/local >/dev/null
 fi
+# Deno's Jupyter kernel serves javascript and typescript contexts: Deno from npm (the ELF its
+# postinstall puts beside the package), its kernelspec written under /usr/local/share/jupyter.
+deno_version=2.9.6
+deno_bin="$(npm root -g)/deno/deno"
+if [ "$("$deno_bin" --version 2>/dev/null | head -n1 | cut -d' ' -f2)" != "$deno_version" ]; then
+    echo "e2b-tests: installing deno $deno_version from npm"
+    npm install -g --no-audit --no-fund --loglevel=error "deno@$deno_version"
+fi
+deno_spec=/usr/local/share/jupyter/kernels/deno/kernel.json
+deno_json="{\"argv\": [\"$deno_bin\", \"jupyter\", \"--kernel\", \"--conn\", \"{connection_file}\"], \"display_name\": \"Deno\", \"language\": \"typescript\"}"
+if [ "$(cat "$deno_spec" 2>/dev/null)" != "$deno_json" ]; then
+    mkdir -p "$(dirname "$deno_spec")"
+    echo "$deno_json" >"$deno_spec"
+fi
 node_major=$(node -p 'process.versions.node.split(".")[0]')
 if ((node_major < 20)); then
     echo "scripts/e2b-tests.sh: the e2b npm SDK needs Node.js 20 or later, found $(node --version)" >&2

@@ -3,12 +3,14 @@
 vars, the client's timeout as an interrupt, and a bash context.
 
 The template runs the host's kernels on the process tier: ipykernel with matplotlib and
-pandas from Debian, bash_kernel when installed (scripts/e2b-tests.sh installs all of them)."""
+pandas from Debian, bash_kernel when installed, Deno's kernel for javascript and typescript when
+installed (scripts/e2b-tests.sh installs all of them)."""
 
 import base64
 import json
 import struct
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -250,3 +252,26 @@ def test_interpreter_raw_execute_streams_ndjson(daemon, interpreter):
     assert response.status == 400
     assert response.body == b"Only one of context_id or language can be provided"
     assert daemon.request("GET", "/health", headers).json() == "OK"
+
+
+def deno_kernel_installed() -> bool:
+    return any(Path(d, "jupyter/kernels/deno/kernel.json").is_file()
+               for d in ("/usr/local/share", "/usr/share"))
+
+
+@pytest.mark.skipif(not deno_kernel_installed(), reason="Deno's Jupyter kernel is not installed on the host")
+def test_interpreter_javascript_and_typescript_contexts(interpreter):
+    js = interpreter.run_code("const seen = []; console.log('from js'); 6 * 7", language="javascript")
+    assert js.error is None, js.error
+    assert js.text == "42", "text/plain without colours"
+    assert "".join(js.logs.stdout) == "from js\n"
+    assert interpreter.run_code("seen.push(1); seen.length", language="js").text == "1"
+    ts = interpreter.run_code("const n: number = 2; n + 1", language="typescript")
+    assert ts.error is None and ts.text == "3"
+    context = interpreter.create_code_context(language="javascript")
+    assert interpreter.run_code("typeof seen", context=context).text == "undefined"
+    env = interpreter.run_code("process.env.PER_RUN", language="javascript", envs={"PER_RUN": "it's js"})
+    assert env.text == "it's js"
+    failed = interpreter.run_code("throw new TypeError('from js')", language="javascript").error
+    assert (failed.name, failed.value) == ("TypeError", "from js")
+    assert failed.traceback.startswith("TypeError: from js")

@@ -46,16 +46,24 @@ pub struct KernelSpec {
 
 impl KernelSpec {
     fn from_dir(dir: KernelspecDir) -> KernelSpec {
+        let python = dir.kernelspec.language.eq_ignore_ascii_case("python");
         let JupyterKernelspec {
             argv,
             env,
             interrupt_mode,
             ..
         } = dir.kernelspec;
+        let mut env: BTreeMap<String, String> = env.unwrap_or_default().into_iter().collect();
+        // Results' text/plain without ANSI colours (Deno colours its inspect output), as
+        // E2B's kernels give it; ipykernel's colours are off in its startup file instead.
+        if !python && std::env::var_os("NO_COLOR").is_none() {
+            env.entry("NO_COLOR".to_owned())
+                .or_insert_with(|| "1".to_owned());
+        }
         KernelSpec {
             name: dir.kernel_name,
             argv,
-            env: env.unwrap_or_default().into_iter().collect(),
+            env,
             interrupt_by_message: interrupt_mode.as_deref() == Some("message"),
             path: Some(dir.path),
         }
