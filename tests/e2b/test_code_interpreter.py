@@ -1,6 +1,8 @@
 """E2B's code interpreter (template `code-interpreter-v1`, port 49999) through the unmodified
-`e2b-code-interpreter` SDK: streamed output, rich results, errors, contexts, restarts, env
-vars, the client's timeout as an interrupt, and a bash context.
+`e2b-code-interpreter` SDK: streamed output, rich results, errors, contexts (one execution at
+a time each), restarts and removals that kill the kernel, a dead kernel restarted, env vars,
+the client's timeout as an interrupt, magics and `!pip install`, bash, javascript and
+typescript contexts.
 
 The template runs the host's kernels on the process tier: ipykernel with matplotlib and
 pandas from Debian, bash_kernel when installed, Deno's kernel for javascript and typescript when
@@ -275,3 +277,78 @@ def test_interpreter_javascript_and_typescript_contexts(interpreter):
     failed = interpreter.run_code("throw new TypeError('from js')", language="javascript").error
     assert (failed.name, failed.value) == ("TypeError", "from js")
     assert failed.traceback.startswith("TypeError: from js")
+
+
+def test_interpreter_one_execution_at_a_time_per_context(interpreter):
+    import threading
+
+    context = interpreter.create_code_context()
+    interpreter.run_code("order = []", context=context)
+    first = {}
+
+    def long_one():
+        first["execution"] = interpreter.run_code(
+            "import time, pathlib\norder.append('first starts')\n"
+            "pathlib.Path('/tmp/first-started').touch()\n"
+            "time.sleep(1.5)\norder.append('first ends')\n",
+            context=context)
+
+    thread = threading.Thread(target=long_one)
+    thread.start()
+    from airlock_harness import wait_for
+    wait_for(lambda: interpreter.files.exists("/tmp/first-started"), "the first execution to start")
+    second = interpreter.run_code("order.append('second'); order", context=context)
+    thread.join()
+    assert first["execution"].error is None
+    assert second.text == "['first starts', 'first ends', 'second']"
+
+
+def test_interpreter_dead_kernel_is_reported_then_restarted(interpreter):
+    context = interpreter.create_code_context()
+    interpreter.run_code("before = 1", context=context)
+    died = interpreter.run_code("import os\nos._exit(3)", context=context)
+    assert died.error is not None, "the kernel's death is an error"
+    after = interpreter.run_code("import os\n'before' in globals(), os.getpid() > 0", context=context)
+    assert after.error is None and after.text == "(False, True)"
+
+
+def test_interpreter_restart_and_remove_kill_the_kernel(interpreter):
+    context = interpreter.create_code_context()
+    pid = int(interpreter.run_code("import os; os.getpid()", context=context).text)
+    probe = f"import os\ntry:\n    os.kill({pid}, 0)\n    alive = True\nexcept ProcessLookupError:\n    alive = False\nalive"
+    assert interpreter.run_code(probe).text == "True"
+    interpreter.restart_code_context(context)
+    assert interpreter.run_code(probe).text == "False"
+    new_pid = int(interpreter.run_code("import os; os.getpid()", context=context).text)
+    assert new_pid != pid
+    interpreter.remove_code_context(context)
+    probe = probe.replace(str(pid), str(new_pid))
+    from airlock_harness import wait_for
+    # A removed kernel is killed; its pid is reaped by the sandbox's init soon after.
+    wait_for(lambda: interpreter.run_code(probe).text == "False", "the removed kernel to be gone")
+
+
+def test_interpreter_pip_install_of_a_local_wheel(interpreter):
+    """`!pip install` works (offline here: a wheel the sandbox builds itself)."""
+    build = interpreter.run_code(
+        "import zipfile, hashlib, base64\n"
+        "files = {'airlock_probe_pkg.py': 'ANSWER = 42\\n',\n"
+        "  'airlock_probe_pkg-1.0.dist-info/METADATA': 'Metadata-Version: 2.1\\nName: airlock-probe-pkg\\nVersion: 1.0\\n',\n"
+        "  'airlock_probe_pkg-1.0.dist-info/WHEEL': 'Wheel-Version: 1.0\\nGenerator: test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n'}\n"
+        "record = []\n"
+        "path = '/tmp/airlock_probe_pkg-1.0-py3-none-any.whl'\n"
+        "with zipfile.ZipFile(path, 'w') as z:\n"
+        "    for name, text in files.items():\n"
+        "        z.writestr(name, text)\n"
+        "        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()\n"
+        "        record.append(f'{name},sha256={digest},{len(text)}')\n"
+        "    record.append('airlock_probe_pkg-1.0.dist-info/RECORD,,')\n"
+        "    z.writestr('airlock_probe_pkg-1.0.dist-info/RECORD', '\\n'.join(record) + '\\n')\n"
+    )
+    assert build.error is None, build.error
+    install = interpreter.run_code("!pip install --no-index /tmp/airlock_probe_pkg-1.0-py3-none-any.whl",
+                                   timeout=240)
+    assert "Successfully installed airlock-probe-pkg-1.0" in "".join(install.logs.stdout), install.logs
+    imported = interpreter.run_code("import airlock_probe_pkg\nairlock_probe_pkg.ANSWER")
+    assert imported.error is None, imported.error
+    assert imported.text == "42"
