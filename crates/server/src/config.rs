@@ -51,6 +51,8 @@ pub enum ConfigError {
     TestResolve(String),
     #[error("--test-egress-roots: cannot read {0}")]
     TestRoots(PathBuf, #[source] std::io::Error),
+    #[error(transparent)]
+    Judge0(#[from] crate::judge0::Judge0ConfigError),
 }
 
 /// Options of the daemon.
@@ -132,6 +134,8 @@ pub struct ServeArgs {
     /// test upstreams' CA). Refused unless --listen is loopback.
     #[arg(long, value_name = "FILE", hide = true)]
     pub test_egress_roots: Option<PathBuf>,
+    #[command(flatten)]
+    pub judge0: crate::judge0::Judge0Args,
 }
 
 /// `--scratch`.
@@ -231,12 +235,20 @@ pub struct Config {
     pub storage_size_bytes: Option<u64>,
     pub events_retention_ms: u64,
     pub events_max: u64,
+    /// The Judge0 API, when `--judge0-listen` is given.
+    pub judge0: Option<crate::judge0::Judge0Config>,
 }
 
 impl Config {
     pub fn from_args(args: &ServeArgs) -> Result<Config, ConfigError> {
         if args.insecure_no_auth && !args.listen.ip().is_loopback() {
             return Err(ConfigError::NoAuthNotLoopback(args.listen));
+        }
+        if let Some(judge0) = args.judge0.listen
+            && args.insecure_no_auth
+            && !judge0.ip().is_loopback()
+        {
+            return Err(ConfigError::NoAuthNotLoopback(judge0));
         }
         for (name, value) in [
             ("--max-sandboxes", args.max_sandboxes as u64),
@@ -288,6 +300,7 @@ impl Config {
             storage_size_bytes: args.storage_size_bytes,
             events_retention_ms: args.events_retention_ms,
             events_max: args.events_max,
+            judge0: crate::judge0::Judge0Config::from_args(&args.judge0)?,
         })
     }
 

@@ -19,6 +19,8 @@
 //!   between them and `/v1`); its module docs give the routing rules.
 //! - [`egress`]: `network: proxy` sandboxes' egress proxies (hot reload, approvals);
 //!   [`audit`]: the audit logs and the events API.
+//! - [`judge0`]: the Judge0 CE 1.13.1-compatible API on a listener of its own
+//!   (`--judge0-listen`); its module docs give its decisions.
 //!
 //! # Decisions
 //!
@@ -76,6 +78,7 @@ pub mod egress;
 pub mod error;
 pub mod fuzzing;
 pub mod http;
+pub mod judge0;
 pub mod keys_cmd;
 pub mod lifecycle;
 pub mod openapi;

@@ -3,14 +3,16 @@
 //! Tables: `sandboxes` (one row per sandbox that exists or is being created or removed),
 //! `templates`, `api_keys` (SHA-256 of each key, never the key) and `events` (an append-only
 //! log). The schema version is `PRAGMA user_version`; an older store is migrated in place
-//! (version 2 added `sandboxes.egress`). WAL with `synchronous=NORMAL` keeps each
-//! write one `write(2)`; a crash can lose the last transactions but never corrupts the file,
+//! (version 2 added `sandboxes.egress`, 3 the `paused` state and `snapshots`; the Judge0
+//! API's `judge0_submissions` is additive, created if missing, with no version of its own).
+//! WAL with `synchronous=NORMAL` keeps each write one `write(2)`; a crash can lose the last transactions but never corrupts the file,
 //! and start-up reconciles rows with what really runs (see `lifecycle`).
 //!
 //! Memory and disk stay bounded over the daemon's life: the event log is trimmed
 //! ([`Store::trim_events`]), SQLite's page cache is capped at [`CACHE_KIB`] and the WAL is
 //! checkpointed every 1000 pages and truncated back to [`JOURNAL_SIZE_LIMIT`].
 
+mod judge0;
 mod snapshots;
 
 pub use snapshots::SnapshotRow;
@@ -244,6 +246,8 @@ impl Store {
                  ALTER TABLE sandboxes_v3 RENAME TO sandboxes;",
             )?;
         }
+        // The Judge0 API's table: additive, created if missing on any version.
+        tx.execute_batch(judge0::SCHEMA)?;
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         tx.commit()?;
         conn.execute(
