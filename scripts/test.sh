@@ -42,6 +42,9 @@ cargo build --workspace --locked
 # The E2B compatibility suite: the unmodified Python SDKs (newest and 2.45.1) and the npm SDK
 # against a fresh airlockd (installs its venvs and node_modules on first use).
 scripts/e2b-tests.sh
+# The Judge0 compatibility suite: the unmodified `judge0` Python SDK against airlockd's
+# --judge0-listen API (installs its venv and the C, C++ and Node toolchains on first use).
+scripts/judge0-tests.sh
 # Schemathesis against a fresh airlockd: every operation of api/openapi.json, every check, 20
 # examples each with a fixed seed (installs its venv on first use).
 scripts/schemathesis.sh

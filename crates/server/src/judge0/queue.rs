@@ -37,9 +37,23 @@ impl Queue {
     /// the workers and the retention trim. Call after the lifecycle's `recover`.
     pub async fn start(runner: Runner) -> Result<Arc<Queue>, StoreError> {
         let store = runner.daemon.store.clone();
-        let orphans = tokio::task::spawn_blocking(move || store.judge0_requeue())
+        let (tokens, mut orphans) = tokio::task::spawn_blocking(move || store.judge0_requeue())
             .await
             .unwrap_or_else(|e| Err(StoreError::BadState(format!("requeue task: {e}"))))?;
+        // A daemon stopped between creating a run's sandbox and recording it leaves one that
+        // only its metadata ties to the submission.
+        if !tokens.is_empty() {
+            let listed = runner
+                .daemon
+                .list(&[], &std::collections::BTreeMap::new())
+                .unwrap_or_default();
+            orphans.extend(listed.into_iter().filter_map(|sandbox| {
+                let token = sandbox.metadata.get(super::runner::TOKEN_METADATA)?;
+                tokens.contains(token).then_some(sandbox.id)
+            }));
+            orphans.sort();
+            orphans.dedup();
+        }
         for sandbox in orphans {
             // Re-adopted as a running sandbox by `recover`; its run starts over.
             let _ = runner.daemon.delete(&sandbox).await;

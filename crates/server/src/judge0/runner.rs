@@ -40,6 +40,9 @@ const STDERR: &str = "/tmp/judge0/stderr";
 const COMPILE_OUTPUT: &str = "/tmp/judge0/compile_output";
 const ARCHIVE: &str = "/workspace/additional_files.zip";
 
+/// The metadata key naming the submission a sandbox runs (a restarted daemon finds its
+/// orphans by it).
+pub const TOKEN_METADATA: &str = "judge0_token";
 /// The scratch space of a submission's sandbox: source, binaries and outputs.
 const DISK_BYTES: u64 = 256 << 20;
 /// How often CPU and wall time are checked while a program runs (isolate polls too).
@@ -169,7 +172,7 @@ impl Runner {
                 disk_bytes: Some(DISK_BYTES),
             },
             timeout_ms: Some(u64::try_from(lifetime.as_millis()).unwrap_or(u64::MAX)),
-            metadata: BTreeMap::from([("judge0_token".to_owned(), submission.token.clone())]),
+            metadata: BTreeMap::from([(TOKEN_METADATA.to_owned(), submission.token.clone())]),
             policy: if p.enable_network {
                 self.config.network_policy.clone()
             } else {

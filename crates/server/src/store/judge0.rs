@@ -245,16 +245,16 @@ impl Store {
     }
 
     /// Puts every `Processing` submission back in the queue (at start-up: no worker runs
-    /// yet) and returns the sandboxes they were running in.
-    pub fn judge0_requeue(&self) -> Result<Vec<String>, StoreError> {
+    /// yet) and returns their tokens and the sandboxes they were recorded to run in.
+    pub fn judge0_requeue(&self) -> Result<(Vec<String>, Vec<String>), StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let sandboxes = {
-            let mut stmt = tx.prepare(
-                "SELECT sandbox_id FROM judge0_submissions
-                 WHERE status_id = 2 AND sandbox_id IS NOT NULL",
-            )?;
-            let rows = stmt.query_map([], |row| row.get::<_, String>(0))?;
+        let rows = {
+            let mut stmt =
+                tx.prepare("SELECT token, sandbox_id FROM judge0_submissions WHERE status_id = 2")?;
+            let rows = stmt.query_map([], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, Option<String>>(1)?))
+            })?;
             rows.collect::<Result<Vec<_>, _>>()?
         };
         tx.execute(
@@ -262,7 +262,8 @@ impl Store {
             [],
         )?;
         tx.commit()?;
-        Ok(sandboxes)
+        let sandboxes = rows.iter().filter_map(|(_, s)| s.clone()).collect();
+        Ok((rows.into_iter().map(|(t, _)| t).collect(), sandboxes))
     }
 
     /// How many submissions wait and how many run.
