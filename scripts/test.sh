@@ -54,6 +54,7 @@ cargo run --quiet --locked --bin airlock -- bench start --iterations 20 --phases
 cargo run --quiet --locked --bin airlock -- bench soak --cycles 3 --sandboxes 20
 cargo run --quiet --locked --bin airlock -- bench start --tier container --iterations 10
 cargo run --quiet --locked --bin airlock -- bench pause --iterations 5 --snapshots 3
+cargo run --quiet --locked --bin airlock -- bench judge0 --iterations 5 --submissions 40
 # The start-up floor the README compares against must keep building and running.
 cc -O2 -Wall -Wextra -Werror -o target/startup-floor scripts/startup-floor.c -lpthread
 target/startup-floor 20
