@@ -34,6 +34,8 @@ command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null
 [ -x /usr/bin/gcc ] || need+=(gcc)        # C (50)
 [ -x /usr/bin/g++ ] || need+=(g++)        # C++ (54)
 [ -x /usr/bin/node ] || need+=(nodejs)    # JavaScript (63)
+[ -x /usr/bin/unzip ] || need+=(unzip)    # additional_files and the multi-file program (89)
+[ -x /usr/bin/mawk ] || need+=(mawk)      # the operator's language file in the tests
 if ((${#need[@]})); then
     apt-get -o DPkg::Lock::Timeout=900 update -qq
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -qq "${need[@]}" >/dev/null

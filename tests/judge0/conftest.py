@@ -5,7 +5,9 @@ Run it with scripts/judge0-tests.sh, or by hand (as root, after `cargo build --w
     target/judge0-venv/bin/python -m pytest tests/judge0
 """
 
+import json
 import os
+import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -44,12 +46,20 @@ def daemon(callback_server):
     if os.geteuid() != 0:
         pytest.exit("the Judge0 suite creates sandboxes (cgroups, namespaces): run it as root", 2)
     port = callback_server.server_address[1]
+    # The operator's language file: one language added to the built-in table.
+    languages = tempfile.NamedTemporaryFile("w", prefix="judge0-languages-", suffix=".json", delete=False)
+    json.dump({"languages": [{"id": 2001, "name": "AWK (mawk)", "source_file": "script.awk",
+                              "run_cmd": "/usr/bin/mawk -f script.awk", "requires": ["/usr/bin/mawk"]}]},
+              languages)
+    languages.close()
     started = Daemon.start(["--judge0-workers", "2",
                             "--judge0-callback-hosts", f"127.0.0.1:{port}",
-                            "--judge0-callback-internal"])
+                            "--judge0-callback-internal",
+                            "--judge0-languages", languages.name])
     try:
         yield started
     finally:
+        os.unlink(languages.name)
         started.stop_and_check()
 
 

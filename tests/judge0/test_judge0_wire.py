@@ -2,12 +2,11 @@
 base64 rules, `fields`, `wait`, callbacks, and the queue across a daemon restart."""
 
 import base64
+import io
 import json
 import re
-import time
 import uuid
-
-import pytest
+import zipfile
 
 from judge0_harness import Daemon, wait_for
 
@@ -201,9 +200,49 @@ def test_wire_callback_goes_only_to_an_allow_listed_host(daemon, callback_server
     assert base64.b64decode(sent["stdout"]) == b"called back\n"
 
 
+def zip_of(files: dict[str, str]) -> str:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return b64(buffer.getvalue())
+
+
+def test_wire_additional_files_and_the_multi_file_program(daemon):
+    data = zip_of({"data.txt": "from the archive\n"})
+    with_files = daemon.judge0("POST", "/submissions?wait=true&fields=status_id,stdout", {
+        "source_code": "print(open('data.txt').read().strip().upper())", "language_id": PYTHON,
+        "additional_files": data})
+    assert with_files.json() == {"status_id": 3, "stdout": "FROM THE ARCHIVE\n"}, with_files.body
+    project = zip_of({"compile": "gcc -o hello hello.c\n", "run": "./hello \"$@\"\n",
+                      "hello.c": '#include <stdio.h>\nint main(void) { puts("multi-file"); }\n'})
+    built = daemon.judge0("POST", "/submissions?wait=true&fields=status_id,stdout,compile_output", {
+        "language_id": 89, "additional_files": project})
+    assert built.json()["status_id"] == 3, built.body
+    assert built.json()["stdout"] == "multi-file\n"
+
+
+def test_wire_runs_redirects_and_the_operators_language(daemon):
+    runs = daemon.judge0("POST", "/submissions?wait=true&fields=status_id,stdout,stderr,time,memory", {
+        "source_code": "import sys\nprint('out')\nprint('err', file=sys.stderr)", "language_id": PYTHON,
+        "number_of_runs": 3, "redirect_stderr_to_stdout": True})
+    body = runs.json()
+    assert body["status_id"] == 3 and body["stderr"] is None
+    assert sorted(body["stdout"].split()) == ["err", "out"]
+    languages = {entry["id"]: entry["name"] for entry in daemon.judge0("GET", "/languages").json()}
+    assert languages[2001] == "AWK (mawk)"
+    awk = daemon.judge0("POST", "/submissions?wait=true&fields=status_id,stdout", {
+        "source_code": "{ total += $1 } END { print total }", "language_id": 2001, "stdin": "1\n2\n39\n"})
+    assert awk.json() == {"status_id": 3, "stdout": "42\n"}, awk.body
+
+
 def test_wire_queue_survives_a_daemon_restart():
-    daemon = Daemon.start(["--judge0-workers", "1"])
+    daemon = Daemon.start(["--judge0-workers", "1", "--judge0-max-queue", "5"])
     try:
+        # Past --judge0-max-queue a create is Judge0's 503, and nothing of it is queued.
+        six = [{"source_code": "print(0)", "language_id": PYTHON}] * 6
+        full = daemon.judge0("POST", "/submissions/batch", {"submissions": six})
+        assert (full.status, full.json()) == (503, {"error": "queue is full"})
         slow = {"source_code": "import time\ntime.sleep(3)\nprint('slow')", "language_id": PYTHON}
         quick = [{"source_code": f"print({i})", "language_id": PYTHON} for i in range(4)]
         created = daemon.judge0("POST", "/submissions/batch", {"submissions": [slow, *quick]})
