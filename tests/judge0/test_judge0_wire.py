@@ -1,5 +1,6 @@
 """Judge0 CE 1.13.1's wire format over raw HTTP: routes, shapes, types, errors, auth,
-base64 rules, `fields`, `wait`, callbacks, and the queue across a daemon restart."""
+base64 rules, `fields`, `wait`, files, callbacks, networked submissions through the operator's
+policy, and the queue across a daemon restart."""
 
 import base64
 import io
@@ -258,4 +259,50 @@ def test_wire_queue_survives_a_daemon_restart():
         # The interrupted run's sandbox was deleted and the run started over in a new one.
         assert not set(running) & set(daemon.sandbox_ids())
     finally:
+        daemon.stop_and_check()
+
+
+def test_wire_enable_network_goes_only_through_the_operators_policy(tmp_path):
+    """With --judge0-network-policy, `enable_network: true` gets that policy's egress proxy:
+    the allowed host answers, another host is refused; without it there is no network."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's naming
+            body = b"hello from upstream"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    policy = tmp_path / "network.yaml"
+    policy.write_text("version: 1\nnetwork:\n  mode: proxy\n  egress:\n"
+                      "    - name: plain\n      host: allowed.test\n      ports: [80]\n      methods: [GET]\n")
+    address = f"127.0.0.1:{upstream.server_address[1]}"
+    daemon = Daemon.start(["--judge0-network-policy", str(policy),
+                           "--test-egress-resolve", f"allowed.test={address},other.test={address}"])
+    program = ("import sys, urllib.request\ntry:\n"
+               "    print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())\n"
+               "except Exception as error:\n    print('refused', error)\n")
+
+    def fetch(url: str, network: bool) -> str:
+        answer = daemon.judge0("POST", "/submissions?wait=true&fields=status_id,stdout", {
+            "source_code": program, "language_id": PYTHON, "command_line_arguments": url,
+            "enable_network": network})
+        assert answer.status == 201 and answer.json()["status_id"] == 3, answer.body
+        return answer.json()["stdout"]
+
+    try:
+        assert daemon.judge0("GET", "/config_info").json()["allow_enable_network"] is True
+        assert fetch("http://allowed.test/", True) == "hello from upstream\n"
+        assert fetch("http://other.test/", True).startswith("refused HTTP Error 403")
+        assert fetch("http://allowed.test/", False).startswith("refused <urlopen error")
+    finally:
+        upstream.shutdown()
         daemon.stop_and_check()
