@@ -130,6 +130,11 @@ def test_sdk_runtime_errors_by_signal_and_exit_status(client):
     assert fpe.status == Status.RUNTIME_ERROR_SIGFPE and fpe.exit_signal == 8
     abrt = run(client, language=C, source_code="#include <stdlib.h>\nint main(void) { abort(); }")
     assert abrt.status == Status.RUNTIME_ERROR_SIGABRT and abrt.exit_signal == 6
+    # Past max_file_size (KB) the output file's write gets SIGXFSZ.
+    xfsz = run(client, language=C, max_file_size=64,
+               source_code='#include <stdio.h>\nint main(void) { for (int i = 0; i < 100000; i++) printf("0123456789\\n"); }')
+    assert xfsz.status == Status.RUNTIME_ERROR_SIGXFSZ and xfsz.exit_signal == 25, (xfsz.status, xfsz.message)
+    assert len(xfsz.stdout) <= 64 * 1024
     nzec = run(client, language=judge0.PYTHON, source_code="import sys\nprint('x', file=sys.stderr)\nsys.exit(3)")
     assert nzec.status == Status.RUNTIME_ERROR_NZEC
     assert nzec.exit_code == 3 and nzec.stderr == "x\n"
