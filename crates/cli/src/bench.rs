@@ -38,6 +38,10 @@ pub enum BenchCommand {
         /// Size of the file put and got, in MiB.
         #[arg(long, default_value_t = 100)]
         file_mib: u64,
+        /// Also creates claimed from a warm pool of `base` of SIZE members (default 4), beside
+        /// the cold ones; the pool is refilled before each timed create.
+        #[arg(long, value_name = "SIZE", num_args = 0..=1, default_missing_value = "4")]
+        pool: Option<u32>,
     },
     /// The E2B Python SDK's cycle: Sandbox.create() + commands.run("true") + kill().
     E2b {
@@ -50,6 +54,19 @@ pub enum BenchCommand {
         /// The Python that has the e2b SDK [default: target/e2b-venv-latest/bin/python].
         #[arg(long, value_name = "PATH")]
         python: Option<std::path::PathBuf>,
+        /// Serve the creates from a warm pool of `base` of SIZE members (default 4).
+        #[arg(long, value_name = "SIZE", num_args = 0..=1, default_missing_value = "4")]
+        pool: Option<u32>,
+    },
+    /// The daemon under load: concurrent clients create a sandbox, run one command in it and
+    /// delete it, then what was left is counted (a private daemon).
+    Load {
+        /// Sandboxes to create in all.
+        #[arg(long, default_value_t = 1000)]
+        sandboxes: usize,
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 50)]
+        clients: usize,
     },
     /// Host memory per idle sandbox.
     Density {
@@ -138,7 +155,9 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             url,
             iterations,
             file_mib,
-        } => crate::bench_api::api(url, iterations, file_mib),
+            pool,
+        } => crate::bench_api::api(url, iterations, file_mib, pool),
+        BenchCommand::Load { sandboxes, clients } => crate::bench_load::load(sandboxes, clients),
         BenchCommand::Density { url, count } => crate::bench_api::density(url, count),
         BenchCommand::Soak {
             cycles,
@@ -149,7 +168,8 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             url,
             iterations,
             python,
-        } => crate::bench_e2b::e2b(url, iterations, python),
+            pool,
+        } => crate::bench_e2b::e2b(url, iterations, python, pool),
         BenchCommand::Egress {
             requests,
             download_mib,

@@ -7,6 +7,7 @@ mod bench_container;
 mod bench_e2b;
 mod bench_egress;
 mod bench_image;
+mod bench_load;
 mod bench_pause;
 mod bench_soak;
 mod daemon_cmds;
