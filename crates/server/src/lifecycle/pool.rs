@@ -265,9 +265,6 @@ impl Daemon {
             } else {
                 VecDeque::new()
             };
-            if size == 0 && pool.starting == 0 {
-                pools.remove(template);
-            }
             extra.into()
         };
         self.event(
@@ -559,9 +556,6 @@ impl Daemon {
                     tracing::warn!(template, error = %err.message, backoff_ms = backoff.as_millis(), "a warm pool's fill failed");
                     pool.last_error = Some(err.message);
                 }
-            }
-            if pool.size == 0 && pool.starting == 0 && pool.ready.is_empty() {
-                pools.remove(template);
             }
             unwanted
         };
