@@ -74,8 +74,10 @@ pub mod config;
 pub mod e2b;
 pub mod egress;
 pub mod error;
+pub mod forge;
 pub mod fuzzing;
 pub mod http;
+pub mod inside;
 pub mod keys_cmd;
 pub mod lifecycle;
 pub mod openapi;
@@ -83,6 +85,7 @@ pub mod proxy;
 pub mod routes;
 pub mod server;
 pub mod store;
+pub mod testing;
 
 pub use config::ServeArgs;
 pub use keys_cmd::KeysArgs;

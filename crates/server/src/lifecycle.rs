@@ -25,6 +25,7 @@
 
 mod checks;
 mod egress_ops;
+mod git;
 mod pause;
 mod scratch;
 mod watcher;
@@ -52,6 +53,7 @@ use crate::config::{Config, ConfigError, LOCK_FILE, prepare_state_dir};
 use crate::egress::{SandboxEgress, proxy_plan};
 use crate::error::ApiError;
 pub use checks::{check_map, env_key_ok};
+pub use git::{GitState, META_BRANCH, META_REF, META_URL, workspace_from_metadata};
 
 use crate::store::{BASE_TEMPLATE, RowState, SandboxRow, Store, StoreError, now_ms};
 
@@ -69,6 +71,8 @@ pub enum LifecycleError {
     Runtime(#[source] RuntimeError),
     #[error("--scratch disk: {0}")]
     Storage(String),
+    #[error("the repository cache: {0}")]
+    GitCache(String),
 }
 
 /// A running sandbox's in-memory state.
@@ -106,6 +110,8 @@ pub struct Daemon {
     pub audit: Audit,
     runtime: Arc<Runtime>,
     slots: Mutex<HashMap<String, Slot>>,
+    /// The repository cache (`lifecycle::git`).
+    git: GitState,
     /// Held (locked) for the daemon's whole life.
     _lock: File,
 }
@@ -138,6 +144,7 @@ impl Daemon {
         if let Some(storage) = scratch::open_storage(&config)? {
             runtime.set_storage(storage);
         }
+        let git = GitState::open(&config.git_cache_dir())?;
         let audit = Audit::new(
             &config.state_dir,
             config.sandboxes_dir(),
@@ -149,6 +156,7 @@ impl Daemon {
             audit,
             runtime: Arc::new(runtime),
             slots: Mutex::new(HashMap::new()),
+            git,
             _lock: lock,
         });
         Ok(daemon)
@@ -360,9 +368,10 @@ impl Daemon {
         self: &Arc<Self>,
         request: CreateSandboxRequest,
     ) -> Result<CreateSandboxResponse, ApiError> {
-        let (request, config, volume) = self.normalize(request)?;
+        let (mut request, mut config, volume) = self.normalize(request)?;
         let id =
             auth::new_sandbox_id().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
+        let git = self.prepare_git(&id, &mut request, &mut config, &volume)?;
         let token =
             auth::new_access_token().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
         let token_hash = auth::hash_secret(&token);
@@ -399,7 +408,7 @@ impl Daemon {
         };
         let daemon = self.clone();
         let started = tokio::task::spawn_blocking(move || {
-            daemon.create_blocking(row, config, timeout_ms, volume)
+            daemon.create_blocking(row, config, timeout_ms, volume, git)
         })
         .await;
         let started = match started {
@@ -430,6 +439,7 @@ impl Daemon {
         config: SandboxConfig,
         timeout_ms: u64,
         volume: VolumeSource,
+        git: Option<git::GitPlan>,
     ) -> Result<(SandboxRow, LiveSandbox, Option<Arc<SandboxEgress>>), ApiError> {
         let id = row.id.clone();
         let dir = self.config.sandboxes_dir().join(&id);
@@ -486,10 +496,23 @@ impl Daemon {
             volume,
         };
         let session = egress.get().cloned();
+        let fetched = match &git {
+            Some(plan) => match self.fetch_repository(&dir, plan, session.as_deref()) {
+                Ok(fetched) => Some((plan, fetched)),
+                Err(err) => return Err(fail(err)),
+            },
+            None => None,
+        };
         let pending = match self.create_live(&spec, session.as_deref()) {
             Ok(pending) => pending,
             Err(err) => return Err(fail(runtime_error(&err))),
         };
+        if let Some((plan, (fetched, header))) = fetched
+            && let Err(err) = self.hand_over(&id, plan, fetched, header, &pending.record().socket)
+        {
+            drop(pending);
+            return Err(fail(err));
+        }
         for warning in pending.warnings() {
             self.event(Some(&id), "warning", warning);
         }
@@ -608,6 +631,8 @@ impl Daemon {
             Workspace::Host { path } => WorkspaceSource::Host {
                 path: self.host_workspace(path)?,
             },
+            // Cloned into the fresh workspace once the sandbox runs (`lifecycle::git`).
+            Workspace::Git { .. } => WorkspaceSource::Fresh,
         };
         let mut config = SandboxConfig::new(Vec::new());
         config.tier = request.tier;

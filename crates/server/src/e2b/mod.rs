@@ -250,9 +250,10 @@ impl From<ApiError> for E2bError {
             ErrorCode::PayloadTooLarge | ErrorCode::FileTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
             ErrorCode::Capacity => StatusCode::TOO_MANY_REQUESTS,
-            ErrorCode::Internal | ErrorCode::AgentError | ErrorCode::Timeout => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            ErrorCode::Internal
+            | ErrorCode::AgentError
+            | ErrorCode::Timeout
+            | ErrorCode::ForgeError => StatusCode::INTERNAL_SERVER_ERROR,
         };
         E2bError::new(status, err.message)
     }

@@ -8,6 +8,7 @@
 mod egress;
 mod exec;
 mod files;
+mod git;
 mod persistence;
 mod sandboxes;
 
@@ -90,6 +91,8 @@ pub enum Handler {
     PutPolicy,
     ListApprovals,
     DecideApproval,
+    GitPush,
+    PullRequest,
     Exec,
     FileGet,
     FilePut,
@@ -142,7 +145,7 @@ macro_rules! route {
 }
 
 /// Every endpoint of the daemon.
-pub static ROUTES: [Route; 27] = [
+pub static ROUTES: [Route; 29] = [
     route!(
         Some(Method::GET),
         "/v1/health",
@@ -396,6 +399,8 @@ pub static ROUTES: [Route; 27] = [
         Payload::None,
         &[400, 404, 413]
     ),
+    git::PUSH,
+    git::PULL_REQUEST,
     route!(
         Some(Method::POST),
         "/v1/sandboxes/{id}/exec",
@@ -709,6 +714,8 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
         Handler::PutPolicy => egress::put_policy(ctx).await,
         Handler::ListApprovals => egress::list_approvals(ctx),
         Handler::DecideApproval => egress::decide_approval(ctx).await,
+        Handler::GitPush => git::push(ctx).await,
+        Handler::PullRequest => git::pull_request(ctx).await,
         Handler::Exec => exec::exec(ctx).await,
         Handler::FileGet
         | Handler::FilePut
