@@ -10,9 +10,9 @@ use airlock_api::v1::{
     Approval, ApprovalDecision, ApprovalList, CreateSandboxRequest, CreateSandboxResponse,
     CreateSnapshotRequest, DecideApprovalRequest, ErrorBody, ErrorCode, ExecEvent, ExecRequest,
     FileEntry, FileList, Fork, ForkRequest, ForkResponse, GitPushRequest, GitPushResult, Health,
-    MkdirRequest, MoveRequest, PauseMode, PauseRequest, PolicyApplied, PullRequest,
-    PullRequestRequest, ResumeRequest, Sandbox, SandboxEvents, SandboxList, SandboxLogs,
-    SandboxState, SetTimeoutRequest, Snapshot, SnapshotList, TemplateList,
+    LspRequest, LspServer, MkdirRequest, MoveRequest, PauseMode, PauseRequest, PolicyApplied,
+    PullRequest, PullRequestRequest, ResumeRequest, Sandbox, SandboxEvents, SandboxList,
+    SandboxLogs, SandboxState, SetTimeoutRequest, Snapshot, SnapshotList, TemplateList,
 };
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -294,6 +294,16 @@ impl Client {
         request: &PullRequestRequest,
     ) -> Result<PullRequest, ClientError> {
         let path = format!("/v1/sandboxes/{id}/git/pull-request");
+        self.call(Method::POST, &path, Some(request)).await
+    }
+
+    /// Starts a language server in the sandbox; speak to it at its `websocket_path`.
+    pub async fn start_lsp(
+        &self,
+        id: &str,
+        request: &LspRequest,
+    ) -> Result<LspServer, ClientError> {
+        let path = format!("/v1/sandboxes/{id}/lsp");
         self.call(Method::POST, &path, Some(request)).await
     }
 

@@ -80,12 +80,14 @@ pub mod http;
 pub mod inside;
 pub mod keys_cmd;
 pub mod lifecycle;
+pub mod lsp;
 pub mod openapi;
 pub mod proxy;
 pub mod routes;
 pub mod server;
 pub mod store;
 pub mod testing;
+pub mod websocket;
 
 pub use config::ServeArgs;
 pub use keys_cmd::KeysArgs;

@@ -112,6 +112,8 @@ pub struct Daemon {
     slots: Mutex<HashMap<String, Slot>>,
     /// The repository cache (`lifecycle::git`).
     git: GitState,
+    /// Language servers waiting for their WebSocket (`crate::lsp`).
+    pub lsp: Arc<crate::lsp::LspSessions>,
     /// Held (locked) for the daemon's whole life.
     _lock: File,
 }
@@ -157,6 +159,7 @@ impl Daemon {
             runtime: Arc::new(runtime),
             slots: Mutex::new(HashMap::new()),
             git,
+            lsp: Arc::default(),
             _lock: lock,
         });
         Ok(daemon)

@@ -9,6 +9,7 @@ mod egress;
 mod exec;
 mod files;
 mod git;
+mod lsp;
 mod persistence;
 mod sandboxes;
 
@@ -93,6 +94,8 @@ pub enum Handler {
     DecideApproval,
     GitPush,
     PullRequest,
+    StartLsp,
+    LspSocket,
     Exec,
     FileGet,
     FilePut,
@@ -145,7 +148,7 @@ macro_rules! route {
 }
 
 /// Every endpoint of the daemon.
-pub static ROUTES: [Route; 29] = [
+pub static ROUTES: [Route; 31] = [
     route!(
         Some(Method::GET),
         "/v1/health",
@@ -401,6 +404,8 @@ pub static ROUTES: [Route; 29] = [
     ),
     git::PUSH,
     git::PULL_REQUEST,
+    lsp::START,
+    lsp::SOCKET,
     route!(
         Some(Method::POST),
         "/v1/sandboxes/{id}/exec",
@@ -716,6 +721,8 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
         Handler::DecideApproval => egress::decide_approval(ctx).await,
         Handler::GitPush => git::push(ctx).await,
         Handler::PullRequest => git::pull_request(ctx).await,
+        Handler::StartLsp => lsp::start(ctx).await,
+        Handler::LspSocket => lsp::socket(ctx),
         Handler::Exec => exec::exec(ctx).await,
         Handler::FileGet
         | Handler::FilePut
