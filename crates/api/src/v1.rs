@@ -267,8 +267,8 @@ pub enum Workspace {
         #[schemars(extend("pattern" = "^/"))]
         path: String,
     },
-    /// A clone of a git repository on a branch of its own, in a fresh workspace (see
-    /// [`GitWorkspace`]).
+    /// A clone of a git repository on a branch of its own, in a fresh workspace; its
+    /// clone goes through the sandbox's egress proxy (see GitWorkspace).
     Git { git: GitWorkspace },
 }
 

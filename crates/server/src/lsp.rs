@@ -75,14 +75,14 @@ pub fn command(request: &LspRequest) -> Result<Vec<String>, ApiError> {
                     known.join(", ")
                 ))
             }),
-        (None, Some(argv)) if argv.first().is_some_and(|a| !a.is_empty()) && argv.len() <= 64 => {
-            if argv.iter().any(|a| a.contains('\0')) {
-                return Err(ApiError::invalid("argv contains a NUL byte"));
-            }
+        (None, Some(argv))
+            if (1..=64).contains(&argv.len())
+                && argv.iter().all(|a| !a.is_empty() && !a.contains('\0')) =>
+        {
             Ok(argv.clone())
         }
         _ => Err(ApiError::invalid(
-            "give exactly one of `language` and `argv` (1 to 64 arguments, the first non-empty)",
+            "give exactly one of `language` and `argv` (1 to 64 non-empty arguments without NUL)",
         )),
     }
 }
@@ -185,6 +185,14 @@ impl LspSessions {
             root,
             pid,
         })
+    }
+
+    /// Whether server `lsp` of `sandbox` waits for its client.
+    pub fn waits(&self, sandbox: &str, lsp: &str) -> bool {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&key(sandbox, lsp))
     }
 
     /// The server `lsp` of `sandbox`, for its one client.

@@ -256,8 +256,18 @@ async fn test_lsp_requests_are_checked() {
         .await
         .unwrap_err();
     assert!(unknown.starts_with("HTTP/1.1 404"), "{unknown}");
-    // Without the upgrade headers the route says what it is.
+    // Without the upgrade headers the route says what it is, and the server keeps waiting.
+    let sleeper = LspRequest {
+        argv: Some(vec!["sleep".into(), "600".into()]),
+        ..LspRequest::default()
+    };
+    let waiting = client.start_lsp(&id, &sleeper).await.unwrap();
     let (status, _, body) = client
+        .raw(hyper::Method::GET, &waiting.websocket_path, &[], "")
+        .await
+        .unwrap();
+    assert_eq!(status, 400, "{body:?}");
+    let (status, _, _) = client
         .raw(
             hyper::Method::GET,
             &format!("/v1/sandboxes/{id}/lsp/nope"),
@@ -266,5 +276,6 @@ async fn test_lsp_requests_are_checked() {
         )
         .await
         .unwrap();
-    assert_eq!(status, 400, "{body:?}");
+    assert_eq!(status, 404);
+    open(&daemon, &waiting.websocket_path).await.unwrap();
 }

@@ -81,22 +81,28 @@ pub struct PullRequest {
 
 /// `POST /v1/sandboxes/{id}/lsp`: a language server the sandbox has, started on the stdio of
 /// a process inside it and served as JSON-RPC over a WebSocket (one message per text frame).
+/// Exactly one of `language` and `argv`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("oneOf" = [
+    {"required": ["language"], "properties": {"language": {"type": "string"}}},
+    {"required": ["argv"], "properties": {"argv": {"type": "array"}}},
+]))]
 pub struct LspRequest {
     /// `python` (pylsp), `rust` (rust-analyzer), `typescript` or `javascript`
-    /// (typescript-language-server --stdio), `go` (gopls); exclusive with `argv`.
+    /// (typescript-language-server --stdio), `go` (gopls).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("pattern" = crate::v1::NON_EMPTY_NO_NUL))]
+    #[schemars(extend("enum" = ["python", "rust", "typescript", "javascript", "go"]))]
     pub language: Option<String>,
-    /// The server's command line, for a server not in that list.
+    /// The server's command line, for a server not in that list: 1 to 64 non-empty
+    /// arguments without NUL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 64))]
+    #[schemars(length(min = 1, max = 64), inner(length(min = 1), regex(pattern = crate::v1::NON_EMPTY_NO_NUL)))]
     pub argv: Option<Vec<String>>,
     /// The project's directory inside the sandbox (the server's working directory);
     /// `/workspace` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("pattern" = "^/[^\u{0000}]*$"))]
+    #[schemars(extend("pattern" = r"^/[^\u0000]*$"))]
     pub root: Option<String>,
 }
 

@@ -32,7 +32,7 @@ pub const SOCKET: Route = Route {
     path: "/v1/sandboxes/{id}/lsp/{rest}",
     handler: Handler::LspSocket,
     access: Access::Sandbox,
-    summary: "The WebSocket of a started language server (Upgrade: websocket; 400 without it): each text or binary message is one JSON-RPC message to the server, each message from it one text frame. One client per server; the server ends with its WebSocket. 404 for an unknown or already attached server.",
+    summary: "The WebSocket of a started language server (Upgrade: websocket; 400 without it, 404 first for an unknown server): each text or binary message is one JSON-RPC message to the server, each message from it one text frame. One client per server; the server ends with its WebSocket. 404 for an unknown or already attached server.",
     query: &[],
     request: Payload::None,
     success: 101,
@@ -72,7 +72,20 @@ fn header_lists(ctx: &Ctx, name: hyper::header::HeaderName, token: &str) -> bool
         .any(|item| item.trim().eq_ignore_ascii_case(token))
 }
 
+fn not_waiting(ctx: &Ctx) -> ApiError {
+    ApiError::new(
+        ErrorCode::NotFound,
+        format!(
+            "no language server {} waits in sandbox {} (it has a client, ended, or was never started)",
+            ctx.rest, ctx.id
+        ),
+    )
+}
+
 pub fn socket(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
+    if !ctx.daemon.lsp.waits(&ctx.id, &ctx.rest) {
+        return Err(not_waiting(ctx));
+    }
     let upgrade =
         header_lists(ctx, CONNECTION, "upgrade") && header_lists(ctx, UPGRADE, "websocket");
     let key = ctx
@@ -87,13 +100,7 @@ pub fn socket(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
         ));
     };
     let Some(waiting) = ctx.daemon.lsp.take(&ctx.id, &ctx.rest) else {
-        return Err(ApiError::new(
-            ErrorCode::NotFound,
-            format!(
-                "no language server {} waits in sandbox {} (it has a client, ended, or was never started)",
-                ctx.rest, ctx.id
-            ),
-        ));
+        return Err(not_waiting(ctx));
     };
     let Some(on_upgrade) = ctx.parts.extensions.remove::<OnUpgrade>() else {
         return Err(ApiError::internal("the connection cannot be upgraded"));
