@@ -6,15 +6,18 @@ mod bench_api;
 mod bench_container;
 mod bench_e2b;
 mod bench_egress;
+mod bench_git;
 mod bench_image;
 mod bench_pause;
 mod bench_soak;
 mod daemon_cmds;
+mod git_cmds;
 mod image_cmds;
 mod image_source;
 mod persist_cmds;
 mod policy_cmds;
 mod run;
+mod run_git;
 mod sandbox_cmds;
 mod seceval;
 
