@@ -15,7 +15,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use airlock_server::testing::GitServer;
+use airlock_server::testing::{FakeForge, GitServer};
 
 const TOKEN: &str = "run-token-0c4b7e2a91";
 
@@ -179,4 +179,232 @@ fn temporary_workspaces() -> Vec<String> {
         .collect();
     found.sort();
     found
+}
+
+/// `airlock serve` with a forge (the fake one, over `GitServer`'s repositories), no auth.
+struct ForgeDaemon {
+    child: std::process::Child,
+    url: String,
+    state: std::path::PathBuf,
+}
+
+impl ForgeDaemon {
+    fn start(state: std::path::PathBuf, flags: &[String]) -> ForgeDaemon {
+        use std::io::BufRead as _;
+        let mut child = Command::new(common::airlock_bin())
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--insecure-no-auth",
+                "--state-dir",
+            ])
+            .arg(&state)
+            .args(flags)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .split_whitespace()
+            .find_map(|word| word.strip_prefix("http://"))
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_owned();
+        ForgeDaemon {
+            child,
+            url: format!("http://{addr}"),
+            state,
+        }
+    }
+
+    fn airlock(&self, args: &[&str]) -> std::process::Output {
+        Command::new(common::airlock_bin())
+            .args(args)
+            .env("AIRLOCK_URL", &self.url)
+            .env_remove("AIRLOCK_API_KEY")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let output = self.airlock(args);
+        assert!(
+            output.status.success(),
+            "airlock {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap().trim().to_owned()
+    }
+}
+
+impl Drop for ForgeDaemon {
+    fn drop(&mut self) {
+        // Sandboxes outlive a stopped daemon by design: remove them first, even after a failure.
+        let listed = self.airlock(&["sandbox", "ls", "--json"]);
+        let sandboxes: Vec<serde_json::Value> =
+            serde_json::from_slice(&listed.stdout).unwrap_or_default();
+        for sandbox in sandboxes {
+            if let Some(id) = sandbox["id"].as_str() {
+                let _ = self.airlock(&["sandbox", "rm", id]);
+            }
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}
+
+#[test]
+fn test_sandbox_git_commands_push_the_branch_and_open_a_pull_request() {
+    let scratch = common::Scratch::new();
+    let work = scratch.dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    git(&work, &["init", "-q"]);
+    std::fs::write(work.join("README"), "from upstream\n").unwrap();
+    git(&work, &["add", "."]);
+    git(&work, &["commit", "-q", "-m", "first"]);
+    git(&work, &["branch", "develop"]);
+    let root = scratch.dir.join("root");
+    std::fs::create_dir_all(root.join("acme")).unwrap();
+    let bare = root.join("acme/app.git");
+    git(
+        &scratch.dir,
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            work.to_str().unwrap(),
+            bare.to_str().unwrap(),
+        ],
+    );
+    let token_file = scratch.dir.join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (server, forge) = runtime.block_on(async {
+        let server = GitServer::start(&root, Some(TOKEN.to_owned()), None)
+            .await
+            .unwrap();
+        let forge = FakeForge::start(TOKEN.to_owned(), &root).await.unwrap();
+        (server, forge)
+    });
+    let flags = [
+        "--test-egress-resolve".to_owned(),
+        format!("git.test={}", server.address),
+        "--forge-api".to_owned(),
+        forge.url(),
+        "--forge-git-host".to_owned(),
+        "git.test".to_owned(),
+        "--forge-token-file".to_owned(),
+        token_file.display().to_string(),
+    ];
+    let daemon = ForgeDaemon::start(scratch.dir.join("state"), &flags);
+    let url = "http://git.test/acme/app.git";
+
+    // Two agents on one repository, each on its own branch from develop.
+    let first = daemon.ok(&[
+        "sandbox",
+        "create",
+        "--git",
+        &format!("{url}@develop"),
+        "--branch",
+        "agent-a",
+    ]);
+    let second = daemon.ok(&["sandbox", "create", "--git", url, "--branch", "agent-b"]);
+    let listed = daemon.ok(&["sandbox", "ls", "--meta", &format!("airlock.git.url={url}")]);
+    assert!(
+        listed.contains(&first) && listed.contains(&second),
+        "{listed}"
+    );
+    let on_a = daemon.ok(&["sandbox", "ls", "--meta", "airlock.git.branch=agent-a"]);
+    assert!(on_a.contains(&first) && !on_a.contains(&second), "{on_a}");
+
+    let script = "cd /workspace && git branch --show-current && echo more >> README && \
+        git -c user.name=a -c user.email=a@test commit -qam change && \
+        (git config --list; env; cat /proc/self/environ) | grep -c run-token || true";
+    let inside = daemon.ok(&["sandbox", "exec", &first, "--", "sh", "-c", script]);
+    assert_eq!(
+        inside.lines().collect::<Vec<_>>(),
+        ["agent-a", "0"],
+        "{inside}"
+    );
+    let head = daemon.ok(&[
+        "sandbox",
+        "exec",
+        &first,
+        "--",
+        "git",
+        "-C",
+        "/workspace",
+        "rev-parse",
+        "HEAD",
+    ]);
+
+    // push: the upstream's agent-a is the sandbox's commit; main and develop are unchanged.
+    let pushed = daemon.ok(&["sandbox", "push", &first]);
+    assert_eq!(pushed, format!("agent-a {head} -> {url}"));
+    assert_eq!(git(&bare, &["rev-parse", "agent-a"]), head);
+    assert_eq!(
+        git(&bare, &["rev-parse", "main"]),
+        git(&bare, &["rev-parse", "develop"])
+    );
+
+    // pr: the forge gets head agent-a and base develop (where the sandbox started), with the
+    // host's token; the CLI prints the forge's URL.
+    let pull = daemon.ok(&[
+        "sandbox",
+        "pr",
+        &first,
+        "--title",
+        "Agent work",
+        "--body",
+        "by a",
+    ]);
+    assert_eq!(pull, "https://forge.test/acme/app/pull/1");
+    let calls = forge.seen();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(
+        calls[0].authorization.as_deref(),
+        Some(format!("Bearer {TOKEN}").as_str())
+    );
+    let body: serde_json::Value = serde_json::from_str(&calls[0].body).unwrap();
+    assert_eq!(
+        (body["head"].as_str(), body["base"].as_str()),
+        (Some("agent-a"), Some("develop"))
+    );
+    assert_eq!(body["title"], "Agent work");
+
+    // A sandbox without a repository: push is refused with a clear error.
+    let plain = daemon.ok(&["sandbox", "create"]);
+    let refused = daemon.airlock(&["sandbox", "push", &plain]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("repository"), "{stderr}");
+
+    // lsp: a language server the image has, at a WebSocket path under the sandbox.
+    let lsp: serde_json::Value = serde_json::from_str(&daemon.ok(&[
+        "sandbox",
+        "lsp",
+        &second,
+        "--language",
+        "python",
+        "--json",
+    ]))
+    .unwrap();
+    let path = lsp["websocket_path"].as_str().unwrap();
+    assert!(
+        path.starts_with(&format!("/v1/sandboxes/{second}/lsp/")),
+        "{lsp}"
+    );
+    assert_eq!(lsp["root"], "/workspace");
 }
