@@ -78,6 +78,8 @@ fn make_repository(dir: &Path, root: &Path, mib: u64) -> anyhow::Result<u64> {
         ],
     )?;
     std::fs::remove_dir_all(&work)?;
+    // A local clone copies loose objects; a served repository is packed.
+    git(&bare, &["repack", "-a", "-d", "-q"])?;
     let mut bytes = 0;
     for entry in std::fs::read_dir(bare.join("objects/pack"))?.flatten() {
         bytes += entry.metadata()?.len();
