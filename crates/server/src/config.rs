@@ -149,6 +149,13 @@ pub struct ServeArgs {
     /// The Basic username git sends with the token as the password.
     #[arg(long, value_name = "NAME", default_value = "x-access-token")]
     pub forge_git_username: String,
+    /// How the daemon's log lines on stderr look: `text` for people, `json` (one object per
+    /// line, with the fields of each event) for log collectors.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// The least severe log lines written: error, warn, info or debug.
+    #[arg(long, value_enum, default_value = "info")]
+    pub log_level: LogLevel,
     /// TEST EQUIPMENT, like curl's --resolve: the egress proxies of `proxy`-mode sandboxes
     /// resolve NAME to the loopback upstream IP:PORT (comma-separated list) instead of DNS,
     /// and nothing else resolves. Refused unless --listen is loopback.
@@ -166,6 +173,22 @@ pub enum ScratchMode {
     Auto,
     Disk,
     Memory,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// `--log-level`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
 }
 
 /// What the daemon's egress proxies are started with.

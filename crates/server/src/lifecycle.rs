@@ -52,6 +52,7 @@ use crate::auth;
 use crate::config::{Config, ConfigError, LOCK_FILE, prepare_state_dir};
 use crate::egress::{SandboxEgress, proxy_plan};
 use crate::error::ApiError;
+use crate::metrics::{CreateSource, Metrics};
 pub use checks::{check_map, env_key_ok};
 pub use git::{GitState, META_BRANCH, META_REF, META_URL, workspace_from_metadata};
 
@@ -108,6 +109,7 @@ pub struct Daemon {
     pub config: Config,
     pub store: Arc<Store>,
     pub audit: Audit,
+    pub metrics: Arc<Metrics>,
     runtime: Arc<Runtime>,
     slots: Mutex<HashMap<String, Slot>>,
     /// The repository cache (`lifecycle::git`).
@@ -147,15 +149,24 @@ impl Daemon {
             runtime.set_storage(storage);
         }
         let git = GitState::open(&config.git_cache_dir())?;
+        if let Err(err) = runtime.start_zygote() {
+            tracing::warn!(
+                error = %airlock_runtime::error_chain(&err),
+                "no helper zygote: each sandbox's helper is exec'd"
+            );
+        }
+        let metrics = Arc::new(Metrics::new());
         let audit = Audit::new(
             &config.state_dir,
             config.sandboxes_dir(),
             config.audit_max_bytes,
-        );
+        )
+        .counting(metrics.clone());
         let daemon = Arc::new(Daemon {
             config,
             store,
             audit,
+            metrics,
             runtime: Arc::new(runtime),
             slots: Mutex::new(HashMap::new()),
             git,
@@ -176,6 +187,32 @@ impl Daemon {
         self.slots
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What `GET /metrics` reads at a scrape: sandboxes by state.
+    pub fn metrics_snapshot(&self) -> crate::metrics::Snapshot {
+        let mut counts: BTreeMap<&'static str, i64> =
+            ["creating", "running", "paused", "busy", "deleting"]
+                .into_iter()
+                .map(|state| (state, 0))
+                .collect();
+        for slot in self.slots().values() {
+            let state = match slot.state {
+                SlotState::Creating => "creating",
+                SlotState::Running(_) => "running",
+                SlotState::Busy(_) => "busy",
+                SlotState::Paused(..) => "paused",
+                SlotState::Deleting => "deleting",
+            };
+            *counts.entry(state).or_default() += 1;
+        }
+        crate::metrics::Snapshot {
+            sandboxes: counts
+                .into_iter()
+                .map(|(state, n)| (state.to_owned(), n))
+                .collect(),
+            pools: Vec::new(),
+        }
     }
 
     /// A lifecycle event: in the store and in the audit logs.
@@ -371,7 +408,39 @@ impl Daemon {
         self: &Arc<Self>,
         request: CreateSandboxRequest,
     ) -> Result<CreateSandboxResponse, ApiError> {
-        let (mut request, mut config, volume) = self.normalize(request)?;
+        let started_at = std::time::Instant::now();
+        let result = self.create_counted(request).await;
+        let (source, ok) = match &result {
+            Ok((_, source)) => (*source, true),
+            Err((_, source)) => (*source, false),
+        };
+        self.metrics
+            .create(source, ok, started_at.elapsed().as_secs_f64());
+        result.map(|(response, _)| response).map_err(|(err, _)| err)
+    }
+
+    async fn create_counted(
+        self: &Arc<Self>,
+        request: CreateSandboxRequest,
+    ) -> Result<(CreateSandboxResponse, CreateSource), (ApiError, CreateSource)> {
+        let source = CreateSource::Cold;
+        let (request, config, volume) = self.normalize(request).map_err(|e| (e, source))?;
+        let source = match volume {
+            VolumeSource::Empty => CreateSource::Cold,
+            _ => CreateSource::Snapshot,
+        };
+        self.create_normalized(request, config, volume)
+            .await
+            .map(|response| (response, source))
+            .map_err(|err| (err, source))
+    }
+
+    async fn create_normalized(
+        self: &Arc<Self>,
+        mut request: CreateSandboxRequest,
+        mut config: SandboxConfig,
+        volume: VolumeSource,
+    ) -> Result<CreateSandboxResponse, ApiError> {
         let id =
             auth::new_sandbox_id().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
         let git = self.prepare_git(&id, &mut request, &mut config, &volume)?;

@@ -50,6 +50,8 @@ pub enum Payload {
     /// Newline-delimited JSON, one value of this schema per line.
     Ndjson(fn(&mut SchemaGenerator) -> Schema),
     Octets,
+    /// Prometheus's text format (or OpenMetrics, by `Accept`).
+    Metrics,
     /// Whatever the agent speaks (the envd pass-through).
     Any,
 }
@@ -75,6 +77,7 @@ pub type QueryDoc = (&'static str, bool, &'static str, QueryValue);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handler {
     Health,
+    Metrics,
     ListTemplates,
     CreateSandbox,
     ListSandboxes,
@@ -148,7 +151,7 @@ macro_rules! route {
 }
 
 /// Every endpoint of the daemon.
-pub static ROUTES: [Route; 31] = [
+pub static ROUTES: [Route; 32] = [
     route!(
         Some(Method::GET),
         "/v1/health",
@@ -159,6 +162,18 @@ pub static ROUTES: [Route; 31] = [
         Payload::None,
         200,
         Payload::Json(schema::<v1::Health>),
+        &[]
+    ),
+    route!(
+        Some(Method::GET),
+        "/metrics",
+        Metrics,
+        ApiKey,
+        "The daemon's metrics in Prometheus's text format (OpenMetrics when Accept asks for application/openmetrics-text): sandboxes by state, creates and their latency, warm pools, execs, egress decisions, errors by code.",
+        &[],
+        Payload::None,
+        200,
+        Payload::Metrics,
         &[]
     ),
     route!(
@@ -644,6 +659,20 @@ pub async fn dispatch(daemon: Arc<Daemon>, request: Request<Incoming>) -> Respon
         close: false,
     };
     let result = route(&mut ctx).await;
+    if let Err(err) = &result {
+        ctx.daemon
+            .metrics
+            .error(crate::metrics::Surface::V1, err.code.as_str());
+        if err.code.http_status() >= 500 {
+            tracing::error!(
+                method = %ctx.parts.method,
+                path = ctx.parts.uri.path(),
+                code = err.code.as_str(),
+                error = %err.message,
+                "request failed"
+            );
+        }
+    }
     let mut response = match result {
         Ok(response) => response,
         Err(err) => {
@@ -676,12 +705,34 @@ pub async fn dispatch(daemon: Arc<Daemon>, request: Request<Incoming>) -> Respon
     response
 }
 
+fn metrics(ctx: &Ctx) -> Response<Body> {
+    let openmetrics = ctx
+        .parts
+        .headers
+        .get(hyper::header::ACCEPT)
+        .and_then(|accept| accept.to_str().ok())
+        .is_some_and(|accept| accept.contains(crate::metrics::OPENMETRICS));
+    let (text, media_type) = ctx
+        .daemon
+        .metrics
+        .render(&ctx.daemon.metrics_snapshot(), openmetrics);
+    let mut response = Response::new(crate::http::full(text));
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        HeaderValue::from_static(media_type),
+    );
+    response
+}
+
 async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
     let Matched { route, id, rest } = find(&ctx.parts.method, ctx.parts.uri.path())?;
     let daemon = &ctx.daemon;
     let no_auth = daemon.config.no_auth;
     match route.access {
         Access::Public => {}
+        Access::ApiKey if route.handler == Handler::Metrics => {
+            auth::check_api_key_or_bearer(&daemon.store, &ctx.parts.headers, no_auth)?;
+        }
         Access::ApiKey => {
             auth::check_api_key(&daemon.store, &ctx.parts.headers, no_auth)?;
         }
@@ -702,6 +753,7 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
     ctx.rest = rest;
     match route.handler {
         Handler::Health => Ok(sandboxes::health()),
+        Handler::Metrics => Ok(metrics(ctx)),
         Handler::ListTemplates => sandboxes::list_templates(ctx),
         Handler::CreateSandbox => sandboxes::create(ctx).await,
         Handler::ListSandboxes => sandboxes::list(ctx),
