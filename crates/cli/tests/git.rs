@@ -77,6 +77,7 @@ fn test_run_git_works_on_its_branch_and_pushes_only_it() {
         .block_on(GitServer::start(&root, Some(TOKEN.to_owned()), None))
         .unwrap();
     let kept = scratch.dir.join("kept");
+    let audit = scratch.dir.join("audit.jsonl");
     let cache = scratch.dir.join("cache");
     let script = "git branch --show-current; cat README; echo more >> README; \
         git -c user.name=a -c user.email=a@test commit -qam change; git push -q; echo push=$?; \
@@ -100,6 +101,8 @@ fn test_run_git_works_on_its_branch_and_pushes_only_it() {
         .arg(&cache)
         .arg("--workspace")
         .arg(&kept)
+        .arg("--audit-log")
+        .arg(&audit)
         .args(["--", "sh", "-c", script])
         .output()
         .unwrap();
@@ -115,6 +118,16 @@ fn test_run_git_works_on_its_branch_and_pushes_only_it() {
         ["agent-1", "from upstream", "push=0", "other=1", "0"],
         "{stdout}"
     );
+    // The refused push is audited, naming the ref; the audit log never holds the token.
+    let lines = std::fs::read_to_string(&audit).unwrap();
+    let denied: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .filter(|line: &serde_json::Value| line["code"] == "git_push_denied")
+        .collect();
+    assert_eq!(denied.len(), 1, "{lines}");
+    assert!(denied[0].to_string().contains("refs/heads/main"), "{lines}");
+    assert!(!lines.contains(TOKEN), "{lines}");
     let pushed = git(&bare, &["rev-parse", "refs/heads/agent-1"]);
     assert_eq!(
         git(&kept, &["rev-parse", "HEAD"]),
