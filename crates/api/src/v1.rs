@@ -356,13 +356,16 @@ pub struct Sandbox {
     pub created_at_ms: u64,
     /// When the sandbox will be destroyed, or paused under `lifecycle.on_timeout: pause`
     /// (Unix time in milliseconds). While it is paused, the time it had left is kept, and
-    /// this moves with the clock.
+    /// this moves with the clock. 0 for a warm pool's member, which lives until it is claimed.
     pub expires_at_ms: u64,
     /// How it is paused, while it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause_mode: Option<PauseMode>,
     #[serde(default)]
     pub lifecycle: Lifecycle,
+    /// A warm pool's member, not yet claimed (listed only with `?include=pool`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pool: bool,
 }
 
 /// `POST /v1/sandboxes` answer. The access token is shown only here.
@@ -698,6 +701,40 @@ pub struct Template {
 #[serde(deny_unknown_fields)]
 pub struct TemplateList {
     pub templates: Vec<Template>,
+}
+
+/// The most sandboxes one template's warm pool may hold.
+pub const MAX_POOL_SIZE: u32 = 1000;
+
+/// `PUT /v1/templates/{name}/pool`: keep `size` sandboxes of the template started and ready;
+/// 0 removes the pool. A create for the template that asks for nothing else (no policy,
+/// resources or workspace of its own) is served from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PoolRequest {
+    /// How many started sandboxes to keep ready, 0 to 1000 (and at most the daemon's
+    /// `--max-sandboxes`).
+    #[serde(deserialize_with = "whole::integer")]
+    #[schemars(range(min = 0, max = MAX_POOL_SIZE))]
+    pub size: u32,
+}
+
+/// `GET` and `PUT /v1/templates/{name}/pool`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PoolStatus {
+    pub template: String,
+    /// The size the pool is kept at.
+    pub size: u32,
+    /// Started sandboxes waiting to be claimed.
+    pub ready: u32,
+    /// Sandboxes being started to refill it.
+    pub starting: u32,
+    /// Creates served from the pool since the daemon started.
+    pub claims_total: u64,
+    /// Why the last fill failed, while fills fail (they are retried with a growing delay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 /// `GET /v1/health`.

@@ -11,8 +11,9 @@ use airlock_api::v1::{
     CreateSnapshotRequest, DecideApprovalRequest, ErrorBody, ErrorCode, ExecEvent, ExecRequest,
     FileEntry, FileList, Fork, ForkRequest, ForkResponse, GitPushRequest, GitPushResult, Health,
     LspRequest, LspServer, MkdirRequest, MoveRequest, PauseMode, PauseRequest, PolicyApplied,
-    PullRequest, PullRequestRequest, ResumeRequest, Sandbox, SandboxEvents, SandboxList,
-    SandboxLogs, SandboxState, SetTimeoutRequest, Snapshot, SnapshotList, TemplateList,
+    PoolRequest, PoolStatus, PullRequest, PullRequestRequest, ResumeRequest, Sandbox,
+    SandboxEvents, SandboxList, SandboxLogs, SandboxState, SetTimeoutRequest, Snapshot,
+    SnapshotList, TemplateList,
 };
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -218,13 +219,39 @@ impl Client {
             .await
     }
 
+    /// A template's warm pool.
+    pub async fn pool(&self, template: &str) -> Result<PoolStatus, ClientError> {
+        let path = format!("/v1/templates/{}/pool", encode_query_value(template));
+        self.call(Method::GET, &path, None::<&()>).await
+    }
+
+    /// Sets a template's warm-pool size (0 removes the pool).
+    pub async fn set_pool(&self, template: &str, size: u32) -> Result<PoolStatus, ClientError> {
+        let path = format!("/v1/templates/{}/pool", encode_query_value(template));
+        self.call(Method::PUT, &path, Some(&PoolRequest { size }))
+            .await
+    }
+
     /// Sandboxes in `states` (all when empty) whose metadata contains every pair given.
     pub async fn list(
         &self,
         states: &[SandboxState],
         metadata: &BTreeMap<String, String>,
     ) -> Result<Vec<Sandbox>, ClientError> {
+        self.list_including(states, metadata, false).await
+    }
+
+    /// [`Client::list`], with the unclaimed members of warm pools when `pool`.
+    pub async fn list_including(
+        &self,
+        states: &[SandboxState],
+        metadata: &BTreeMap<String, String>,
+        pool: bool,
+    ) -> Result<Vec<Sandbox>, ClientError> {
         let mut query = Vec::new();
+        if pool {
+            query.push("include=pool".to_owned());
+        }
         if !states.is_empty() {
             let names: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
             query.push(format!("state={}", names.join(",")));

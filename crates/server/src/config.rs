@@ -156,6 +156,13 @@ pub struct ServeArgs {
     /// The least severe log lines written: error, warn, info or debug.
     #[arg(long, value_enum, default_value = "info")]
     pub log_level: LogLevel,
+    /// Keep N sandboxes of TEMPLATE started and ready, so that creates for it only claim one
+    /// (repeatable; stored, as `PUT /v1/templates/{name}/pool` is, until changed).
+    #[arg(long = "warm-pool", value_name = "TEMPLATE=N", value_parser = parse_warm_pool)]
+    pub warm_pools: Vec<(String, u32)>,
+    /// How many warm-pool members are started at once (never while a cold create waits).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub pool_fill_concurrency: usize,
     /// TEST EQUIPMENT, like curl's --resolve: the egress proxies of `proxy`-mode sandboxes
     /// resolve NAME to the loopback upstream IP:PORT (comma-separated list) instead of DNS,
     /// and nothing else resolves. Refused unless --listen is loopback.
@@ -255,6 +262,26 @@ fn parse_size(value: &str) -> Result<u64, String> {
     airlock_api::parse_size_bytes(value).map_err(|e| e.to_string())
 }
 
+fn parse_warm_pool(value: &str) -> Result<(String, u32), String> {
+    let (template, size) = value
+        .split_once('=')
+        .ok_or_else(|| format!("{value:?} is not TEMPLATE=N"))?;
+    if template.is_empty() {
+        return Err(format!("{value:?} names no template"));
+    }
+    let size = size
+        .parse::<u32>()
+        .ok()
+        .filter(|size| *size <= airlock_api::v1::MAX_POOL_SIZE)
+        .ok_or_else(|| {
+            format!(
+                "{size:?} is not a pool size (0 to {})",
+                airlock_api::v1::MAX_POOL_SIZE
+            )
+        })?;
+    Ok((template.to_owned(), size))
+}
+
 fn parse_duration(value: &str) -> Result<u64, String> {
     airlock_api::parse_duration_ms(value).map_err(|e| e.to_string())
 }
@@ -282,6 +309,8 @@ pub struct Config {
     pub events_max: u64,
     pub git_cache: Option<PathBuf>,
     pub forge: crate::forge::ForgeConfig,
+    pub warm_pools: Vec<(String, u32)>,
+    pub pool_fill_concurrency: usize,
 }
 
 impl Config {
@@ -296,6 +325,7 @@ impl Config {
             ("--default-timeout", args.default_timeout_ms),
             ("--audit-max-bytes", args.audit_max_bytes),
             ("--events-max", args.events_max),
+            ("--pool-fill-concurrency", args.pool_fill_concurrency as u64),
         ] {
             if value == 0 {
                 return Err(ConfigError::Zero { name });
@@ -341,6 +371,8 @@ impl Config {
             events_max: args.events_max,
             git_cache: args.git_cache.clone(),
             forge: crate::forge::ForgeConfig::from_args(args)?,
+            warm_pools: args.warm_pools.clone(),
+            pool_fill_concurrency: args.pool_fill_concurrency,
         })
     }
 

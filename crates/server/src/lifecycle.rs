@@ -27,6 +27,7 @@ mod checks;
 mod egress_ops;
 mod git;
 mod pause;
+mod pool;
 mod scratch;
 mod watcher;
 
@@ -116,6 +117,7 @@ pub struct Daemon {
     git: GitState,
     /// Language servers waiting for their WebSocket (`crate::lsp`).
     pub lsp: Arc<crate::lsp::LspSessions>,
+    pools: pool::Pools,
     /// Held (locked) for the daemon's whole life.
     _lock: File,
 }
@@ -171,6 +173,7 @@ impl Daemon {
             slots: Mutex::new(HashMap::new()),
             git,
             lsp: Arc::default(),
+            pools: pool::Pools::default(),
             _lock: lock,
         });
         Ok(daemon)
@@ -211,7 +214,7 @@ impl Daemon {
                 .into_iter()
                 .map(|(state, n)| (state.to_owned(), n))
                 .collect(),
-            pools: Vec::new(),
+            pools: self.pool_gauges(),
         }
     }
 
@@ -426,9 +429,19 @@ impl Daemon {
         let source = CreateSource::Cold;
         let (request, config, volume) = self.normalize(request).map_err(|e| (e, source))?;
         let source = match volume {
-            VolumeSource::Empty => CreateSource::Cold,
+            VolumeSource::Empty => {
+                if let Some(created) = self.claim_from_pool(&request).await {
+                    return Ok((created, CreateSource::Pool));
+                }
+                CreateSource::Cold
+            }
             _ => CreateSource::Snapshot,
         };
+        // Pools refill only while no cold create waits.
+        let _cold = self.pools.cold_create();
+        if !self.room_for_cold_create().await {
+            return Err((self.capacity_error(), source));
+        }
         self.create_normalized(request, config, volume)
             .await
             .map(|response| (response, source))
@@ -449,14 +462,8 @@ impl Daemon {
         let token_hash = auth::hash_secret(&token);
         {
             let mut slots = self.slots();
-            if slots.len() >= self.config.max_sandboxes {
-                return Err(ApiError::new(
-                    ErrorCode::Capacity,
-                    format!(
-                        "the daemon already has {} sandboxes, its limit (--max-sandboxes)",
-                        self.config.max_sandboxes
-                    ),
-                ));
+            if slots.len() + self.pools.members() >= self.config.max_sandboxes {
+                return Err(self.capacity_error());
             }
             slots.insert(
                 id.clone(),
@@ -504,6 +511,16 @@ impl Daemon {
         }
     }
 
+    fn capacity_error(&self) -> ApiError {
+        ApiError::new(
+            ErrorCode::Capacity,
+            format!(
+                "the daemon already has {} sandboxes, its limit (--max-sandboxes)",
+                self.config.max_sandboxes
+            ),
+        )
+    }
+
     /// Steps 1 to 4 of the module docs, in the blocking pool. On failure nothing is left.
     fn create_blocking(
         &self,
@@ -537,7 +554,7 @@ impl Daemon {
         );
         if let Err(err) = self
             .store
-            .insert_sandbox_noting(&row, Some(("create", &created)))
+            .insert_sandbox_noting(&row, &[("create", &created)])
         {
             return Err(fail(err.into()));
         }
@@ -920,6 +937,7 @@ fn view(row: &SandboxRow) -> Sandbox {
         metadata: row.request.metadata.clone(),
         created_at_ms: row.created_ms,
         expires_at_ms,
+        pool: false,
     }
 }
 
