@@ -680,3 +680,57 @@ async fn test_repository_requests_are_checked_with_clear_errors() {
     );
     assert!(open.seen().iter().all(|s| s.authorization.is_none()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_repository_create_goes_cold_beside_a_warm_pool() {
+    common::require_binaries();
+    let world = World::start("pool").await;
+    let mut flags: Vec<&str> = world.flags.iter().map(String::as_str).collect();
+    flags.extend(["--warm-pool", "base=1"]);
+    let daemon = TestDaemon::start("git-pool", &flags);
+    let client = daemon.client();
+    let filled = common::eventually(std::time::Duration::from_secs(60), || async {
+        client.pool("base").await.unwrap().ready == 1
+    })
+    .await;
+    assert!(filled, "{:?}", client.pool("base").await.unwrap());
+    let members = |client: Client| async move {
+        client
+            .list_including(&[], &BTreeMap::new(), true)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|sandbox| sandbox.pool)
+            .map(|sandbox| sandbox.id)
+            .collect::<Vec<_>>()
+    };
+    let waiting = members(daemon.client()).await;
+
+    // A member has an empty workspace and no repository access: the repository's create is
+    // cold, and gets its clone.
+    let created = client
+        .create(&repository(Some("agent-pool"), None))
+        .await
+        .unwrap()
+        .sandbox;
+    assert!(!waiting.contains(&created.id), "a pool member served it");
+    assert_eq!(
+        sh(
+            &client,
+            &created.id,
+            "cd /workspace && git branch --show-current && cat src/app.py"
+        )
+        .await,
+        "agent-pool\nprint('hello')"
+    );
+    assert_eq!(client.pool("base").await.unwrap().claims_total, 0);
+
+    // The pool does serve a create it can (so the one above was its choice, not its absence).
+    let plain = client
+        .create(&CreateSandboxRequest::default())
+        .await
+        .unwrap()
+        .sandbox;
+    assert!(waiting.contains(&plain.id), "{waiting:?} {}", plain.id);
+    assert_eq!(client.pool("base").await.unwrap().claims_total, 1);
+}
