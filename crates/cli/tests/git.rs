@@ -397,6 +397,21 @@ fn test_sandbox_git_commands_push_the_branch_and_open_a_pull_request() {
     );
     assert_eq!(body["title"], "Agent work");
 
+    // A rewritten branch: push refuses to replace the remote's, push --force replaces it.
+    let amend = "cd /workspace && git -c user.name=a -c user.email=a@test commit -q --amend -m rewritten && git rev-parse HEAD";
+    let rewritten = daemon.ok(&["sandbox", "exec", &first, "--", "sh", "-c", amend]);
+    let refused = daemon.airlock(&["sandbox", "push", &first]);
+    assert!(
+        !refused.status.success(),
+        "a non-fast-forward push went through"
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("git push of agent-a"), "{stderr}");
+    assert_eq!(git(&bare, &["rev-parse", "agent-a"]), head);
+    let forced = daemon.ok(&["sandbox", "push", &first, "--force"]);
+    assert_eq!(forced, format!("agent-a {rewritten} -> {url}"));
+    assert_eq!(git(&bare, &["rev-parse", "agent-a"]), rewritten);
+
     // A sandbox without a repository: push is refused with a clear error.
     let plain = daemon.ok(&["sandbox", "create"]);
     let refused = daemon.airlock(&["sandbox", "push", &plain]);
