@@ -47,13 +47,17 @@ scripts/e2b-tests.sh
 # examples each with a fixed seed (installs its venv on first use).
 scripts/schemathesis.sh
 # The benchmark must keep working; its figures are printed, never asserted.
+# The start-up floor (scripts/startup-floor.c), which bench start runs beside Airlock.
+cc -O2 -Wall -Wextra -Werror -o target/startup-floor scripts/startup-floor.c -lpthread
 cargo run --quiet --locked --bin airlock -- bench start --iterations 20 --phases
+# The daemon's API with a warm pool, and under load (exits non-zero on an error or a leak).
+cargo run --quiet --locked --bin airlock -- bench api --iterations 10 --file-mib 4 --pool 2
+cargo run --quiet --locked --bin airlock -- bench load --sandboxes 100 --clients 10
 # And the soak's: the daemon's RSS and the store's size per create/delete cycle.
 cargo run --quiet --locked --bin airlock -- bench soak --cycles 3 --sandboxes 20
 cargo run --quiet --locked --bin airlock -- bench start --tier container --iterations 10
 cargo run --quiet --locked --bin airlock -- bench pause --iterations 5 --snapshots 3
 # The start-up floor the README compares against must keep building and running.
-cc -O2 -Wall -Wextra -Werror -o target/startup-floor scripts/startup-floor.c -lpthread
 target/startup-floor 20
 # The image store's test images (busybox, and an mmdebstrap minbase with python3), built from
 # Debian's packages and cached under target/test-images/ by their inputs.
