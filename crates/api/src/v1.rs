@@ -13,6 +13,11 @@ use serde::{Deserialize, Serialize};
 use crate::Tier;
 use crate::whole;
 
+mod git;
+pub use git::{
+    GitPushRequest, GitPushResult, GitWorkspace, LspRequest, LspServer, PullRequest,
+    PullRequestRequest, REF_PATTERN, REPO_URL_PATTERN,
+};
 mod persistence;
 pub use persistence::{
     CreateSnapshotRequest, Fork, ForkRequest, ForkResponse, Lifecycle, MAX_FORKS, OnTimeout,
@@ -131,10 +136,12 @@ pub enum ErrorCode {
     Timeout,
     /// 507: the sandbox's disk is full (its `/tmp` or `/workspace` reached its size or quota).
     InsufficientStorage,
+    /// 502: the daemon's forge (`--forge-api`) failed or refused a call.
+    ForgeError,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 18] = [
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthenticated,
         ErrorCode::PermissionDenied,
@@ -152,6 +159,7 @@ impl ErrorCode {
         ErrorCode::Capacity,
         ErrorCode::Timeout,
         ErrorCode::InsufficientStorage,
+        ErrorCode::ForgeError,
     ];
 
     pub fn http_status(self) -> u16 {
@@ -165,7 +173,7 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge | ErrorCode::FileTooLarge => 413,
             ErrorCode::Unprocessable => 422,
             ErrorCode::Internal => 500,
-            ErrorCode::AgentError => 502,
+            ErrorCode::AgentError | ErrorCode::ForgeError => 502,
             ErrorCode::Capacity => 503,
             ErrorCode::Timeout => 504,
             ErrorCode::InsufficientStorage => 507,
@@ -191,6 +199,7 @@ impl ErrorCode {
             ErrorCode::Capacity => "capacity",
             ErrorCode::Timeout => "timeout",
             ErrorCode::InsufficientStorage => "insufficient_storage",
+            ErrorCode::ForgeError => "forge_error",
         }
     }
 }
@@ -258,6 +267,9 @@ pub enum Workspace {
         #[schemars(extend("pattern" = "^/"))]
         path: String,
     },
+    /// A clone of a git repository on a branch of its own, in a fresh workspace; its
+    /// clone goes through the sandbox's egress proxy (see GitWorkspace).
+    Git { git: GitWorkspace },
 }
 
 /// `POST /v1/sandboxes`.

@@ -103,6 +103,16 @@ pub enum BenchCommand {
     },
     /// Image pull and unpack from a local registry, against skopeo copy to an OCI directory.
     Image(crate::bench_image::ImageBenchArgs),
+    /// Create-with-repository, cold and from the cache, beside `git clone` on the host of the
+    /// same repository (made for the run and served on loopback).
+    Git {
+        /// The repository's size: this many MiB of random files.
+        #[arg(long, default_value_t = 50)]
+        size_mib: u64,
+        /// Interleaved rounds (after one warm-up round).
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+    },
     /// The egress proxy: added latency of small GETs and CONNECT pass-through throughput, each
     /// against direct access on loopback.
     Egress {
@@ -180,6 +190,7 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             snapshots,
         } => crate::bench_pause::pause(iterations, snapshots),
         BenchCommand::Image(args) => crate::bench_image::image(args),
+        BenchCommand::Git { size_mib, rounds } => crate::bench_git::git_bench(size_mib, rounds),
     }
 }
 

@@ -22,6 +22,15 @@ pub struct BenchDaemon {
 
 impl BenchDaemon {
     pub fn start(url: Option<String>, max_sandboxes: usize) -> anyhow::Result<BenchDaemon> {
+        BenchDaemon::start_with(url, max_sandboxes, &[])
+    }
+
+    /// [`BenchDaemon::start`] with more flags for the private daemon.
+    pub fn start_with(
+        url: Option<String>,
+        max_sandboxes: usize,
+        extra: &[String],
+    ) -> anyhow::Result<BenchDaemon> {
         if let Some(url) = url {
             let key = std::env::var("AIRLOCK_API_KEY").ok();
             return Ok(BenchDaemon {
@@ -46,6 +55,7 @@ impl BenchDaemon {
                 "--max-sandboxes",
             ])
             .arg(max_sandboxes.to_string())
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()

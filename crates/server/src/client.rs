@@ -9,8 +9,9 @@ use airlock_api::policy::PolicyDocument;
 use airlock_api::v1::{
     Approval, ApprovalDecision, ApprovalList, CreateSandboxRequest, CreateSandboxResponse,
     CreateSnapshotRequest, DecideApprovalRequest, ErrorBody, ErrorCode, ExecEvent, ExecRequest,
-    FileEntry, FileList, Fork, ForkRequest, ForkResponse, Health, MkdirRequest, MoveRequest,
-    PauseMode, PauseRequest, PolicyApplied, PoolRequest, PoolStatus, ResumeRequest, Sandbox,
+    FileEntry, FileList, Fork, ForkRequest, ForkResponse, GitPushRequest, GitPushResult, Health,
+    LspRequest, LspServer, MkdirRequest, MoveRequest, PauseMode, PauseRequest, PolicyApplied,
+    PoolRequest, PoolStatus, PullRequest, PullRequestRequest, ResumeRequest, Sandbox,
     SandboxEvents, SandboxList, SandboxLogs, SandboxState, SetTimeoutRequest, Snapshot,
     SnapshotList, TemplateList,
 };
@@ -304,6 +305,33 @@ impl Client {
         let path = format!("/v1/sandboxes/{id}/resume");
         self.call(Method::POST, &path, Some(&ResumeRequest { timeout_ms }))
             .await
+    }
+
+    /// Pushes a repository sandbox's branch (from inside it, through its proxy).
+    pub async fn git_push(&self, id: &str, force: bool) -> Result<GitPushResult, ClientError> {
+        let path = format!("/v1/sandboxes/{id}/git/push");
+        self.call(Method::POST, &path, Some(&GitPushRequest { force }))
+            .await
+    }
+
+    /// Pushes a repository sandbox's branch and opens a pull request on the daemon's forge.
+    pub async fn pull_request(
+        &self,
+        id: &str,
+        request: &PullRequestRequest,
+    ) -> Result<PullRequest, ClientError> {
+        let path = format!("/v1/sandboxes/{id}/git/pull-request");
+        self.call(Method::POST, &path, Some(request)).await
+    }
+
+    /// Starts a language server in the sandbox; speak to it at its `websocket_path`.
+    pub async fn start_lsp(
+        &self,
+        id: &str,
+        request: &LspRequest,
+    ) -> Result<LspServer, ClientError> {
+        let path = format!("/v1/sandboxes/{id}/lsp");
+        self.call(Method::POST, &path, Some(request)).await
     }
 
     pub async fn snapshot(&self, id: &str, name: Option<String>) -> Result<Snapshot, ClientError> {

@@ -51,6 +51,8 @@ pub enum ConfigError {
     TestResolve(String),
     #[error("--test-egress-roots: cannot read {0}")]
     TestRoots(PathBuf, #[source] std::io::Error),
+    #[error("{flag}: {why}")]
+    Forge { flag: &'static str, why: String },
 }
 
 /// Options of the daemon.
@@ -123,6 +125,30 @@ pub struct ServeArgs {
     /// The most lifecycle events kept; past it the oldest are deleted while the daemon runs.
     #[arg(long, value_name = "ROWS", default_value_t = 100_000)]
     pub events_max: u64,
+    /// Where the repository cache (bare mirrors of the repositories sandboxes are created
+    /// from, one per URL) lives [default: <state>/git-cache].
+    #[arg(long, value_name = "DIR")]
+    pub git_cache: Option<PathBuf>,
+    /// A GitHub-compatible forge API (e.g. https://api.github.com, https://HOST/api/v3 for
+    /// GitHub Enterprise, https://HOST/api/v1 for Gitea) where `.../git/pull-request` opens
+    /// pull requests with the forge token. Plain http:// only on a loopback address.
+    #[arg(long, value_name = "URL")]
+    pub forge_api: Option<String>,
+    /// The git host (HOST or HOST:PORT) whose repositories get the forge token as their
+    /// credential, injected by each sandbox's egress proxy [default: the API's host, without
+    /// a leading `api.`].
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub forge_git_host: Option<String>,
+    /// The environment variable of the daemon that holds the forge token (read on the host,
+    /// never shown to a sandbox).
+    #[arg(long, value_name = "VAR", conflicts_with = "forge_token_file")]
+    pub forge_token_env: Option<String>,
+    /// A file that holds the forge token (a trailing newline is trimmed).
+    #[arg(long, value_name = "PATH")]
+    pub forge_token_file: Option<PathBuf>,
+    /// The Basic username git sends with the token as the password.
+    #[arg(long, value_name = "NAME", default_value = "x-access-token")]
+    pub forge_git_username: String,
     /// How the daemon's log lines on stderr look: `text` for people, `json` (one object per
     /// line, with the fields of each event) for log collectors.
     #[arg(long, value_enum, default_value = "text")]
@@ -281,6 +307,8 @@ pub struct Config {
     pub storage_size_bytes: Option<u64>,
     pub events_retention_ms: u64,
     pub events_max: u64,
+    pub git_cache: Option<PathBuf>,
+    pub forge: crate::forge::ForgeConfig,
     pub warm_pools: Vec<(String, u32)>,
     pub pool_fill_concurrency: usize,
 }
@@ -341,6 +369,8 @@ impl Config {
             storage_size_bytes: args.storage_size_bytes,
             events_retention_ms: args.events_retention_ms,
             events_max: args.events_max,
+            git_cache: args.git_cache.clone(),
+            forge: crate::forge::ForgeConfig::from_args(args)?,
             warm_pools: args.warm_pools.clone(),
             pool_fill_concurrency: args.pool_fill_concurrency,
         })
@@ -352,6 +382,13 @@ impl Config {
 
     pub fn store_path(&self) -> PathBuf {
         self.state_dir.join(STORE_FILE)
+    }
+
+    /// The repository cache's root.
+    pub fn git_cache_dir(&self) -> PathBuf {
+        self.git_cache
+            .clone()
+            .unwrap_or_else(|| self.state_dir.join("git-cache"))
     }
 
     /// The daemon-wide audit log.

@@ -25,6 +25,7 @@
 
 mod checks;
 mod egress_ops;
+mod git;
 mod pause;
 mod pool;
 mod scratch;
@@ -54,6 +55,7 @@ use crate::egress::{SandboxEgress, proxy_plan};
 use crate::error::ApiError;
 use crate::metrics::{CreateSource, Metrics};
 pub use checks::{check_map, env_key_ok};
+pub use git::{GitState, META_BRANCH, META_REF, META_URL, workspace_from_metadata};
 
 use crate::store::{BASE_TEMPLATE, RowState, SandboxRow, Store, StoreError, now_ms};
 
@@ -71,6 +73,8 @@ pub enum LifecycleError {
     Runtime(#[source] RuntimeError),
     #[error("--scratch disk: {0}")]
     Storage(String),
+    #[error("the repository cache: {0}")]
+    GitCache(String),
 }
 
 /// A running sandbox's in-memory state.
@@ -109,6 +113,10 @@ pub struct Daemon {
     pub metrics: Arc<Metrics>,
     runtime: Arc<Runtime>,
     slots: Mutex<HashMap<String, Slot>>,
+    /// The repository cache (`lifecycle::git`).
+    git: GitState,
+    /// Language servers waiting for their WebSocket (`crate::lsp`).
+    pub lsp: Arc<crate::lsp::LspSessions>,
     pools: pool::Pools,
     /// Held (locked) for the daemon's whole life.
     _lock: File,
@@ -142,6 +150,7 @@ impl Daemon {
         if let Some(storage) = scratch::open_storage(&config)? {
             runtime.set_storage(storage);
         }
+        let git = GitState::open(&config.git_cache_dir())?;
         if let Err(err) = runtime.start_zygote() {
             tracing::warn!(
                 error = %airlock_runtime::error_chain(&err),
@@ -162,6 +171,8 @@ impl Daemon {
             metrics,
             runtime: Arc::new(runtime),
             slots: Mutex::new(HashMap::new()),
+            git,
+            lsp: Arc::default(),
             pools: pool::Pools::default(),
             _lock: lock,
         });
@@ -439,12 +450,13 @@ impl Daemon {
 
     async fn create_normalized(
         self: &Arc<Self>,
-        request: CreateSandboxRequest,
-        config: SandboxConfig,
+        mut request: CreateSandboxRequest,
+        mut config: SandboxConfig,
         volume: VolumeSource,
     ) -> Result<CreateSandboxResponse, ApiError> {
         let id =
             auth::new_sandbox_id().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
+        let git = self.prepare_git(&id, &mut request, &mut config, &volume)?;
         let token =
             auth::new_access_token().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
         let token_hash = auth::hash_secret(&token);
@@ -475,7 +487,7 @@ impl Daemon {
         };
         let daemon = self.clone();
         let started = tokio::task::spawn_blocking(move || {
-            daemon.create_blocking(row, config, timeout_ms, volume)
+            daemon.create_blocking(row, config, timeout_ms, volume, git)
         })
         .await;
         let started = match started {
@@ -516,6 +528,7 @@ impl Daemon {
         config: SandboxConfig,
         timeout_ms: u64,
         volume: VolumeSource,
+        git: Option<git::GitPlan>,
     ) -> Result<(SandboxRow, LiveSandbox, Option<Arc<SandboxEgress>>), ApiError> {
         let id = row.id.clone();
         let dir = self.config.sandboxes_dir().join(&id);
@@ -572,10 +585,23 @@ impl Daemon {
             volume,
         };
         let session = egress.get().cloned();
+        let fetched = match &git {
+            Some(plan) => match self.fetch_repository(&dir, plan, session.as_deref()) {
+                Ok(fetched) => Some((plan, fetched)),
+                Err(err) => return Err(fail(err)),
+            },
+            None => None,
+        };
         let pending = match self.create_live(&spec, session.as_deref()) {
             Ok(pending) => pending,
             Err(err) => return Err(fail(runtime_error(&err))),
         };
+        if let Some((plan, (fetched, header))) = fetched
+            && let Err(err) = self.hand_over(&id, plan, fetched, header, &pending.record().socket)
+        {
+            drop(pending);
+            return Err(fail(err));
+        }
         for warning in pending.warnings() {
             self.event(Some(&id), "warning", warning);
         }
@@ -694,6 +720,8 @@ impl Daemon {
             Workspace::Host { path } => WorkspaceSource::Host {
                 path: self.host_workspace(path)?,
             },
+            // Cloned into the fresh workspace once the sandbox runs (`lifecycle::git`).
+            Workspace::Git { .. } => WorkspaceSource::Fresh,
         };
         let mut config = SandboxConfig::new(Vec::new());
         config.tier = request.tier;

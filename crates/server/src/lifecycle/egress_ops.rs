@@ -145,6 +145,7 @@ impl Daemon {
         approve: bool,
     ) -> Result<PolicyApplied, ApiError> {
         let live = self.running(id)?;
+        let document = self.keep_repository_access(id, document)?;
         let new = Policy::from_document(&document)
             .map_err(|e| ApiError::unprocessable(format!("invalid policy: {e}")))?;
         let Some(egress) = live.egress.clone() else {

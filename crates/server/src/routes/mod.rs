@@ -8,6 +8,8 @@
 mod egress;
 mod exec;
 mod files;
+mod git;
+mod lsp;
 mod persistence;
 mod sandboxes;
 
@@ -95,6 +97,10 @@ pub enum Handler {
     PutPolicy,
     ListApprovals,
     DecideApproval,
+    GitPush,
+    PullRequest,
+    StartLsp,
+    LspSocket,
     Exec,
     FileGet,
     FilePut,
@@ -147,7 +153,7 @@ macro_rules! route {
 }
 
 /// Every endpoint of the daemon.
-pub static ROUTES: [Route; 30] = [
+pub static ROUTES: [Route; 34] = [
     route!(
         Some(Method::GET),
         "/v1/health",
@@ -443,6 +449,10 @@ pub static ROUTES: [Route; 30] = [
         Payload::None,
         &[400, 404, 413]
     ),
+    git::PUSH,
+    git::PULL_REQUEST,
+    lsp::START,
+    lsp::SOCKET,
     route!(
         Some(Method::POST),
         "/v1/sandboxes/{id}/exec",
@@ -795,6 +805,10 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
         Handler::PutPolicy => egress::put_policy(ctx).await,
         Handler::ListApprovals => egress::list_approvals(ctx),
         Handler::DecideApproval => egress::decide_approval(ctx).await,
+        Handler::GitPush => git::push(ctx).await,
+        Handler::PullRequest => git::pull_request(ctx).await,
+        Handler::StartLsp => lsp::start(ctx).await,
+        Handler::LspSocket => lsp::socket(ctx),
         Handler::Exec => exec::exec(ctx).await,
         Handler::FileGet
         | Handler::FilePut
