@@ -132,6 +132,8 @@ pub struct SpawnOptions {
     /// of its host id range), so that what it locks outlives this process if the sandbox
     /// does.
     pub hold: Option<std::sync::Arc<OwnedFd>>,
+    /// Fork helpers from this zygote instead of exec'ing `helper` (long-lived runtimes).
+    pub zygote: Option<std::sync::Arc<crate::zygote::Zygote>>,
 }
 
 /// A running sandbox.
@@ -202,7 +204,21 @@ impl Sandbox {
             .transpose()
             .map_err(spawn_err)?;
         fds.extend(hold.as_ref().map(|fd| (fd.as_raw_fd(), HOLD_FD)));
-        let pid = sys::spawn(&options.helper, &fds).map_err(spawn_err)?;
+        let pid = match &options.zygote {
+            Some(zygote) => match zygote.spawn(&fds) {
+                Ok(pid) => pid,
+                // A zygote that died (killed from outside) costs speed, not sandboxes.
+                Err(err)
+                    if err.raw_os_error() == Some(libc::EPIPE)
+                        || err.kind() == io::ErrorKind::BrokenPipe
+                        || err.kind() == io::ErrorKind::ConnectionReset =>
+                {
+                    sys::spawn(&options.helper, &fds).map_err(spawn_err)?
+                }
+                Err(err) => return Err(spawn_err(err)),
+            },
+            None => sys::spawn(&options.helper, &fds).map_err(spawn_err)?,
+        };
         drop(control);
         drop(hold);
         drop((spec_r, report_w));

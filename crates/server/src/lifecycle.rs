@@ -25,7 +25,9 @@
 
 mod checks;
 mod egress_ops;
+mod git;
 mod pause;
+mod pool;
 mod scratch;
 mod watcher;
 
@@ -51,7 +53,9 @@ use crate::auth;
 use crate::config::{Config, ConfigError, LOCK_FILE, prepare_state_dir};
 use crate::egress::{SandboxEgress, proxy_plan};
 use crate::error::ApiError;
+use crate::metrics::{CreateSource, Metrics};
 pub use checks::{check_map, env_key_ok};
+pub use git::{GitState, META_BRANCH, META_REF, META_URL, workspace_from_metadata};
 
 use crate::store::{BASE_TEMPLATE, RowState, SandboxRow, Store, StoreError, now_ms};
 
@@ -69,6 +73,8 @@ pub enum LifecycleError {
     Runtime(#[source] RuntimeError),
     #[error("--scratch disk: {0}")]
     Storage(String),
+    #[error("the repository cache: {0}")]
+    GitCache(String),
 }
 
 /// A running sandbox's in-memory state.
@@ -104,8 +110,14 @@ pub struct Daemon {
     pub config: Config,
     pub store: Arc<Store>,
     pub audit: Audit,
+    pub metrics: Arc<Metrics>,
     runtime: Arc<Runtime>,
     slots: Mutex<HashMap<String, Slot>>,
+    /// The repository cache (`lifecycle::git`).
+    git: GitState,
+    /// Language servers waiting for their WebSocket (`crate::lsp`).
+    pub lsp: Arc<crate::lsp::LspSessions>,
+    pools: pool::Pools,
     /// Held (locked) for the daemon's whole life.
     _lock: File,
 }
@@ -138,17 +150,30 @@ impl Daemon {
         if let Some(storage) = scratch::open_storage(&config)? {
             runtime.set_storage(storage);
         }
+        let git = GitState::open(&config.git_cache_dir())?;
+        if let Err(err) = runtime.start_zygote() {
+            tracing::warn!(
+                error = %airlock_runtime::error_chain(&err),
+                "no helper zygote: each sandbox's helper is exec'd"
+            );
+        }
+        let metrics = Arc::new(Metrics::new());
         let audit = Audit::new(
             &config.state_dir,
             config.sandboxes_dir(),
             config.audit_max_bytes,
-        );
+        )
+        .counting(metrics.clone());
         let daemon = Arc::new(Daemon {
             config,
             store,
             audit,
+            metrics,
             runtime: Arc::new(runtime),
             slots: Mutex::new(HashMap::new()),
+            git,
+            lsp: Arc::default(),
+            pools: pool::Pools::default(),
             _lock: lock,
         });
         Ok(daemon)
@@ -165,6 +190,32 @@ impl Daemon {
         self.slots
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What `GET /metrics` reads at a scrape: sandboxes by state.
+    pub fn metrics_snapshot(&self) -> crate::metrics::Snapshot {
+        let mut counts: BTreeMap<&'static str, i64> =
+            ["creating", "running", "paused", "busy", "deleting"]
+                .into_iter()
+                .map(|state| (state, 0))
+                .collect();
+        for slot in self.slots().values() {
+            let state = match slot.state {
+                SlotState::Creating => "creating",
+                SlotState::Running(_) => "running",
+                SlotState::Busy(_) => "busy",
+                SlotState::Paused(..) => "paused",
+                SlotState::Deleting => "deleting",
+            };
+            *counts.entry(state).or_default() += 1;
+        }
+        crate::metrics::Snapshot {
+            sandboxes: counts
+                .into_iter()
+                .map(|(state, n)| (state.to_owned(), n))
+                .collect(),
+            pools: self.pool_gauges(),
+        }
     }
 
     /// A lifecycle event: in the store and in the audit logs.
@@ -360,22 +411,59 @@ impl Daemon {
         self: &Arc<Self>,
         request: CreateSandboxRequest,
     ) -> Result<CreateSandboxResponse, ApiError> {
-        let (request, config, volume) = self.normalize(request)?;
+        let started_at = std::time::Instant::now();
+        let result = self.create_counted(request).await;
+        let (source, ok) = match &result {
+            Ok((_, source)) => (*source, true),
+            Err((_, source)) => (*source, false),
+        };
+        self.metrics
+            .create(source, ok, started_at.elapsed().as_secs_f64());
+        result.map(|(response, _)| response).map_err(|(err, _)| err)
+    }
+
+    async fn create_counted(
+        self: &Arc<Self>,
+        request: CreateSandboxRequest,
+    ) -> Result<(CreateSandboxResponse, CreateSource), (ApiError, CreateSource)> {
+        let source = CreateSource::Cold;
+        let (request, config, volume) = self.normalize(request).map_err(|e| (e, source))?;
+        let source = match volume {
+            VolumeSource::Empty => {
+                if let Some(created) = self.claim_from_pool(&request).await {
+                    return Ok((created, CreateSource::Pool));
+                }
+                CreateSource::Cold
+            }
+            _ => CreateSource::Snapshot,
+        };
+        // Pools refill only while no cold create waits.
+        let _cold = self.pools.cold_create();
+        if !self.room_for_cold_create().await {
+            return Err((self.capacity_error(), source));
+        }
+        self.create_normalized(request, config, volume)
+            .await
+            .map(|response| (response, source))
+            .map_err(|err| (err, source))
+    }
+
+    async fn create_normalized(
+        self: &Arc<Self>,
+        mut request: CreateSandboxRequest,
+        mut config: SandboxConfig,
+        volume: VolumeSource,
+    ) -> Result<CreateSandboxResponse, ApiError> {
         let id =
             auth::new_sandbox_id().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
+        let git = self.prepare_git(&id, &mut request, &mut config, &volume)?;
         let token =
             auth::new_access_token().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
         let token_hash = auth::hash_secret(&token);
         {
             let mut slots = self.slots();
-            if slots.len() >= self.config.max_sandboxes {
-                return Err(ApiError::new(
-                    ErrorCode::Capacity,
-                    format!(
-                        "the daemon already has {} sandboxes, its limit (--max-sandboxes)",
-                        self.config.max_sandboxes
-                    ),
-                ));
+            if slots.len() + self.pools.members() >= self.config.max_sandboxes {
+                return Err(self.capacity_error());
             }
             slots.insert(
                 id.clone(),
@@ -399,7 +487,7 @@ impl Daemon {
         };
         let daemon = self.clone();
         let started = tokio::task::spawn_blocking(move || {
-            daemon.create_blocking(row, config, timeout_ms, volume)
+            daemon.create_blocking(row, config, timeout_ms, volume, git)
         })
         .await;
         let started = match started {
@@ -423,6 +511,16 @@ impl Daemon {
         }
     }
 
+    fn capacity_error(&self) -> ApiError {
+        ApiError::new(
+            ErrorCode::Capacity,
+            format!(
+                "the daemon already has {} sandboxes, its limit (--max-sandboxes)",
+                self.config.max_sandboxes
+            ),
+        )
+    }
+
     /// Steps 1 to 4 of the module docs, in the blocking pool. On failure nothing is left.
     fn create_blocking(
         &self,
@@ -430,6 +528,7 @@ impl Daemon {
         config: SandboxConfig,
         timeout_ms: u64,
         volume: VolumeSource,
+        git: Option<git::GitPlan>,
     ) -> Result<(SandboxRow, LiveSandbox, Option<Arc<SandboxEgress>>), ApiError> {
         let id = row.id.clone();
         let dir = self.config.sandboxes_dir().join(&id);
@@ -455,7 +554,7 @@ impl Daemon {
         );
         if let Err(err) = self
             .store
-            .insert_sandbox_noting(&row, Some(("create", &created)))
+            .insert_sandbox_noting(&row, &[("create", &created)])
         {
             return Err(fail(err.into()));
         }
@@ -486,10 +585,23 @@ impl Daemon {
             volume,
         };
         let session = egress.get().cloned();
+        let fetched = match &git {
+            Some(plan) => match self.fetch_repository(&dir, plan, session.as_deref()) {
+                Ok(fetched) => Some((plan, fetched)),
+                Err(err) => return Err(fail(err)),
+            },
+            None => None,
+        };
         let pending = match self.create_live(&spec, session.as_deref()) {
             Ok(pending) => pending,
             Err(err) => return Err(fail(runtime_error(&err))),
         };
+        if let Some((plan, (fetched, header))) = fetched
+            && let Err(err) = self.hand_over(&id, plan, fetched, header, &pending.record().socket)
+        {
+            drop(pending);
+            return Err(fail(err));
+        }
         for warning in pending.warnings() {
             self.event(Some(&id), "warning", warning);
         }
@@ -608,6 +720,8 @@ impl Daemon {
             Workspace::Host { path } => WorkspaceSource::Host {
                 path: self.host_workspace(path)?,
             },
+            // Cloned into the fresh workspace once the sandbox runs (`lifecycle::git`).
+            Workspace::Git { .. } => WorkspaceSource::Fresh,
         };
         let mut config = SandboxConfig::new(Vec::new());
         config.tier = request.tier;
@@ -828,6 +942,7 @@ fn view(row: &SandboxRow) -> Sandbox {
         metadata: row.request.metadata.clone(),
         created_at_ms: row.created_ms,
         expires_at_ms,
+        pool: false,
     }
 }
 

@@ -61,6 +61,7 @@ pub enum ServeError {
 /// Runs the daemon until SIGTERM or SIGINT. Prints `airlockd listening on http://ADDR` on
 /// stdout once it accepts connections.
 pub fn run(args: &ServeArgs) -> Result<(), ServeError> {
+    crate::logging::init(args.log_format, args.log_level);
     let config = Config::from_args(args)?;
     // Before any thread starts, so that none gets an arena of its own beyond the cap.
     airlock_jail::procctl::limit_malloc_arenas(MALLOC_ARENAS);
@@ -102,6 +103,7 @@ async fn serve(config: Config) -> Result<(), ServeError> {
         .store
         .record_event(None, "daemon_start", &format!("listening on {local}"));
     tokio::spawn(trim_events(daemon.clone()));
+    daemon.start_pools();
     let judge0 = match daemon.config.judge0.clone() {
         Some(config) => Some(start_judge0(&daemon, config).await?),
         None => None,
@@ -130,7 +132,7 @@ async fn serve(config: Config) -> Result<(), ServeError> {
                 }
                 Err(err) => {
                     // Out of descriptors or a reset during accept: wait a little, keep serving.
-                    eprintln!("airlockd: accept failed: {err}");
+                    tracing::warn!(error = %err, "accept failed; serving goes on");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
@@ -147,6 +149,8 @@ async fn serve(config: Config) -> Result<(), ServeError> {
         "daemon_stop",
         "stopped by a signal; sandboxes keep running",
     );
+    // Unclaimed warm-pool members were never committed: they end here, not with the process.
+    daemon.stop_pools().await;
     daemon.release_storage();
     Ok(())
 }
@@ -186,7 +190,7 @@ async fn trim_events(daemon: Arc<Daemon>) {
         })
         .await;
         if let Ok(Err(err)) = trimmed {
-            eprintln!("airlockd: cannot trim the event log: {err}");
+            tracing::warn!(error = %err, "cannot trim the event log");
         }
     }
 }

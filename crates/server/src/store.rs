@@ -1,11 +1,13 @@
 //! The daemon's durable state: one SQLite file, `<state>/airlock.db`.
 //!
 //! Tables: `sandboxes` (one row per sandbox that exists or is being created or removed),
-//! `templates`, `api_keys` (SHA-256 of each key, never the key) and `events` (an append-only
-//! log). The schema version is `PRAGMA user_version`; an older store is migrated in place
-//! (version 2 added `sandboxes.egress`, 3 the `paused` state and `snapshots`; the Judge0
-//! API's `judge0_submissions` is additive, created if missing, with no version of its own).
-//! WAL with `synchronous=NORMAL` keeps each write one `write(2)`; a crash can lose the last transactions but never corrupts the file,
+//! `templates`, `pools` (warm-pool sizes), `api_keys` (SHA-256 of each key, never the key),
+//! `events` (an append-only log) and `judge0_submissions` (the Judge0 API's submissions and
+//! queue). The schema version is `PRAGMA user_version`; an older store is migrated in place
+//! (version 2 added `sandboxes.egress`, 3 the `paused` state and `snapshots`; `pools` and
+//! `judge0_submissions` are additive, created if missing, with no version of their own). WAL
+//! with `synchronous=NORMAL` keeps each write one `write(2)`; a crash can lose the last
+//! transactions but never corrupts the file,
 //! and start-up reconciles rows with what really runs (see `lifecycle`).
 //!
 //! Memory and disk stay bounded over the daemon's life: the event log is trimmed
@@ -13,6 +15,7 @@
 //! checkpointed every 1000 pages and truncated back to [`JOURNAL_SIZE_LIMIT`].
 
 mod judge0;
+mod pools;
 mod snapshots;
 
 pub use snapshots::SnapshotRow;
@@ -230,6 +233,7 @@ impl Store {
         )?;
         let tx = conn.unchecked_transaction()?;
         tx.execute_batch(SCHEMA)?;
+        tx.execute_batch(pools::SCHEMA)?;
         tx.execute_batch(&SANDBOXES_V3.replace("{table}", "sandboxes"))?;
         if sandboxes_exist && found < 2 {
             tx.execute_batch("ALTER TABLE sandboxes ADD COLUMN egress TEXT")?;
@@ -276,14 +280,14 @@ impl Store {
     // --- sandboxes ---
 
     pub fn insert_sandbox(&self, row: &SandboxRow) -> Result<(), StoreError> {
-        self.insert_sandbox_noting(row, None)
+        self.insert_sandbox_noting(row, &[])
     }
 
-    /// [`Store::insert_sandbox`] with an event `(kind, message)` in the same transaction.
+    /// [`Store::insert_sandbox`] with events `(kind, message)` in the same transaction.
     pub fn insert_sandbox_noting(
         &self,
         row: &SandboxRow,
-        event: Option<(&str, &str)>,
+        events: &[(&str, &str)],
     ) -> Result<(), StoreError> {
         let request =
             serde_json::to_string(&row.request).map_err(|source| StoreError::Corrupt {
@@ -292,11 +296,8 @@ impl Store {
             })?;
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        if let Some((kind, message)) = event {
-            tx.execute(
-                "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
-                params![to_sql(now_ms()), row.id, kind, message],
-            )?;
+        for (kind, message) in events {
+            insert_event(&tx, Some(&row.id), kind, message)?;
         }
         tx.execute(
             "INSERT INTO sandboxes
@@ -336,10 +337,7 @@ impl Store {
              WHERE id = ?1",
             params![id, live, to_sql(deadline_ms)],
         )?;
-        tx.execute(
-            "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
-            params![to_sql(now_ms()), id, event.0, event.1],
-        )?;
+        insert_event(&tx, Some(id), event.0, event.1)?;
         tx.commit()?;
         Ok(changed == 1)
     }
@@ -363,10 +361,7 @@ impl Store {
             params![id, state.as_str()],
         )?;
         if let Some((kind, message)) = event {
-            tx.execute(
-                "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
-                params![to_sql(now_ms()), id, kind, message],
-            )?;
+            insert_event(&tx, Some(id), kind, message)?;
         }
         tx.commit()?;
         Ok(changed == 1)
@@ -408,10 +403,7 @@ impl Store {
             "UPDATE sandboxes SET request = ?2, egress = ?3 WHERE id = ?1",
             params![id, request, egress],
         )?;
-        tx.execute(
-            "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
-            params![to_sql(now_ms()), id, event.0, event.1],
-        )?;
+        insert_event(&tx, Some(id), event.0, event.1)?;
         tx.commit()?;
         Ok(changed == 1)
     }
@@ -430,10 +422,7 @@ impl Store {
             "UPDATE sandboxes SET state = 'paused', pause = ?2 WHERE id = ?1",
             params![id, encode_pause(Some(pause))],
         )?;
-        tx.execute(
-            "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
-            params![to_sql(now_ms()), id, event.0, event.1],
-        )?;
+        insert_event(&tx, Some(id), event.0, event.1)?;
         tx.commit()?;
         Ok(changed == 1)
     }
@@ -481,10 +470,7 @@ impl Store {
         kind: &str,
         message: &str,
     ) -> Result<(), StoreError> {
-        self.conn().execute(
-            "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
-            params![to_sql(now_ms()), sandbox_id, kind, message],
-        )?;
+        insert_event(&self.conn(), sandbox_id, kind, message)?;
         Ok(())
     }
 
@@ -693,6 +679,25 @@ fn template_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Template> {
 }
 
 /// SQLite integers are signed; times and deadlines in ms fit comfortably.
+/// Appends a lifecycle event, and logs it: the store's event log and the daemon's log tell the
+/// same story.
+fn insert_event(
+    conn: &Connection,
+    sandbox_id: Option<&str>,
+    kind: &str,
+    message: &str,
+) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
+        params![to_sql(now_ms()), sandbox_id, kind, message],
+    )?;
+    match sandbox_id {
+        Some(sandbox_id) => tracing::info!(target: "airlock::event", sandbox_id, kind, message),
+        None => tracing::info!(target: "airlock::event", kind, message),
+    }
+    Ok(())
+}
+
 fn to_sql(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }

@@ -53,7 +53,21 @@ pub async fn dispatch(daemon: Arc<Daemon>, request: Request<Incoming>) -> Respon
         rest: String::new(),
         close: false,
     };
-    let response = route(&mut ctx).await.unwrap_or_else(|err| err.response());
+    let response = route(&mut ctx).await.unwrap_or_else(|err| {
+        ctx.daemon
+            .metrics
+            .error(crate::metrics::Surface::E2b, err.status.as_str());
+        if err.status.is_server_error() {
+            tracing::error!(
+                method = %ctx.parts.method,
+                path = ctx.parts.uri.path(),
+                status = err.status.as_u16(),
+                error = %err.message,
+                "E2B request failed"
+            );
+        }
+        err.response()
+    });
     discard(ctx.body.take());
     response
 }
@@ -329,12 +343,17 @@ async fn create(ctx: &mut Ctx, v2: bool) -> Result<Response<Body>, E2bError> {
     let timeout_ms = timeout_ms(&daemon, request.timeout_s.unwrap_or(default_s))?;
     let secure = v2 || request.secure == Some(true);
     let lifecycle = lifecycle(&request)?;
+    let metadata = request.metadata.unwrap_or_default();
+    // E2B's create has no workspace: `airlock.git.url` (and `.ref`, `.branch`) in the
+    // metadata ask for a repository workspace.
+    let workspace = crate::lifecycle::workspace_from_metadata(&metadata).unwrap_or_default();
     let created = daemon
         .create(CreateSandboxRequest {
             template: Some(template.to_owned()),
             timeout_ms: Some(timeout_ms),
             env: request.env_vars.unwrap_or_default(),
-            metadata: request.metadata.unwrap_or_default(),
+            metadata,
+            workspace,
             lifecycle,
             ..CreateSandboxRequest::default()
         })

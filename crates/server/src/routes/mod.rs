@@ -8,6 +8,8 @@
 mod egress;
 mod exec;
 mod files;
+mod git;
+mod lsp;
 mod persistence;
 mod sandboxes;
 
@@ -48,6 +50,8 @@ pub enum Payload {
     /// Newline-delimited JSON, one value of this schema per line.
     Ndjson(fn(&mut SchemaGenerator) -> Schema),
     Octets,
+    /// Prometheus's text format (or OpenMetrics, by `Accept`).
+    Metrics,
     /// Whatever the agent speaks (the envd pass-through).
     Any,
 }
@@ -73,7 +77,10 @@ pub type QueryDoc = (&'static str, bool, &'static str, QueryValue);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handler {
     Health,
+    Metrics,
     ListTemplates,
+    GetPool,
+    SetPool,
     CreateSandbox,
     ListSandboxes,
     GetSandbox,
@@ -90,6 +97,10 @@ pub enum Handler {
     PutPolicy,
     ListApprovals,
     DecideApproval,
+    GitPush,
+    PullRequest,
+    StartLsp,
+    LspSocket,
     Exec,
     FileGet,
     FilePut,
@@ -142,7 +153,7 @@ macro_rules! route {
 }
 
 /// Every endpoint of the daemon.
-pub static ROUTES: [Route; 27] = [
+pub static ROUTES: [Route; 34] = [
     route!(
         Some(Method::GET),
         "/v1/health",
@@ -157,6 +168,18 @@ pub static ROUTES: [Route; 27] = [
     ),
     route!(
         Some(Method::GET),
+        "/metrics",
+        Metrics,
+        ApiKey,
+        "The daemon's metrics in Prometheus's text format (OpenMetrics when Accept asks for application/openmetrics-text): sandboxes by state, creates and their latency, warm pools, execs, egress decisions, errors by code.",
+        &[],
+        Payload::None,
+        200,
+        Payload::Metrics,
+        &[]
+    ),
+    route!(
+        Some(Method::GET),
         "/v1/templates",
         ListTemplates,
         ApiKey,
@@ -166,6 +189,30 @@ pub static ROUTES: [Route; 27] = [
         200,
         Payload::Json(schema::<v1::TemplateList>),
         &[]
+    ),
+    route!(
+        Some(Method::GET),
+        "/v1/templates/{id}/pool",
+        GetPool,
+        ApiKey,
+        "A template's warm pool: its size, members ready and starting, claims.",
+        &[],
+        Payload::None,
+        200,
+        Payload::Json(schema::<v1::PoolStatus>),
+        &[404]
+    ),
+    route!(
+        Some(Method::PUT),
+        "/v1/templates/{id}/pool",
+        SetPool,
+        ApiKey,
+        "Keep `size` sandboxes of the template started and ready (0 removes the pool); creates for it that ask for nothing else claim one. Kept across restarts.",
+        &[],
+        Payload::Json(schema::<v1::PoolRequest>),
+        200,
+        Payload::Json(schema::<v1::PoolStatus>),
+        &[400, 404, 413, 422]
     ),
     route!(
         Some(Method::POST),
@@ -196,6 +243,12 @@ pub static ROUTES: [Route; 27] = [
                 "metadata.{key}",
                 false,
                 "Keep sandboxes whose metadata has key = value; repeatable.",
+                QueryValue::Text
+            ),
+            (
+                "include",
+                false,
+                "`pool`: also list the unclaimed members of warm pools (`pool: true`).",
                 QueryValue::Text
             )
         ],
@@ -396,6 +449,10 @@ pub static ROUTES: [Route; 27] = [
         Payload::None,
         &[400, 404, 413]
     ),
+    git::PUSH,
+    git::PULL_REQUEST,
+    lsp::START,
+    lsp::SOCKET,
     route!(
         Some(Method::POST),
         "/v1/sandboxes/{id}/exec",
@@ -634,6 +691,20 @@ pub async fn dispatch(daemon: Arc<Daemon>, request: Request<Incoming>) -> Respon
         close: false,
     };
     let result = route(&mut ctx).await;
+    if let Err(err) = &result {
+        ctx.daemon
+            .metrics
+            .error(crate::metrics::Surface::V1, err.code.as_str());
+        if err.code.http_status() >= 500 {
+            tracing::error!(
+                method = %ctx.parts.method,
+                path = ctx.parts.uri.path(),
+                code = err.code.as_str(),
+                error = %err.message,
+                "request failed"
+            );
+        }
+    }
     let mut response = match result {
         Ok(response) => response,
         Err(err) => {
@@ -666,12 +737,34 @@ pub async fn dispatch(daemon: Arc<Daemon>, request: Request<Incoming>) -> Respon
     response
 }
 
+fn metrics(ctx: &Ctx) -> Response<Body> {
+    let openmetrics = ctx
+        .parts
+        .headers
+        .get(hyper::header::ACCEPT)
+        .and_then(|accept| accept.to_str().ok())
+        .is_some_and(|accept| accept.contains(crate::metrics::OPENMETRICS));
+    let (text, media_type) = ctx
+        .daemon
+        .metrics
+        .render(&ctx.daemon.metrics_snapshot(), openmetrics);
+    let mut response = Response::new(crate::http::full(text));
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        HeaderValue::from_static(media_type),
+    );
+    response
+}
+
 async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
     let Matched { route, id, rest } = find(&ctx.parts.method, ctx.parts.uri.path())?;
     let daemon = &ctx.daemon;
     let no_auth = daemon.config.no_auth;
     match route.access {
         Access::Public => {}
+        Access::ApiKey if route.handler == Handler::Metrics => {
+            auth::check_api_key_or_bearer(&daemon.store, &ctx.parts.headers, no_auth)?;
+        }
         Access::ApiKey => {
             auth::check_api_key(&daemon.store, &ctx.parts.headers, no_auth)?;
         }
@@ -692,7 +785,10 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
     ctx.rest = rest;
     match route.handler {
         Handler::Health => Ok(sandboxes::health()),
+        Handler::Metrics => Ok(metrics(ctx)),
         Handler::ListTemplates => sandboxes::list_templates(ctx),
+        Handler::GetPool => sandboxes::get_pool(ctx),
+        Handler::SetPool => sandboxes::set_pool(ctx).await,
         Handler::CreateSandbox => sandboxes::create(ctx).await,
         Handler::ListSandboxes => sandboxes::list(ctx),
         Handler::GetSandbox => sandboxes::get(ctx),
@@ -709,6 +805,10 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
         Handler::PutPolicy => egress::put_policy(ctx).await,
         Handler::ListApprovals => egress::list_approvals(ctx),
         Handler::DecideApproval => egress::decide_approval(ctx).await,
+        Handler::GitPush => git::push(ctx).await,
+        Handler::PullRequest => git::pull_request(ctx).await,
+        Handler::StartLsp => lsp::start(ctx).await,
+        Handler::LspSocket => lsp::socket(ctx),
         Handler::Exec => exec::exec(ctx).await,
         Handler::FileGet
         | Handler::FilePut
