@@ -244,7 +244,7 @@ def test_wire_queue_survives_a_daemon_restart():
         six = [{"source_code": "print(0)", "language_id": PYTHON}] * 6
         full = daemon.judge0("POST", "/submissions/batch", {"submissions": six})
         assert (full.status, full.json()) == (503, {"error": "queue is full"})
-        slow = {"source_code": "import time\ntime.sleep(3)\nprint('slow')", "language_id": PYTHON}
+        slow = {"source_code": "import time\ntime.sleep(5)\nprint('slow')", "language_id": PYTHON}
         quick = [{"source_code": f"print({i})", "language_id": PYTHON} for i in range(4)]
         created = daemon.judge0("POST", "/submissions/batch", {"submissions": [slow, *quick]})
         assert created.status == 201, created.body
