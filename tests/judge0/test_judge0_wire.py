@@ -5,6 +5,7 @@ policy, and the queue across a daemon restart."""
 import base64
 import io
 import json
+import os
 import re
 import uuid
 import zipfile
@@ -81,7 +82,8 @@ def test_wire_statuses_languages_about_config_and_system_info(daemon):
     assert (config["cpu_time_limit"], config["max_cpu_time_limit"], config["memory_limit"]) == (5, 15, 128000)
     assert config["enable_callbacks"] is True and config["max_submission_batch_size"] == 20
     info = daemon.judge0("GET", "/system_info").json()
-    assert {"Architecture", "CPU(s)", "Mem", "Swap"} <= set(info)
+    assert {"Architecture", "CPU(s)", "Model name", "Mem", "Swap"} <= set(info)
+    assert info["CPU(s)"] == str(os.cpu_count())
 
 
 def test_wire_wait_true_answers_201_with_the_finished_submission(daemon):

@@ -10,7 +10,7 @@
 //!   handlers; [`wire`]: reading and checking a create request (Judge0's 422 shape);
 //!   [`submission`]: the stored submission and its rendering (`fields`, base64, decimals);
 //!   [`encoding`]: Ruby's base64, decimals, UUID tokens; [`status`]: the statuses and the
-//!   verdict of a run.
+//!   verdict of a run; [`system_info`]: `GET /system_info`.
 //! - [`queue`]: the queue in the store and its workers; [`runner`]: one submission in fresh
 //!   sandboxes; [`agent_io`]: files and scripts through a sandbox's agent;
 //!   [`callback`]: `callback_url`, allow-listed and vetted.
@@ -42,6 +42,7 @@ pub mod routes;
 pub mod runner;
 pub mod status;
 pub mod submission;
+pub mod system_info;
 pub mod wire;
 
 use std::convert::Infallible;
@@ -68,6 +69,8 @@ pub struct Judge0 {
     pub daemon: Arc<Daemon>,
     pub config: Arc<Judge0Config>,
     pub queue: Arc<queue::Queue>,
+    /// `GET /system_info`'s answer.
+    pub system_info: serde_json::Value,
 }
 
 impl Judge0 {
@@ -82,10 +85,14 @@ impl Judge0 {
             config: config.clone(),
         };
         let queue = queue::Queue::start(runner).await?;
+        let system_info = tokio::task::spawn_blocking(system_info::collect)
+            .await
+            .unwrap_or_default();
         Ok(Arc::new(Judge0 {
             daemon,
             config,
             queue,
+            system_info,
         }))
     }
 

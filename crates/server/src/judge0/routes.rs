@@ -195,7 +195,7 @@ async fn route(call: &mut Call<'_>) -> Answer {
             env!("CARGO_PKG_VERSION"),
             ").\n"
         )),
-        (&Method::GET, ["system_info"]) => ok(&system_info()),
+        (&Method::GET, ["system_info"]) => ok(&call.judge0.system_info),
         (&Method::GET, ["config_info"]) => ok(&call.judge0.config.info()),
         (&Method::GET, ["workers"]) => workers(call),
         (&Method::GET, ["statistics"]) => error(
@@ -551,52 +551,6 @@ fn workers(call: &Call<'_>) -> Answer {
         "paused": 0,
         "failed": 0,
     }]))
-}
-
-/// `lscpu`'s main lines and `free -h`'s `Mem` and `Swap` totals, from `/proc`.
-fn system_info() -> Value {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let first = |key: &str| {
-        cpuinfo
-            .lines()
-            .find_map(|l| l.split_once(':').filter(|(k, _)| k.trim() == key))
-            .map(|(_, v)| v.trim().to_owned())
-    };
-    let cpus = cpuinfo
-        .lines()
-        .filter(|l| l.starts_with("processor"))
-        .count();
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let kib = |key: &str| {
-        meminfo
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|rest| {
-                rest.trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-            })
-            .unwrap_or(0)
-    };
-    let human = |kib: u64| {
-        let gib = kib as f64 / (1024.0 * 1024.0);
-        if gib >= 1.0 {
-            format!("{gib:.1}Gi")
-        } else {
-            format!("{}Mi", kib / 1024)
-        }
-    };
-    json!({
-        "Architecture": std::env::consts::ARCH,
-        "CPU(s)": cpus.to_string(),
-        "Vendor ID": first("vendor_id"),
-        "Model name": first("model name"),
-        "CPU MHz": first("cpu MHz"),
-        "Mem": human(kib("MemTotal:")),
-        "Swap": human(kib("SwapTotal:")),
-    })
 }
 
 fn answer(status: StatusCode, value: &Value) -> Answer {
