@@ -52,6 +52,8 @@ def daemon(callback_server):
                               "run_cmd": "/usr/bin/mawk -f script.awk", "requires": ["/usr/bin/mawk"]}]},
               languages)
     languages.close()
+    # A secret in the daemon's environment, which no submission may see (Judge0 #564).
+    os.environ["JUDGE0_SUITE_DAEMON_SECRET"] = "daemon-secret-value"
     started = Daemon.start(["--judge0-workers", "2",
                             "--judge0-callback-hosts", f"127.0.0.1:{port}",
                             "--judge0-callback-internal",

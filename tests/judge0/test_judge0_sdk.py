@@ -184,3 +184,14 @@ def test_sdk_network_is_off_by_default(client, daemon, language):
     done = run(client, source_code=source, language=language)
     assert done.status == Status.ACCEPTED, (done.stderr, done.message)
     assert done.stdout.startswith("refused"), done.stdout
+
+
+def test_sdk_submissions_see_none_of_the_daemons_environment(client):
+    # Judge0's workers passed their own environment to submitted code (judge0/judge0#564).
+    done = run(client, language=judge0.PYTHON,
+               source_code="import os\nfor k, v in sorted(os.environ.items()):\n    print(k, v)")
+    assert done.status == Status.ACCEPTED
+    assert "daemon-secret-value" not in done.stdout
+    names = {line.split(" ", 1)[0] for line in done.stdout.splitlines()}
+    assert "JUDGE0_SUITE_DAEMON_SECRET" not in names and not any(n.startswith("AIRLOCK") for n in names), names
+    assert {"HOME", "PATH"} <= names
