@@ -10,7 +10,8 @@ command -v setpriv >/dev/null || need+=(util-linux)    # the unprivileged-caller
 command -v ip >/dev/null || need+=(iproute2)           # seceval's fake internet (netns, veth)
 command -v curl >/dev/null || need+=(curl)             # egress tests: a real client inside
 command -v openssl >/dev/null || need+=(openssl)       # egress tests: a TLS client with any SNI
-command -v git >/dev/null || need+=(git)               # egress tests: git over smart HTTP
+command -v git >/dev/null || need+=(git)               # egress and repository tests: git over smart HTTP
+command -v pylsp >/dev/null || need+=(python3-pylsp)   # language-server tests: pylsp over WebSocket
 command -v cc >/dev/null || need+=(gcc)                # the start-up floor, scripts/startup-floor.c
 command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs) # airlockd's disk scratch storage
 [ -x /bin/busybox ] || command -v busybox >/dev/null || need+=(busybox-static)  # container-tier test images
@@ -46,18 +47,26 @@ cargo build --workspace --locked
 # The E2B compatibility suite: the unmodified Python SDKs (newest and 2.45.1) and the npm SDK
 # against a fresh airlockd (installs its venvs and node_modules on first use).
 scripts/e2b-tests.sh
+# The Judge0 compatibility suite: the unmodified `judge0` Python SDK against airlockd's
+# --judge0-listen API (installs its venv and the C, C++ and Node toolchains on first use).
+scripts/judge0-tests.sh
 # Schemathesis against a fresh airlockd: every operation of api/openapi.json, every check, 20
 # examples each with a fixed seed (installs its venv on first use).
 scripts/schemathesis.sh
 # The benchmark must keep working; its figures are printed, never asserted.
+# The start-up floor (scripts/startup-floor.c), which bench start runs beside Airlock.
+cc -O2 -Wall -Wextra -Werror -o target/startup-floor scripts/startup-floor.c -lpthread
 cargo run --quiet --locked --bin airlock -- bench start --iterations 20 --phases
+# The daemon's API with a warm pool, and under load (exits non-zero on an error or a leak).
+cargo run --quiet --locked --bin airlock -- bench api --iterations 10 --file-mib 4 --pool 2
+cargo run --quiet --locked --bin airlock -- bench load --sandboxes 100 --clients 10
 # And the soak's: the daemon's RSS and the store's size per create/delete cycle.
 cargo run --quiet --locked --bin airlock -- bench soak --cycles 3 --sandboxes 20
 cargo run --quiet --locked --bin airlock -- bench start --tier container --iterations 10
 cargo run --quiet --locked --bin airlock -- bench pause --iterations 5 --snapshots 3
 cargo run --quiet --locked --bin airlock -- bench interpreter --creates 2 --iterations 20
+cargo run --quiet --locked --bin airlock -- bench judge0 --iterations 5 --submissions 40
 # The start-up floor the README compares against must keep building and running.
-cc -O2 -Wall -Wextra -Werror -o target/startup-floor scripts/startup-floor.c -lpthread
 target/startup-floor 20
 # The image store's test images (busybox, and an mmdebstrap minbase with python3), built from
 # Debian's packages and cached under target/test-images/ by their inputs.

@@ -352,3 +352,25 @@ def test_interpreter_pip_install_of_a_local_wheel(interpreter):
     imported = interpreter.run_code("import airlock_probe_pkg\nairlock_probe_pkg.ANSWER")
     assert imported.error is None, imported.error
     assert imported.text == "42"
+
+
+def test_interpreter_from_a_warm_pool(daemon, new_interpreter, tag):
+    """A pool's member has its interpreter and warm kernel before the create; a create with
+    env vars goes cold (a member's kernel could not see them)."""
+    from airlock_harness import wait_for
+    from test_pool import pool, pool_members, set_pool
+
+    set_pool(daemon, 1, TEMPLATE)
+    try:
+        wait_for(lambda: pool(daemon, TEMPLATE)["ready"] == 1, "a full pool", timeout=300)
+        members = pool_members(daemon)
+        sandbox = new_interpreter()
+        assert sandbox.sandbox_id in members, "served by a member"
+        assert sandbox.run_code("1 + 1").text == "2"
+        wait_for(lambda: pool(daemon, TEMPLATE)["ready"] == 1, "the pool refilled", timeout=300)
+        members = pool_members(daemon)
+        with_env = new_interpreter(envs={"POOLED_ENV": tag})
+        assert with_env.sandbox_id not in members, "a create with env vars goes cold"
+        assert with_env.run_code("import os; os.environ['POOLED_ENV']").text == tag
+    finally:
+        set_pool(daemon, 0, TEMPLATE)

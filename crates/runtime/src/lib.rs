@@ -14,9 +14,11 @@
 mod backend;
 pub mod egress;
 mod evaluation;
+pub mod git;
 pub mod id_range;
 mod live;
 pub mod storage;
+mod workload;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -36,6 +38,7 @@ pub use evaluation::{Ablation, SECCOMP_TAG_ERRNO};
 pub use id_range::{IdRange, IdRangeError};
 pub use live::{AGENT_RESERVE_BYTES, LiveSandbox, LiveSpec, Pending, find_agent};
 pub use storage::{Storage, StorageError, VolumeSource};
+pub use workload::Workload;
 
 /// Why a sandbox could not be run.
 #[derive(Debug, thiserror::Error)]

@@ -21,6 +21,8 @@
 //!   HTTP at `/mcp` (API key auth); the tools call `/v1` and the data plane as a client.
 //! - [`egress`]: `network: proxy` sandboxes' egress proxies (hot reload, approvals);
 //!   [`audit`]: the audit logs and the events API.
+//! - [`judge0`]: the Judge0 CE 1.13.1-compatible API on a listener of its own
+//!   (`--judge0-listen`); its module docs give its decisions.
 //!
 //! # Decisions
 //!
@@ -76,11 +78,15 @@ pub mod config;
 pub mod e2b;
 pub mod egress;
 pub mod error;
+pub mod forge;
 pub mod fuzzing;
 pub mod http;
+pub mod inside;
+pub mod judge0;
 pub mod keys_cmd;
 pub mod lifecycle;
 pub mod logging;
+pub mod lsp;
 pub mod mcp;
 pub mod metrics;
 pub mod openapi;
@@ -88,6 +94,8 @@ pub mod proxy;
 pub mod routes;
 pub mod server;
 pub mod store;
+pub mod testing;
+pub mod websocket;
 
 pub use config::ServeArgs;
 pub use keys_cmd::KeysArgs;

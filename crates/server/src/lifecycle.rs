@@ -25,8 +25,10 @@
 
 mod checks;
 mod egress_ops;
+mod git;
 mod interpreter;
 mod pause;
+mod pool;
 mod scratch;
 mod watcher;
 
@@ -54,6 +56,7 @@ use crate::egress::{SandboxEgress, proxy_plan};
 use crate::error::ApiError;
 use crate::metrics::{CreateSource, Metrics};
 pub use checks::{check_map, env_key_ok};
+pub use git::{GitState, META_BRANCH, META_REF, META_URL, workspace_from_metadata};
 pub use interpreter::{INTERPRETER_PORT, INTERPRETER_TEMPLATE};
 
 use crate::store::{BASE_TEMPLATE, RowState, SandboxRow, Store, StoreError, now_ms};
@@ -72,6 +75,8 @@ pub enum LifecycleError {
     Runtime(#[source] RuntimeError),
     #[error("--scratch disk: {0}")]
     Storage(String),
+    #[error("the repository cache: {0}")]
+    GitCache(String),
 }
 
 /// A running sandbox's in-memory state.
@@ -110,6 +115,11 @@ pub struct Daemon {
     pub metrics: Arc<Metrics>,
     runtime: Arc<Runtime>,
     slots: Mutex<HashMap<String, Slot>>,
+    /// The repository cache (`lifecycle::git`).
+    git: GitState,
+    /// Language servers waiting for their WebSocket (`crate::lsp`).
+    pub lsp: Arc<crate::lsp::LspSessions>,
+    pools: pool::Pools,
     /// Held (locked) for the daemon's whole life.
     _lock: File,
 }
@@ -142,6 +152,7 @@ impl Daemon {
         if let Some(storage) = scratch::open_storage(&config)? {
             runtime.set_storage(storage);
         }
+        let git = GitState::open(&config.git_cache_dir())?;
         if let Err(err) = runtime.start_zygote() {
             tracing::warn!(
                 error = %airlock_runtime::error_chain(&err),
@@ -162,6 +173,9 @@ impl Daemon {
             metrics,
             runtime: Arc::new(runtime),
             slots: Mutex::new(HashMap::new()),
+            git,
+            lsp: Arc::default(),
+            pools: pool::Pools::default(),
             _lock: lock,
         });
         Ok(daemon)
@@ -202,7 +216,7 @@ impl Daemon {
                 .into_iter()
                 .map(|(state, n)| (state.to_owned(), n))
                 .collect(),
-            pools: Vec::new(),
+            pools: self.pool_gauges(),
         }
     }
 
@@ -417,9 +431,19 @@ impl Daemon {
         let source = CreateSource::Cold;
         let (request, config, volume) = self.normalize(request).map_err(|e| (e, source))?;
         let source = match volume {
-            VolumeSource::Empty => CreateSource::Cold,
+            VolumeSource::Empty => {
+                if let Some(created) = self.claim_from_pool(&request).await {
+                    return Ok((created, CreateSource::Pool));
+                }
+                CreateSource::Cold
+            }
             _ => CreateSource::Snapshot,
         };
+        // Pools refill only while no cold create waits.
+        let _cold = self.pools.cold_create();
+        if !self.room_for_cold_create().await {
+            return Err((self.capacity_error(), source));
+        }
         self.create_normalized(request, config, volume)
             .await
             .map(|response| (response, source))
@@ -428,25 +452,20 @@ impl Daemon {
 
     async fn create_normalized(
         self: &Arc<Self>,
-        request: CreateSandboxRequest,
-        config: SandboxConfig,
+        mut request: CreateSandboxRequest,
+        mut config: SandboxConfig,
         volume: VolumeSource,
     ) -> Result<CreateSandboxResponse, ApiError> {
         let id =
             auth::new_sandbox_id().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
+        let git = self.prepare_git(&id, &mut request, &mut config, &volume)?;
         let token =
             auth::new_access_token().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
         let token_hash = auth::hash_secret(&token);
         {
             let mut slots = self.slots();
-            if slots.len() >= self.config.max_sandboxes {
-                return Err(ApiError::new(
-                    ErrorCode::Capacity,
-                    format!(
-                        "the daemon already has {} sandboxes, its limit (--max-sandboxes)",
-                        self.config.max_sandboxes
-                    ),
-                ));
+            if slots.len() + self.pools.members() >= self.config.max_sandboxes {
+                return Err(self.capacity_error());
             }
             slots.insert(
                 id.clone(),
@@ -470,7 +489,7 @@ impl Daemon {
         };
         let daemon = self.clone();
         let started = tokio::task::spawn_blocking(move || {
-            daemon.create_blocking(row, config, timeout_ms, volume)
+            daemon.create_blocking(row, config, timeout_ms, volume, git)
         })
         .await;
         let started = match started {
@@ -500,6 +519,16 @@ impl Daemon {
         }
     }
 
+    fn capacity_error(&self) -> ApiError {
+        ApiError::new(
+            ErrorCode::Capacity,
+            format!(
+                "the daemon already has {} sandboxes, its limit (--max-sandboxes)",
+                self.config.max_sandboxes
+            ),
+        )
+    }
+
     /// Steps 1 to 4 of the module docs, in the blocking pool. On failure nothing is left.
     fn create_blocking(
         &self,
@@ -507,6 +536,7 @@ impl Daemon {
         config: SandboxConfig,
         timeout_ms: u64,
         volume: VolumeSource,
+        git: Option<git::GitPlan>,
     ) -> Result<(SandboxRow, LiveSandbox, Option<Arc<SandboxEgress>>), ApiError> {
         let id = row.id.clone();
         let dir = self.config.sandboxes_dir().join(&id);
@@ -532,7 +562,7 @@ impl Daemon {
         );
         if let Err(err) = self
             .store
-            .insert_sandbox_noting(&row, Some(("create", &created)))
+            .insert_sandbox_noting(&row, &[("create", &created)])
         {
             return Err(fail(err.into()));
         }
@@ -563,10 +593,23 @@ impl Daemon {
             volume,
         };
         let session = egress.get().cloned();
+        let fetched = match &git {
+            Some(plan) => match self.fetch_repository(&dir, plan, session.as_deref()) {
+                Ok(fetched) => Some((plan, fetched)),
+                Err(err) => return Err(fail(err)),
+            },
+            None => None,
+        };
         let pending = match self.create_live(&spec, session.as_deref()) {
             Ok(pending) => pending,
             Err(err) => return Err(fail(runtime_error(&err))),
         };
+        if let Some((plan, (fetched, header))) = fetched
+            && let Err(err) = self.hand_over(&id, plan, fetched, header, &pending.record().socket)
+        {
+            drop(pending);
+            return Err(fail(err));
+        }
         for warning in pending.warnings() {
             self.event(Some(&id), "warning", warning);
         }
@@ -685,6 +728,8 @@ impl Daemon {
             Workspace::Host { path } => WorkspaceSource::Host {
                 path: self.host_workspace(path)?,
             },
+            // Cloned into the fresh workspace once the sandbox runs (`lifecycle::git`).
+            Workspace::Git { .. } => WorkspaceSource::Fresh,
         };
         let mut config = SandboxConfig::new(Vec::new());
         config.tier = request.tier;
@@ -783,6 +828,11 @@ impl Daemon {
     /// How many workload processes of a running sandbox the OOM killer has ended so far.
     pub fn oom_kills(&self, id: &str) -> Result<u64, ApiError> {
         Ok(self.running(id)?.record.oom_kills())
+    }
+
+    /// A running sandbox's runtime record (the Judge0 API steers its workload through it).
+    pub fn live_record(&self, id: &str) -> Result<LiveSandbox, ApiError> {
+        Ok(self.running(id)?.record.clone())
     }
 
     /// The stored hash of a sandbox's access token, if the daemon knows the sandbox.
@@ -900,6 +950,7 @@ fn view(row: &SandboxRow) -> Sandbox {
         metadata: row.request.metadata.clone(),
         created_at_ms: row.created_ms,
         expires_at_ms,
+        pool: false,
     }
 }
 

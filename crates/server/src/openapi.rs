@@ -131,6 +131,10 @@ fn operation(
     if route.path.contains("{id}") {
         let description = if route.path.starts_with("/v1/approvals/") {
             "The approval id, from `GET /v1/approvals`."
+        } else if route.path.starts_with("/v1/templates/") {
+            "The template's name."
+        } else if route.path.starts_with("/v1/snapshots/") {
+            "The snapshot's id or name."
         } else {
             "The sandbox id."
         };

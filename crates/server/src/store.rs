@@ -1,16 +1,21 @@
 //! The daemon's durable state: one SQLite file, `<state>/airlock.db`.
 //!
 //! Tables: `sandboxes` (one row per sandbox that exists or is being created or removed),
-//! `templates`, `api_keys` (SHA-256 of each key, never the key) and `events` (an append-only
-//! log). The schema version is `PRAGMA user_version`; an older store is migrated in place
-//! (version 2 added `sandboxes.egress`). WAL with `synchronous=NORMAL` keeps each
-//! write one `write(2)`; a crash can lose the last transactions but never corrupts the file,
+//! `templates`, `pools` (warm-pool sizes), `api_keys` (SHA-256 of each key, never the key),
+//! `events` (an append-only log) and `judge0_submissions` (the Judge0 API's submissions and
+//! queue). The schema version is `PRAGMA user_version`; an older store is migrated in place
+//! (version 2 added `sandboxes.egress`, 3 the `paused` state and `snapshots`; `pools` and
+//! `judge0_submissions` are additive, created if missing, with no version of their own). WAL
+//! with `synchronous=NORMAL` keeps each write one `write(2)`; a crash can lose the last
+//! transactions but never corrupts the file,
 //! and start-up reconciles rows with what really runs (see `lifecycle`).
 //!
 //! Memory and disk stay bounded over the daemon's life: the event log is trimmed
 //! ([`Store::trim_events`]), SQLite's page cache is capped at [`CACHE_KIB`] and the WAL is
 //! checkpointed every 1000 pages and truncated back to [`JOURNAL_SIZE_LIMIT`].
 
+mod judge0;
+mod pools;
 mod snapshots;
 
 pub use snapshots::SnapshotRow;
@@ -231,6 +236,7 @@ impl Store {
         )?;
         let tx = conn.unchecked_transaction()?;
         tx.execute_batch(SCHEMA)?;
+        tx.execute_batch(pools::SCHEMA)?;
         tx.execute_batch(&SANDBOXES_V3.replace("{table}", "sandboxes"))?;
         if sandboxes_exist && found < 2 {
             tx.execute_batch("ALTER TABLE sandboxes ADD COLUMN egress TEXT")?;
@@ -247,6 +253,8 @@ impl Store {
                  ALTER TABLE sandboxes_v3 RENAME TO sandboxes;",
             )?;
         }
+        // The Judge0 API's table: additive, created if missing on any version.
+        tx.execute_batch(judge0::SCHEMA)?;
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         tx.commit()?;
         conn.execute(
@@ -280,14 +288,14 @@ impl Store {
     // --- sandboxes ---
 
     pub fn insert_sandbox(&self, row: &SandboxRow) -> Result<(), StoreError> {
-        self.insert_sandbox_noting(row, None)
+        self.insert_sandbox_noting(row, &[])
     }
 
-    /// [`Store::insert_sandbox`] with an event `(kind, message)` in the same transaction.
+    /// [`Store::insert_sandbox`] with events `(kind, message)` in the same transaction.
     pub fn insert_sandbox_noting(
         &self,
         row: &SandboxRow,
-        event: Option<(&str, &str)>,
+        events: &[(&str, &str)],
     ) -> Result<(), StoreError> {
         let request =
             serde_json::to_string(&row.request).map_err(|source| StoreError::Corrupt {
@@ -296,7 +304,7 @@ impl Store {
             })?;
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        if let Some((kind, message)) = event {
+        for (kind, message) in events {
             insert_event(&tx, Some(&row.id), kind, message)?;
         }
         tx.execute(

@@ -45,58 +45,87 @@ enum Health {
 }
 
 impl Daemon {
-    /// Starts the interpreter in sandbox `id` and waits until its default kernel runs.
+    /// Starts the interpreter in running sandbox `id` and waits until its default kernel runs.
     pub(super) async fn start_interpreter(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
         let agent = self.agent(id).await?;
-        let process = json!({
-            "cmd": airlock_jail::spec::AGENT_PATH,
-            "args": ["interpreter", "--listen", format!("127.0.0.1:{INTERPRETER_PORT}")],
-            "envs": self.sandbox_env(id)?,
-            "cwd": CWD,
-        });
-        let request = Request::builder()
-            .method(Method::POST)
-            .uri("/process.Process/Start")
-            .header(CONTENT_TYPE, "application/connect+json")
-            .header("connect-protocol-version", "1")
-            .body(full(envelope(&json!({ "process": process, "tag": TAG }))))
-            .map_err(|e| ApiError::internal(format!("cannot build the agent request: {e}")))?;
-        let response = agent.send(request).await?;
-        if response.status() != StatusCode::OK {
-            let status = response.status();
-            let body = http_body_util::BodyExt::collect(response.into_body())
-                .await
-                .map(|c| c.to_bytes())
-                .unwrap_or_default();
-            return Err(connect_error(status, None, &body));
-        }
-        let mut reader = EnvelopeReader::new(response.into_body());
-        crate::routes::exec::first_event(&mut reader).await?;
-        // The process outlives this stream (envd's rule); its output is not kept.
-        drop(reader);
-        let started = Instant::now();
-        loop {
-            match health(agent.socket()).await {
-                Health::Ready => return Ok(()),
-                Health::Failed(reason) => {
-                    return Err(ApiError::internal(format!(
-                        "the code interpreter cannot start: {reason}"
-                    )));
-                }
-                Health::Starting if started.elapsed() > READY_TIMEOUT => {
-                    return Err(ApiError::new(
-                        ErrorCode::Internal,
-                        format!(
-                            "the code interpreter was not ready after {} s",
-                            READY_TIMEOUT.as_secs()
-                        ),
-                    ));
-                }
-                Health::Starting if !self.is_running(id) => {
-                    return Err(ApiError::no_sandbox(id));
-                }
-                Health::Starting => tokio::time::sleep(POLL).await,
+        let env = self.sandbox_env(id)?;
+        start_in(&agent, &env, || self.is_running(id))
+            .await
+            .map_err(|err| match err {
+                Gone => ApiError::no_sandbox(id),
+                Failed(err) => err,
+            })
+    }
+}
+
+/// Why [`start_in`] failed.
+pub(super) enum StartError {
+    /// The sandbox ended meanwhile.
+    Gone,
+    Failed(ApiError),
+}
+use StartError::{Failed, Gone};
+
+impl From<ApiError> for StartError {
+    fn from(err: ApiError) -> StartError {
+        Failed(err)
+    }
+}
+
+/// Starts the interpreter through `agent` with `env` (a warm pool's member has none yet: its
+/// claim's env reaches only what starts after it, so a create with env is not served from the
+/// pool) and waits for its default kernel; `alive` says whether the sandbox still runs.
+pub(super) async fn start_in(
+    agent: &crate::agent::Agent,
+    env: &std::collections::BTreeMap<String, String>,
+    alive: impl Fn() -> bool,
+) -> Result<(), StartError> {
+    let process = json!({
+        "cmd": airlock_jail::spec::AGENT_PATH,
+        "args": ["interpreter", "--listen", format!("127.0.0.1:{INTERPRETER_PORT}")],
+        "envs": env,
+        "cwd": CWD,
+    });
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri("/process.Process/Start")
+        .header(CONTENT_TYPE, "application/connect+json")
+        .header("connect-protocol-version", "1")
+        .body(full(envelope(&json!({ "process": process, "tag": TAG }))))
+        .map_err(|e| ApiError::internal(format!("cannot build the agent request: {e}")))?;
+    let response = agent.send(request).await?;
+    if response.status() != StatusCode::OK {
+        let status = response.status();
+        let body = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        return Err(Failed(connect_error(status, None, &body)));
+    }
+    let mut reader = EnvelopeReader::new(response.into_body());
+    crate::routes::exec::first_event(&mut reader).await?;
+    // The process outlives this stream (envd's rule); its output is not kept.
+    drop(reader);
+    let started = Instant::now();
+    loop {
+        match health(agent.socket()).await {
+            Health::Ready => return Ok(()),
+            Health::Failed(reason) => {
+                return Err(Failed(ApiError::internal(format!(
+                    "the code interpreter cannot start: {reason}"
+                ))));
             }
+            Health::Starting if started.elapsed() > READY_TIMEOUT => {
+                return Err(Failed(ApiError::new(
+                    ErrorCode::Internal,
+                    format!(
+                        "the code interpreter was not ready after {} s",
+                        READY_TIMEOUT.as_secs()
+                    ),
+                )));
+            }
+            Health::Starting if !alive() => return Err(Gone),
+            Health::Starting => tokio::time::sleep(POLL).await,
         }
     }
 }

@@ -8,6 +8,8 @@
 mod egress;
 pub(crate) mod exec;
 mod files;
+mod git;
+mod lsp;
 mod persistence;
 mod sandboxes;
 
@@ -77,6 +79,8 @@ pub enum Handler {
     Health,
     Metrics,
     ListTemplates,
+    GetPool,
+    SetPool,
     CreateSandbox,
     ListSandboxes,
     GetSandbox,
@@ -93,6 +97,10 @@ pub enum Handler {
     PutPolicy,
     ListApprovals,
     DecideApproval,
+    GitPush,
+    PullRequest,
+    StartLsp,
+    LspSocket,
     Exec,
     FileGet,
     FilePut,
@@ -145,7 +153,7 @@ macro_rules! route {
 }
 
 /// Every endpoint of the daemon.
-pub static ROUTES: [Route; 28] = [
+pub static ROUTES: [Route; 34] = [
     route!(
         Some(Method::GET),
         "/v1/health",
@@ -183,6 +191,30 @@ pub static ROUTES: [Route; 28] = [
         &[]
     ),
     route!(
+        Some(Method::GET),
+        "/v1/templates/{id}/pool",
+        GetPool,
+        ApiKey,
+        "A template's warm pool: its size, members ready and starting, claims.",
+        &[],
+        Payload::None,
+        200,
+        Payload::Json(schema::<v1::PoolStatus>),
+        &[404]
+    ),
+    route!(
+        Some(Method::PUT),
+        "/v1/templates/{id}/pool",
+        SetPool,
+        ApiKey,
+        "Keep `size` sandboxes of the template started and ready (0 removes the pool); creates for it that ask for nothing else claim one. Kept across restarts.",
+        &[],
+        Payload::Json(schema::<v1::PoolRequest>),
+        200,
+        Payload::Json(schema::<v1::PoolStatus>),
+        &[400, 404, 413, 422]
+    ),
+    route!(
         Some(Method::POST),
         "/v1/sandboxes",
         CreateSandbox,
@@ -211,6 +243,12 @@ pub static ROUTES: [Route; 28] = [
                 "metadata.{key}",
                 false,
                 "Keep sandboxes whose metadata has key = value; repeatable.",
+                QueryValue::Text
+            ),
+            (
+                "include",
+                false,
+                "`pool`: also list the unclaimed members of warm pools (`pool: true`).",
                 QueryValue::Text
             )
         ],
@@ -411,6 +449,10 @@ pub static ROUTES: [Route; 28] = [
         Payload::None,
         &[400, 404, 413]
     ),
+    git::PUSH,
+    git::PULL_REQUEST,
+    lsp::START,
+    lsp::SOCKET,
     route!(
         Some(Method::POST),
         "/v1/sandboxes/{id}/exec",
@@ -745,6 +787,8 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
         Handler::Health => Ok(sandboxes::health()),
         Handler::Metrics => Ok(metrics(ctx)),
         Handler::ListTemplates => sandboxes::list_templates(ctx),
+        Handler::GetPool => sandboxes::get_pool(ctx),
+        Handler::SetPool => sandboxes::set_pool(ctx).await,
         Handler::CreateSandbox => sandboxes::create(ctx).await,
         Handler::ListSandboxes => sandboxes::list(ctx),
         Handler::GetSandbox => sandboxes::get(ctx),
@@ -761,6 +805,10 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
         Handler::PutPolicy => egress::put_policy(ctx).await,
         Handler::ListApprovals => egress::list_approvals(ctx),
         Handler::DecideApproval => egress::decide_approval(ctx).await,
+        Handler::GitPush => git::push(ctx).await,
+        Handler::PullRequest => git::pull_request(ctx).await,
+        Handler::StartLsp => lsp::start(ctx).await,
+        Handler::LspSocket => lsp::socket(ctx),
         Handler::Exec => exec::exec(ctx).await,
         Handler::FileGet
         | Handler::FilePut
