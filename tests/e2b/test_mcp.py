@@ -180,3 +180,20 @@ def test_mcp_stdio_unknown_tool_name_is_refused(daemon):
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert done.returncode != 0
     assert "no_such_tool" in done.stderr
+
+
+def test_mcp_http_modern_era_discover_then_call(daemon):
+    """The 2026-07-28 protocol era (`discover`, no initialize) on `/mcp` too."""
+    async def scenario():
+        async with httpx2.AsyncClient(headers={"X-API-Key": daemon.key}, timeout=600) as http:
+            async with streamable_http_client(f"{daemon.url}/mcp", http_client=http) as (read, write):
+                async with ClientSession(read, write) as s:
+                    found = await s.discover()
+                    assert "2026-07-28" in found.supported_versions
+                    assert found.capabilities.tools is not None
+                    listed = structured(await s.call_tool("sandbox_list", {"state": "running"}))
+                    assert isinstance(listed["sandboxes"], list)
+                    bad = await s.call_tool("sandbox_list", {"state": "sideways"})
+                    assert bad.is_error and '"code":"invalid_request"' in bad.content[0].text
+
+    run(scenario)
