@@ -132,6 +132,18 @@ pub struct SpawnOptions {
     /// of its host id range), so that what it locks outlives this process if the sandbox
     /// does.
     pub hold: Option<std::sync::Arc<OwnedFd>>,
+    /// The workload's standard input, output and error instead of this process's own (a
+    /// caller that collects a command's output, such as a template build's `RUN`).
+    pub stdio: Option<std::sync::Arc<Stdio>>,
+}
+
+/// Descriptors that become a sandbox's fds 0, 1 and 2 (the helper and init pass them on to
+/// the workload).
+#[derive(Debug)]
+pub struct Stdio {
+    pub stdin: OwnedFd,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
 }
 
 /// A running sandbox.
@@ -202,9 +214,28 @@ impl Sandbox {
             .transpose()
             .map_err(spawn_err)?;
         fds.extend(hold.as_ref().map(|fd| (fd.as_raw_fd(), HOLD_FD)));
+        let stdio = options
+            .stdio
+            .as_deref()
+            .map(|stdio| {
+                [&stdio.stdin, &stdio.stdout, &stdio.stderr]
+                    .map(|fd| sys::dup_above(fd, SPEC_FD + 8))
+            })
+            .map(|fds| fds.into_iter().collect::<io::Result<Vec<_>>>())
+            .transpose()
+            .map_err(spawn_err)?;
+        if let Some(stdio) = &stdio {
+            fds.extend(
+                stdio
+                    .iter()
+                    .zip(0..)
+                    .map(|(fd, target)| (fd.as_raw_fd(), target)),
+            );
+        }
         let pid = sys::spawn(&options.helper, &fds).map_err(spawn_err)?;
         drop(control);
         drop(hold);
+        drop(stdio);
         drop((spec_r, report_w));
         let mut sandbox = Sandbox {
             helper: Some(pid),

@@ -16,24 +16,27 @@ pub mod egress;
 mod evaluation;
 pub mod id_range;
 mod live;
+mod step;
 pub mod storage;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use airlock_api::{SandboxConfig, WorkspaceSource};
-use airlock_jail::{HostSupport, JailError, Outcome, Sandbox, SpawnOptions, TerminationSignals};
+pub use airlock_jail::Outcome;
+use airlock_jail::{HostSupport, JailError, Sandbox, SpawnOptions, TerminationSignals};
 use airlock_policy::egress::{EgressPlan, NetworkMode};
 use airlock_policy::{CompileError, HostFacts};
 pub use egress::{EgressOptions, EgressSession};
 
 pub use airlock_jail::oom::OomWatch;
 pub use airlock_jail::report::Phase;
-pub use airlock_jail::{Ending, TerminationSignals as Signals, error_chain};
+pub use airlock_jail::{Ending, Stdio, TerminationSignals as Signals, error_chain};
 pub use backend::{Backend, BackendSupport, ContainerTier, ProcessTier, TierBackend};
 pub use evaluation::{Ablation, SECCOMP_TAG_ERRNO};
 pub use id_range::{IdRange, IdRangeError};
 pub use live::{AGENT_RESERVE_BYTES, LiveSandbox, LiveSpec, Pending, find_agent};
+pub use step::{KeptScratch, StepOptions};
 pub use storage::{Storage, StorageError, VolumeSource};
 
 /// Why a sandbox could not be run.
@@ -245,6 +248,7 @@ impl Runtime {
             trace: self.trace,
             evaluation: airlock_jail::spec::Evaluation::default(),
             hold: None,
+            stdio: None,
         }
     }
 
