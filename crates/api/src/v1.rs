@@ -13,10 +13,21 @@ use serde::{Deserialize, Serialize};
 use crate::Tier;
 use crate::whole;
 
+mod images;
 mod persistence;
+mod templates;
+pub use images::{
+    ImageDetails, ImageLayer, ImageList, ImageSummary, ImportResponse, ImportedImage, LayerPhase,
+    MAX_REFERENCE_CHARS, PruneResponse, PullEvent, PullImageRequest, RemovedImage,
+};
 pub use persistence::{
     CreateSnapshotRequest, Fork, ForkRequest, ForkResponse, Lifecycle, MAX_FORKS, OnTimeout,
     PauseMode, PauseRequest, ResumeRequest, Snapshot, SnapshotList,
+};
+pub use templates::{
+    BuildFailure, BuildLogEntry, BuildState, BuildStep, BuildTemplateRequest,
+    DEFAULT_READY_TIMEOUT_MS, DEFAULT_TAG, FILES_HASH_PATTERN, LogLevel, MAX_READY_TIMEOUT_MS,
+    MAX_STEPS, StepKind, TEMPLATE_NAME_PATTERN, TemplateBuild, TemplateFiles,
 };
 
 /// The longest lifetime a sandbox may have: `timeout_ms` above it is refused, and so is a
@@ -46,9 +57,9 @@ pub const BASE64_PATTERN: &str =
 /// The `tier` of a create request: the tiers this build runs.
 fn available_tier(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
-        "description": "The isolation tier. This build runs only `process`; `container` and `microvm` (and a policy whose tier needs them) are refused with 422 and the reason.",
+        "description": "The isolation tier. `container` needs an image (`image`, or a template built from one; without, 422); `microvm` (and a policy whose tier needs it) is refused with 422 and the reason.",
         "type": "string",
-        "enum": ["process"],
+        "enum": ["process", "container"],
         "default": "process",
     })
 }
@@ -82,7 +93,7 @@ impl JsonSchema for Tier {
 
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         json_schema!({
-            "description": "The isolation tier. Only `process` runs in this build; the others are refused with 422 and the reason.",
+            "description": "The isolation tier. `process` and `container` run in this build; `microvm` is refused with 422 and the reason.",
             "type": "string",
             "enum": ["process", "container", "microvm"],
         })
@@ -267,11 +278,18 @@ pub struct CreateSandboxRequest {
     #[serde(default)]
     #[schemars(schema_with = "available_tier")]
     pub tier: Tier,
-    /// A template name (`GET /v1/templates`); default `base`, the host's root read-only. An
-    /// unknown one is 404.
+    /// A template (`GET /v1/templates`) by `NAME:TAG`, `NAME` (its `latest` tag, else its
+    /// newest), or a snapshot's id or name; default `base`, the host's root read-only (or the
+    /// daemon's `--base-image`). An unknown one is 404.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("pattern" = NON_EMPTY_NO_NUL))]
     pub template: Option<String>,
+    /// An image of the daemon's store (`GET /v1/images`: a name or a digest): the sandbox runs
+    /// on the container tier with the image as its whole filesystem, its env, working
+    /// directory and user applied. Not with `template`. An unknown one is 404.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = images::MAX_REFERENCE_CHARS), extend("pattern" = NON_EMPTY_NO_NUL))]
+    pub image: Option<String>,
     #[serde(default)]
     pub resources: Resources,
     /// Lifetime from now, from 1 ms to 24 h (a daemon's `--max-timeout` may cap it lower:
@@ -336,6 +354,9 @@ pub struct Sandbox {
     pub state: SandboxState,
     pub tier: Tier,
     pub template: String,
+    /// The image (digest) of a container-tier sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// The limits in force.
     pub resources: Resources,
     pub workspace: Workspace,
@@ -670,15 +691,38 @@ pub struct DecideApprovalRequest {
     pub decision: ApprovalDecision,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// A template: the built-in `base`, or an image built from steps plus sandbox defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Template {
+    /// `base`, or `NAME:TAG`.
     pub name: String,
     pub description: String,
     /// Host directory used as the read-only root; absent for the host's `/`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rootfs: Option<String>,
     pub builtin: bool,
+    /// The image (digest) its sandboxes run on, on the container tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The build that made it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_cmd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_cmd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_timeout_ms: Option<u64>,
+    /// Default limits of its sandboxes.
+    #[serde(default)]
+    pub resources: Resources,
+    /// Default policy of its sandboxes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<Box<crate::policy::PolicyDocument>>,
+    /// Unix time in milliseconds (0 for the built-in one).
+    #[serde(default)]
+    pub updated_at_ms: u64,
 }
 
 /// `GET /v1/templates`.

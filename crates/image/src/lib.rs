@@ -8,9 +8,11 @@
 //! the crash-safety argument; [`layer`] the applier's rules.
 
 pub mod capture;
+pub mod copy;
 mod derive;
 pub mod digest;
 pub mod fuzzing;
+pub mod glob;
 mod import;
 pub mod layer;
 pub mod oci;

@@ -227,3 +227,143 @@ fn test_capture_refuses_an_owner_outside_the_sandbox_range() {
     assert!(err.to_string().contains("stray"), "{err}");
     assert!(err.to_string().contains("host id 12"), "{err}");
 }
+
+/// A context tar as the E2B SDK uploads one: names relative to the context's root.
+fn context(path: &Path) {
+    use airlock_image::tarball::{Meta, TarWriter};
+    let mut tar = TarWriter::new(std::fs::File::create(path).unwrap());
+    let meta = |mode| Meta {
+        mode,
+        uid: 501,
+        gid: 20,
+        mtime: 1_700_000_000,
+    };
+    tar.file("requirements.txt", meta(0o644), 6, &b"flask\n"[..], &[])
+        .unwrap();
+    tar.dir("app", meta(0o755), &[]).unwrap();
+    tar.file("app/main.py", meta(0o644), 12, &b"print('hi')\n"[..], &[])
+        .unwrap();
+    tar.hard_link("app/same.py", "app/main.py", meta(0o644))
+        .unwrap();
+    tar.symlink("app/link.py", "main.py", meta(0o777)).unwrap();
+    tar.dir("app/sub", meta(0o700), &[]).unwrap();
+    tar.file("app/sub/data", meta(0o600), 1, &b"x"[..], &[])
+        .unwrap();
+    tar.finish().unwrap();
+}
+
+#[test]
+fn test_copy_places_files_as_docker_does_through_the_images_symlinks() {
+    use airlock_image::copy::{CopySpec, copy_layer};
+    let scratch = Scratch::new("copy");
+    let store = scratch.store();
+    let report = store
+        .import(
+            &images().join("busybox.tar"),
+            &ImportOptions {
+                tag: Some("airlock/busybox:copy".into()),
+            },
+            None,
+        )
+        .unwrap();
+    // A base with `/lib -> usr/lib`, as merged-/usr distributions have.
+    let up = scratch.0.join("upper");
+    std::fs::create_dir_all(up.join("usr/lib")).unwrap();
+    std::os::unix::fs::symlink("usr/lib", up.join("lib")).unwrap();
+    for path in ["", "usr", "usr/lib", "lib"] {
+        chown(&up.join(path), BASE, BASE);
+    }
+    let ids = HostIds {
+        uid_base: BASE,
+        gid_base: BASE,
+    };
+    let base_tar = scratch.0.join("base.tar");
+    capture_upper(&up, ids, std::fs::File::create(&base_tar).unwrap()).unwrap();
+    let derivation = Derivation::default();
+    let base = store
+        .derive(
+            Some(&report.images[0].digest),
+            &[base_tar],
+            &derivation,
+            "copy:base",
+        )
+        .unwrap();
+    let stack = LayerStack::new(&store.resolve(&base).unwrap().layers);
+    let files = scratch.0.join("context.tar");
+    context(&files);
+    let mut layers = Vec::new();
+    let copies = [
+        ("app", "/srv/app", None),
+        ("requirements.txt", "/lib/", None),
+        ("app/main.py", "/opt/renamed.py", Some(0o700)),
+        ("*.txt", "/etc/wanted", None),
+    ];
+    for (n, (source, destination, mode)) in copies.into_iter().enumerate() {
+        let spec = CopySpec {
+            source: source.into(),
+            destination: destination.into(),
+            owner: (1000, 1000),
+            mode,
+        };
+        let out = scratch.0.join(format!("copy{n}.tar"));
+        let (_, copied) =
+            copy_layer(&files, &spec, &stack, std::fs::File::create(&out).unwrap()).unwrap();
+        assert!(copied.warnings.is_empty(), "{:?}", copied.warnings);
+        layers.push(out);
+    }
+    let built = store
+        .derive(Some(&base), &layers, &derivation, "copy:built")
+        .unwrap();
+    let stack = LayerStack::new(&store.resolve(&built).unwrap().layers);
+    let read = |path: &str| {
+        stack
+            .read_file(path, 100)
+            .map(|b| String::from_utf8(b).unwrap())
+    };
+    // A directory's contents, not the directory itself.
+    assert_eq!(read("/srv/app/main.py").as_deref(), Some("print('hi')\n"));
+    assert_eq!(read("/srv/app/sub/data").as_deref(), Some("x"));
+    assert_eq!(read("/srv/app/link.py").as_deref(), Some("print('hi')\n"));
+    assert_eq!(read("/srv/app/app/main.py"), None);
+    // Into a directory through the image's symlink: /lib/x is /usr/lib/x.
+    assert_eq!(
+        read("/usr/lib/requirements.txt").as_deref(),
+        Some("flask\n")
+    );
+    assert!(
+        matches!(stack.resolve("/lib", false).unwrap().1, Found::Symlink(_)),
+        "the link survives"
+    );
+    assert_eq!(read("/opt/renamed.py").as_deref(), Some("print('hi')\n"));
+    assert_eq!(
+        read("/etc/wanted").as_deref(),
+        Some("flask\n"),
+        "a file to a file name"
+    );
+    let Found::File(host) = stack.resolve("/srv/app/same.py", true).unwrap().1 else {
+        panic!("same.py is missing");
+    };
+    let same = std::fs::symlink_metadata(host).unwrap();
+    assert_eq!(
+        (same.uid(), same.gid(), same.nlink()),
+        (1000, 1000, 2),
+        "the owner given, a hard link kept"
+    );
+    let Found::File(host) = stack.resolve("/opt/renamed.py", true).unwrap().1 else {
+        panic!("renamed.py is missing");
+    };
+    assert_eq!(
+        std::fs::symlink_metadata(host).unwrap().mode() & 0o7777,
+        0o700
+    );
+
+    // Nothing matches: the error says what.
+    let spec = CopySpec {
+        source: "missing/*".into(),
+        destination: "/x".into(),
+        owner: (0, 0),
+        mode: None,
+    };
+    let err = copy_layer(&files, &spec, &stack, std::io::sink()).unwrap_err();
+    assert!(err.to_string().contains("missing/*"), "{err}");
+}
