@@ -146,6 +146,18 @@ impl<W: Write> TarWriter<W> {
     }
 }
 
+/// Reads every header of the tar at `path`; returns how many entries it has. An upload that
+/// is no tar fails here rather than at the step that uses it.
+pub fn check_tar(path: &std::path::Path) -> io::Result<u64> {
+    let mut archive = tar::Archive::new(std::fs::File::open(path)?);
+    let mut count = 0;
+    for entry in archive.entries()? {
+        entry?;
+        count += 1;
+    }
+    Ok(count)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,6 +19,9 @@
 //!   between them and `/v1`); its module docs give the routing rules.
 //! - [`egress`]: `network: proxy` sandboxes' egress proxies (hot reload, approvals);
 //!   [`audit`]: the audit logs and the events API.
+//! - [`templates`]: the template build engine (steps from the native API and from E2B's
+//!   `Template.build`), file contexts, and the image store's routes' logic; the daemon's
+//!   image store is `<state>/images`.
 //!
 //! # Decisions
 //!
@@ -83,6 +86,7 @@ pub mod proxy;
 pub mod routes;
 pub mod server;
 pub mod store;
+pub mod templates;
 
 pub use config::ServeArgs;
 pub use keys_cmd::KeysArgs;
