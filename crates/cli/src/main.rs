@@ -9,7 +9,9 @@ mod bench_egress;
 mod bench_image;
 mod bench_pause;
 mod bench_soak;
+mod build_context;
 mod daemon_cmds;
+mod dockerfile;
 mod image_cmds;
 mod image_source;
 mod persist_cmds;
@@ -17,6 +19,7 @@ mod policy_cmds;
 mod run;
 mod sandbox_cmds;
 mod seceval;
+mod template_cmds;
 
 use std::process::ExitCode;
 
@@ -72,6 +75,13 @@ enum Command {
         #[command(subcommand)]
         which: image_cmds::ImageCommand,
     },
+    /// Build, list and delete a daemon's templates (`template build NAME -f Dockerfile .`).
+    Template {
+        #[command(flatten)]
+        daemon: sandbox_cmds::DaemonArgs,
+        #[command(subcommand)]
+        which: template_cmds::TemplateCommand,
+    },
     /// Check, explain and compare policy documents.
     Policy {
         #[command(subcommand)]
@@ -113,6 +123,9 @@ fn main() -> ExitCode {
         Command::Sandbox { daemon, which } => sandbox_cmds::sandbox(&daemon, which),
         Command::Exec { daemon, args } => sandbox_cmds::exec(&daemon, args),
         Command::Image { store, which } => image_cmds::image(&store, which),
+        Command::Template { daemon, which } => daemon
+            .client()
+            .and_then(|client| template_cmds::template(&client, which)),
         Command::Policy { which } => policy_cmds::policy(which),
         Command::Approvals { daemon, which } => approvals_cmds::approvals(&daemon, which),
         Command::Seceval(args) => seceval::seceval(args),
