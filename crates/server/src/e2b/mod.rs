@@ -27,8 +27,9 @@
 //! set-timeout, connect on both versions, refreshes, pause and legacy resume. Timeouts are
 //! seconds: `timeout` at create sets the lifetime (E2B's defaults: 300 s on v2, 15 s on v1),
 //! set-timeout resets it from now, connect and refreshes extend it and never shorten it.
-//! Templates name the daemon's templates; `base` is the process tier with the host's root,
-//! read-only. An unknown template is E2B's 404 `template '<name>' not found`. Pause is not
+//! Templates name the daemon's templates (`NAME`, `NAME:TAG`, a snapshot); `base` is the
+//! process tier with the host's root, read-only (or the daemon's `--base-image`). An unknown
+//! template is E2B's 404 `template '<name>' not found`. `Template.build` is [`templates`]. Pause is not
 //! implemented: it answers what E2B answers when a pause fails, `500 Error pausing sandbox`,
 //! and the sandbox keeps running. Errors are E2B's `{"code": <status>, "message"}`.
 //!
@@ -61,6 +62,7 @@ pub mod access;
 pub mod control;
 pub mod data;
 pub mod persistence;
+pub mod templates;
 pub mod time;
 pub mod tunnel;
 pub mod wire;
@@ -107,12 +109,19 @@ pub struct Target {
 
 /// E2B's control-plane paths: with an API key they win over routing headers.
 pub fn is_control_path(path: &str) -> bool {
-    ["/sandboxes", "/v2/sandboxes", "/templates", "/snapshots"]
-        .iter()
-        .any(|prefix| {
-            path.strip_prefix(prefix)
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-        })
+    [
+        "/sandboxes",
+        "/v2/sandboxes",
+        "/templates",
+        "/v2/templates",
+        "/v3/templates",
+        "/snapshots",
+    ]
+    .iter()
+    .any(|prefix| {
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    })
 }
 
 fn has_api_key(headers: &HeaderMap) -> bool {

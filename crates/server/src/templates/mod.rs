@@ -199,9 +199,11 @@ impl Daemon {
         self.builds.notify();
     }
 
-    /// Accepts a build that waits for its steps (E2B's `POST /v3/templates`).
-    pub fn create_build(&self, name: &str) -> Result<TemplateBuild, ApiError> {
-        let (family, tag) = split_name(name).ok_or_else(|| {
+    /// Accepts a build that waits for its steps (E2B's `POST /v3/templates`); `request`
+    /// holds what is known so far (name, tags, limits).
+    pub fn create_build(&self, request: BuildTemplateRequest) -> Result<TemplateBuild, ApiError> {
+        let name = request.name.clone();
+        let (family, tag) = split_name(&name).ok_or_else(|| {
             invalid(format!(
                 "{name:?} is not NAME[:TAG] (lower-case letters, digits, `.`, `_`, `-`)"
             ))
@@ -220,10 +222,7 @@ impl Daemon {
         };
         self.store.insert_build(&BuildRow {
             build: build.clone(),
-            request: BuildTemplateRequest {
-                name: name.to_owned(),
-                ..BuildTemplateRequest::default()
-            },
+            request,
         })?;
         Ok(build)
     }
@@ -234,7 +233,7 @@ impl Daemon {
         request: BuildTemplateRequest,
     ) -> Result<TemplateBuild, ApiError> {
         check_request(&request)?;
-        let build = self.create_build(&request.name)?;
+        let build = self.create_build(request.clone())?;
         self.run_build(build, request)
     }
 
