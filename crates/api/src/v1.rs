@@ -256,7 +256,7 @@ pub struct Resources {
 }
 
 /// Where `/workspace` comes from.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Workspace {
     /// A fresh, private tmpfs that disappears with the sandbox.
@@ -271,9 +271,32 @@ pub enum Workspace {
     },
 }
 
+/// [`Workspace`] as it is read: `fresh` is a struct variant here, so that members beside the
+/// tag are refused as for `host` (serde ignores them next to a unit variant's tag).
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+enum WorkspaceWire {
+    Fresh {},
+    Host { path: String },
+}
+
+impl<'de> Deserialize<'de> for Workspace {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Workspace, D::Error> {
+        Ok(match WorkspaceWire::deserialize(deserializer)? {
+            WorkspaceWire::Fresh {} => Workspace::Fresh,
+            WorkspaceWire::Host { path } => Workspace::Host { path },
+        })
+    }
+}
+
 /// `POST /v1/sandboxes`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend(
+    "not" = {"required": ["image", "template"], "properties": {"image": {"type": "string"}, "template": {"type": "string"}}},
+    "if" = {"required": ["tier"], "properties": {"tier": {"const": "container"}}},
+    "then" = {"anyOf": [{"required": ["image"], "properties": {"image": {"type": "string"}}}, {"required": ["template"], "properties": {"template": {"type": "string"}}}]}
+))]
 pub struct CreateSandboxRequest {
     #[serde(default)]
     #[schemars(schema_with = "available_tier")]
@@ -290,7 +313,7 @@ pub struct CreateSandboxRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = images::MAX_REFERENCE_CHARS), extend("pattern" = NON_EMPTY_NO_NUL))]
     pub image: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::object")]
     pub resources: Resources,
     /// Lifetime from now, from 1 ms to 24 h (a daemon's `--max-timeout` may cap it lower:
     /// then longer is 422); the daemon's default when absent. The sandbox is destroyed then.
@@ -309,15 +332,23 @@ pub struct CreateSandboxRequest {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "metadata_map")]
     pub metadata: BTreeMap<String, String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::object")]
     pub workspace: Workspace,
     /// A policy document (the YAML format's JSON form, `api/policy.schema.json`). Its
     /// resources, user and timeout apply where the request leaves them out; the sandbox runs
     /// on at least its tier.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "whole::policy"
+    )]
     pub policy: Option<Box<crate::policy::PolicyDocument>>,
     /// What happens at the deadline, and whether a paused sandbox resumes on use.
-    #[serde(default, skip_serializing_if = "is_default_lifecycle")]
+    #[serde(
+        default,
+        skip_serializing_if = "is_default_lifecycle",
+        deserialize_with = "whole::object"
+    )]
     pub lifecycle: Lifecycle,
 }
 
@@ -718,7 +749,11 @@ pub struct Template {
     #[serde(default)]
     pub resources: Resources,
     /// Default policy of its sandboxes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "whole::policy"
+    )]
     pub policy: Option<Box<crate::policy::PolicyDocument>>,
     /// Unix time in milliseconds (0 for the built-in one).
     #[serde(default)]

@@ -109,6 +109,10 @@ pub async fn read_json<T: DeserializeOwned>(
     } else {
         &bytes
     };
+    // Every request body is an object; serde would also read a struct from an array.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::invalid("invalid JSON body: it must be an object"));
+    }
     serde_json::from_slice(bytes)
         .map_err(|err| ApiError::invalid(format!("invalid JSON body: {err}")))
 }

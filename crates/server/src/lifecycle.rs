@@ -52,7 +52,7 @@ use crate::auth;
 use crate::config::{Config, ConfigError, LOCK_FILE, prepare_state_dir};
 use crate::egress::{SandboxEgress, proxy_plan};
 use crate::error::ApiError;
-pub use checks::{check_map, env_key_ok};
+pub use checks::{check_map, check_resources, env_key_ok};
 pub(crate) use normalize::{Normalized, image_holder};
 
 use crate::store::{BASE_TEMPLATE, RowState, SandboxRow, Store, StoreError, now_ms};

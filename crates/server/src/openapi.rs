@@ -139,9 +139,14 @@ fn operation(
             Some("uploads") => "The one-time token of an upload URL.",
             _ => "The sandbox id.",
         };
+        let schema = if route.path.starts_with("/v1/template-files/") {
+            json!({ "type": "string", "pattern": v1::FILES_HASH_PATTERN })
+        } else {
+            json!({ "type": "string" })
+        };
         parameters.push(json!({
             "name": "id", "in": "path", "required": true,
-            "description": description, "schema": { "type": "string" }
+            "description": description, "schema": schema
         }));
     }
     if route.path.contains("{rest}") {

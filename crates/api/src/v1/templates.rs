@@ -49,7 +49,6 @@ pub enum StepKind {
 pub struct BuildStep {
     #[serde(rename = "type")]
     pub kind: StepKind,
-    #[schemars(length(max = 64), inner(length(max = 65536)))]
     pub args: Vec<String>,
     /// Ignore the build cache from this step on.
     #[serde(default)]
@@ -62,9 +61,10 @@ pub struct BuildStep {
 
 /// `POST /v1/templates`: build a template. Give at most one of `from_image` (a store
 /// reference, pulled when missing) and `from_template`; with neither the build starts from
-/// an empty root.
+/// an empty root. A step the engine cannot run fails the build at that step.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("not" = {"required": ["from_image", "from_template"], "properties": {"from_image": {"type": "string"}, "from_template": {"type": "string"}}}))]
 pub struct BuildTemplateRequest {
     /// `NAME[:TAG]`; the tag is `latest` when left out.
     #[schemars(regex(pattern = TEMPLATE_NAME_PATTERN))]
@@ -103,15 +103,23 @@ pub struct BuildTemplateRequest {
     #[serde(default)]
     pub force: bool,
     /// The sandboxes' default limits (a create's own win).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::object")]
     pub resources: Resources,
     /// What each `RUN` may reach: a policy document whose `network` section applies (default:
     /// no network at all; `network: {mode: proxy}` with egress rules allows, for example, the
     /// operator's package mirrors through the egress proxy).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::whole::policy"
+    )]
     pub build_policy: Option<Box<crate::policy::PolicyDocument>>,
     /// The sandboxes' default policy (a create's own wins).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::whole::policy"
+    )]
     pub policy: Option<Box<crate::policy::PolicyDocument>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]

@@ -17,8 +17,10 @@ use crate::http::{Body, ChannelBody, NDJSON, json_response, path_decode, with_ty
 
 fn store_error(err: airlock_image::StoreError) -> ApiError {
     let code = match &err {
-        airlock_image::StoreError::NotFound(_) => ErrorCode::NotFound,
-        airlock_image::StoreError::Reference(_) => ErrorCode::InvalidRequest,
+        // A name that cannot be a reference names no image either.
+        airlock_image::StoreError::NotFound(_) | airlock_image::StoreError::Reference(_) => {
+            ErrorCode::NotFound
+        }
         _ => ErrorCode::Internal,
     };
     ApiError::from_chain(code, &err)
@@ -189,6 +191,14 @@ fn line(event: &PullEvent) -> Bytes {
 
 pub async fn pull(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
     let request: PullImageRequest = ctx.json().await?;
+    if request.reference.is_empty()
+        || request.reference.chars().count() > MAX_REFERENCE_CHARS
+        || request.reference.contains('\0')
+    {
+        return Err(ApiError::unprocessable(format!(
+            "reference must be 1 to {MAX_REFERENCE_CHARS} characters without NUL"
+        )));
+    }
     let reference = airlock_image::Reference::parse(&request.reference).map_err(|e| {
         ApiError::unprocessable(format!(
             "{:?} is not an image reference: {}",

@@ -90,9 +90,8 @@ fn match_path(pattern: &str, path: &str) -> Option<(String, String)> {
 /// The methods a path allows (for 405 and its `Allow` header); for the envd pass-through,
 /// those of the agent's route.
 fn allowed_methods(path: &str) -> Vec<&'static str> {
-    ROUTES
-        .iter()
-        .filter_map(|route| Some((route, match_path(route.path, path)?)))
+    candidates(path)
+        .into_iter()
         .flat_map(|(route, (_, rest))| match &route.method {
             Some(method) => vec![method.as_str()],
             None => crate::proxy::agent_methods(&rest)
@@ -104,11 +103,26 @@ fn allowed_methods(path: &str) -> Vec<&'static str> {
         .collect()
 }
 
+/// The routes whose path matches: those of a literal path (`/v1/images/pull`) alone when
+/// there are any, so that a parameter (`/v1/images/{rest}`) never takes them over.
+fn candidates(path: &str) -> Vec<(&'static Route, (String, String))> {
+    let matched: Vec<(&'static Route, (String, String))> = ROUTES
+        .iter()
+        .filter_map(|route| Some((route, match_path(route.path, path)?)))
+        .collect();
+    if matched.iter().any(|(route, _)| !route.path.contains('{')) {
+        matched
+            .into_iter()
+            .filter(|(route, _)| !route.path.contains('{'))
+            .collect()
+    } else {
+        matched
+    }
+}
+
 fn find(method: &Method, path: &str) -> Result<Matched, ApiError> {
-    for route in &ROUTES {
-        if let Some((id, rest)) = match_path(route.path, path)
-            && route.method.as_ref().is_none_or(|m| m == method)
-        {
+    for (route, (id, rest)) in candidates(path) {
+        if route.method.as_ref().is_none_or(|m| m == method) {
             return Ok(Matched { route, id, rest });
         }
     }

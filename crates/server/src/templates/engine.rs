@@ -378,6 +378,9 @@ impl<'a> Engine<'a> {
     }
 
     fn step(&self, name: &str, step: &BuildStep, state: &State) -> StepResult<State> {
+        if let Some(problem) = super::step_problem(step) {
+            return Err(failure(name, problem));
+        }
         let created_by = describe(step);
         let mut config = state.config.clone();
         match step.kind {

@@ -25,8 +25,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use airlock_api::v1::{
-    BuildFailure, BuildLogEntry, BuildState, BuildTemplateRequest, DEFAULT_TAG, ErrorCode,
-    LogLevel, MAX_STEPS, StepKind, Template, TemplateBuild,
+    BuildFailure, BuildLogEntry, BuildState, BuildStep, BuildTemplateRequest, DEFAULT_TAG,
+    ErrorCode, LogLevel, MAX_READY_TIMEOUT_MS, MAX_STEPS, StepKind, Template, TemplateBuild,
 };
 use tokio::sync::watch;
 
@@ -141,30 +141,56 @@ fn check_request(request: &BuildTemplateRequest) -> Result<(), ApiError> {
     if request.steps.len() > MAX_STEPS {
         return Err(invalid(format!("more than {MAX_STEPS} steps")));
     }
-    for (n, step) in request.steps.iter().enumerate() {
-        let problem = match step.kind {
-            StepKind::Run if step.args.first().is_none_or(String::is_empty) => {
-                Some("RUN needs a command")
-            }
-            StepKind::Copy if step.args.len() < 2 => Some("COPY needs a source and a destination"),
-            StepKind::Copy if step.files_hash.is_none() => {
-                Some("COPY needs files_hash (upload its files first)")
-            }
-            StepKind::Env if step.args.len() % 2 != 0 || step.args.is_empty() => {
-                Some("ENV needs name, value pairs")
-            }
-            StepKind::Workdir | StepKind::User
-                if step.args.first().is_none_or(String::is_empty) =>
-            {
-                Some("WORKDIR and USER need a value")
-            }
-            _ => None,
-        };
-        if let Some(problem) = problem {
-            return Err(invalid(format!("step {}: {problem}", n + 1)));
+    // What api/openapi.json states of the request, checked as it states it.
+    if request.tags.len() > 16 {
+        return Err(invalid("more than 16 tags"));
+    }
+    if request
+        .description
+        .as_ref()
+        .is_some_and(|d| d.chars().count() > 1024)
+    {
+        return Err(invalid("description is longer than 1024 characters"));
+    }
+    if let Some(ms) = request.ready_timeout_ms
+        && !(1..=MAX_READY_TIMEOUT_MS).contains(&ms)
+    {
+        return Err(invalid(format!(
+            "ready_timeout_ms must be 1 to {MAX_READY_TIMEOUT_MS}, got {ms}"
+        )));
+    }
+    if let Some(image) = &request.from_image
+        && (image.is_empty() || image.chars().count() > 1024 || image.contains('\0'))
+    {
+        return Err(invalid(
+            "from_image must be 1 to 1024 characters without NUL",
+        ));
+    }
+    for (field, text) in [
+        ("start_cmd", &request.start_cmd),
+        ("ready_cmd", &request.ready_cmd),
+    ] {
+        if text
+            .as_ref()
+            .is_some_and(|t| t.is_empty() || t.contains('\0'))
+        {
+            return Err(invalid(format!("{field} must be non-empty, without NUL")));
         }
-        if step.kind != StepKind::Copy && step.files_hash.is_some() {
-            return Err(invalid(format!("step {}: only COPY has files_hash", n + 1)));
+    }
+    if let Some(name) = &request.from_template
+        && split_name(name).is_none()
+    {
+        return Err(invalid(format!("from_template {name:?} is not NAME[:TAG]")));
+    }
+    crate::lifecycle::check_resources(&request.resources)?;
+    for (n, step) in request.steps.iter().enumerate() {
+        if let Some(hash) = &step.files_hash
+            && !files::is_hash(hash)
+        {
+            return Err(invalid(format!(
+                "step {}: files_hash must be 64 lower-case hex digits",
+                n + 1
+            )));
         }
     }
     for (field, policy) in [
@@ -387,6 +413,27 @@ impl Daemon {
             .uploads()
             .remove(&crate::auth::hash_secret(token))?;
         (expires > now_ms()).then_some(hash)
+    }
+}
+
+/// What a step lacks to be run, if anything (the build fails at that step).
+pub(crate) fn step_problem(step: &BuildStep) -> Option<&'static str> {
+    let first_empty = step.args.first().is_none_or(String::is_empty);
+    match step.kind {
+        StepKind::Run if first_empty => Some("RUN needs a command"),
+        StepKind::Copy if step.args.len() < 2 => Some("COPY needs a source and a destination"),
+        StepKind::Copy if step.files_hash.is_none() => {
+            Some("COPY needs files_hash (upload its files first)")
+        }
+        StepKind::Env if step.args.is_empty() || !step.args.len().is_multiple_of(2) => {
+            Some("ENV needs name, value pairs")
+        }
+        StepKind::Workdir if first_empty => Some("WORKDIR needs a directory"),
+        StepKind::User if first_empty => Some("USER needs a user"),
+        kind if kind != StepKind::Copy && step.files_hash.is_some() => {
+            Some("only COPY has files_hash")
+        }
+        _ => None,
     }
 }
 
