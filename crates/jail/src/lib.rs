@@ -25,12 +25,14 @@ pub mod oom;
 pub mod procctl;
 mod relay;
 pub mod report;
+mod scm;
 pub mod seccomp;
 pub mod spec;
 pub mod supervisor;
 mod sys;
 mod view;
 mod view_image;
+pub mod zygote;
 
 pub use host::HostSupport;
 pub use supervisor::{

@@ -135,6 +135,8 @@ pub struct SpawnOptions {
     /// The workload's standard input, output and error instead of this process's own (a
     /// caller that collects a command's output, such as a template build's `RUN`).
     pub stdio: Option<std::sync::Arc<Stdio>>,
+    /// Fork helpers from this zygote instead of exec'ing `helper` (long-lived runtimes).
+    pub zygote: Option<std::sync::Arc<crate::zygote::Zygote>>,
 }
 
 /// Descriptors that become a sandbox's fds 0, 1 and 2 (the helper and init pass them on to
@@ -232,7 +234,23 @@ impl Sandbox {
                     .map(|(fd, target)| (fd.as_raw_fd(), target)),
             );
         }
-        let pid = sys::spawn(&options.helper, &fds).map_err(spawn_err)?;
+        // The zygote installs only the helper's own descriptors: a caller's stdio is exec'd.
+        let zygote = options.zygote.as_ref().filter(|_| stdio.is_none());
+        let pid = match zygote {
+            Some(zygote) => match zygote.spawn(&fds) {
+                Ok(pid) => pid,
+                // A zygote that died (killed from outside) costs speed, not sandboxes.
+                Err(err)
+                    if err.raw_os_error() == Some(libc::EPIPE)
+                        || err.kind() == io::ErrorKind::BrokenPipe
+                        || err.kind() == io::ErrorKind::ConnectionReset =>
+                {
+                    sys::spawn(&options.helper, &fds).map_err(spawn_err)?
+                }
+                Err(err) => return Err(spawn_err(err)),
+            },
+            None => sys::spawn(&options.helper, &fds).map_err(spawn_err)?,
+        };
         drop(control);
         drop(hold);
         drop(stdio);

@@ -92,89 +92,25 @@ pub fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// Room for one `SCM_RIGHTS` descriptor.
-fn fd_control_space() -> usize {
-    // SAFETY: CMSG_SPACE only computes a size.
-    unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as libc::c_uint) as usize }
-}
-
-/// A message header over one buffer and, when `control` is not empty, a control buffer. The
-/// header points into both, so it must not outlive them.
-fn message_header(iov: &mut libc::iovec, control: &mut [u8]) -> libc::msghdr {
-    // SAFETY: a zeroed msghdr is a valid empty header.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov;
-    msg.msg_iovlen = 1;
-    if !control.is_empty() {
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = control.len();
-    }
-    msg
-}
-
-/// Sends `data` and, optionally, one descriptor.
-pub fn send_with_fd(socket: &OwnedFd, data: &[u8], fd: Option<&OwnedFd>) -> io::Result<()> {
-    let mut iov = libc::iovec {
-        iov_base: data.as_ptr() as *mut libc::c_void,
-        iov_len: data.len(),
-    };
-    let mut control = vec![0u8; if fd.is_some() { fd_control_space() } else { 0 }];
-    let msg = message_header(&mut iov, &mut control);
-    if let Some(fd) = fd {
-        // SAFETY: `control` is CMSG_SPACE bytes for one descriptor, so the first header and its
-        // data fit; CMSG_FIRSTHDR is non-null because msg_controllen is large enough.
-        unsafe {
-            let header = libc::CMSG_FIRSTHDR(&msg);
-            (*header).cmsg_level = libc::SOL_SOCKET;
-            (*header).cmsg_type = libc::SCM_RIGHTS;
-            (*header).cmsg_len =
-                libc::CMSG_LEN(std::mem::size_of::<RawFd>() as libc::c_uint) as usize;
-            std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd.as_raw_fd());
-        }
-    }
-    // SAFETY: `msg` describes `data` and `control`, both alive for the call.
-    check(unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) } as libc::c_long)
-        .map(drop)
-}
-
-/// Receives one message of at most 64 bytes and the descriptor it carries, if any. An empty
-/// message means the peer is gone.
-pub fn recv_with_fd(socket: &OwnedFd) -> io::Result<(Vec<u8>, Option<OwnedFd>)> {
-    let mut data = [0u8; 64];
-    let mut iov = libc::iovec {
-        iov_base: data.as_mut_ptr().cast(),
-        iov_len: data.len(),
-    };
-    let mut control = vec![0u8; fd_control_space()];
-    let mut msg = message_header(&mut iov, &mut control);
-    // SAFETY: `msg` describes `data` and `control`, both alive for the call; MSG_CMSG_CLOEXEC
-    // marks a received descriptor close-on-exec.
-    let n = check(
-        unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) }
-            as libc::c_long,
-    )?;
-    let mut received = None;
-    // SAFETY: the kernel filled `control` and set msg_controllen; CMSG_FIRSTHDR and CMSG_DATA
-    // stay within it, and an SCM_RIGHTS header with our length carries exactly one descriptor.
-    unsafe {
-        let header = libc::CMSG_FIRSTHDR(&msg);
-        if !header.is_null()
-            && (*header).cmsg_level == libc::SOL_SOCKET
-            && (*header).cmsg_type == libc::SCM_RIGHTS
-        {
-            let fd = std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<RawFd>());
-            received = Some(OwnedFd::from_raw_fd(fd));
-        }
-    }
-    Ok((data[..n as usize].to_vec(), received))
-}
+pub use crate::scm::{recv_with_fd, send_with_fd};
 
 /// Starts `path` with an empty environment, the `(fd, target)` pairs installed, every signal
 /// unblocked and SIGPIPE at its default. Uses `posix_spawn`, which shares this process's memory
 /// until the exec instead of copying its page tables.
 pub fn spawn(path: &Path, fds: &[(RawFd, RawFd)]) -> io::Result<libc::pid_t> {
+    spawn_with_args(path, &[], fds)
+}
+
+/// [`spawn`] with arguments after the program's name.
+pub fn spawn_with_args(
+    path: &Path,
+    args: &[&CStr],
+    fds: &[(RawFd, RawFd)],
+) -> io::Result<libc::pid_t> {
     let program = cpath(path)?;
-    let argv = [program.as_ptr() as *mut libc::c_char, std::ptr::null_mut()];
+    let mut argv = vec![program.as_ptr() as *mut libc::c_char];
+    argv.extend(args.iter().map(|arg| arg.as_ptr() as *mut libc::c_char));
+    argv.push(std::ptr::null_mut());
     let envp = [std::ptr::null_mut::<libc::c_char>()];
     // SAFETY: zeroed actions/attributes are initialised by the init calls before use and
     // destroyed below; every pointer handed to posix_spawn lives until it returns.

@@ -56,6 +56,7 @@ fn test_container_sandbox_on_disk_scratch_keeps_its_upper_in_the_volume() {
     std::fs::create_dir_all(&state).unwrap();
     let storage = Storage::open(&state, airlock_runtime::storage::MIN_BYTES).unwrap();
     let mount = storage.mount_point().to_path_buf();
+    let _unmount = Unmount(mount.clone());
     let mut runtime = Runtime::with_helper(bin_dir().join("airlock-jail"));
     runtime.set_owner("ctrtest").unwrap();
     runtime.set_storage(storage);
@@ -121,4 +122,18 @@ fn test_container_sandbox_on_disk_scratch_keeps_its_upper_in_the_volume() {
     );
     assert!(runtime.storage().unwrap().release(), "no volume is left");
     std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// Detaches the test's storage however the test ends (a failed start would leave it mounted).
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
 }

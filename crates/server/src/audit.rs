@@ -16,9 +16,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use airlock_api::v1::{AuditRecord, Event, SandboxEvents};
-use airlock_egress::AuditSink;
+use airlock_egress::{AuditKind, AuditSink};
 
 use crate::config::AUDIT_FILE;
+use crate::metrics::Metrics;
 use crate::store::now_ms;
 
 /// The most events one `GET .../events` answers with.
@@ -113,6 +114,8 @@ impl AuditLog {
 #[derive(Debug)]
 pub struct Audit {
     daemon: Arc<AuditLog>,
+    /// Counts the egress proxies' decisions (`GET /metrics`).
+    metrics: Option<Arc<Metrics>>,
     sandboxes_dir: PathBuf,
     max_bytes: u64,
     sandboxes: Mutex<HashMap<String, Arc<AuditLog>>>,
@@ -122,10 +125,17 @@ impl Audit {
     pub fn new(state_dir: &Path, sandboxes_dir: PathBuf, max_bytes: u64) -> Audit {
         Audit {
             daemon: Arc::new(AuditLog::new(state_dir.join(AUDIT_FILE), max_bytes)),
+            metrics: None,
             sandboxes_dir,
             max_bytes,
             sandboxes: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Counts every egress decision in `metrics` too.
+    pub fn counting(mut self, metrics: Arc<Metrics>) -> Audit {
+        self.metrics = Some(metrics);
+        self
     }
 
     fn sandboxes(&self) -> MutexGuard<'_, HashMap<String, Arc<AuditLog>>> {
@@ -156,7 +166,18 @@ impl Audit {
             .unwrap_or_else(|| self.open_sandbox(id));
         let daemon = self.daemon.clone();
         let prefix = format!("{id}-");
+        let metrics = self.metrics.clone();
         AuditSink::callback(move |event, line| {
+            if let Some(metrics) = &metrics {
+                let kind = match event.kind {
+                    Some(AuditKind::Egress) => "egress",
+                    Some(AuditKind::Credential) => "credential",
+                    Some(AuditKind::Approval) => "approval",
+                    Some(AuditKind::Policy) => "policy",
+                    None => "other",
+                };
+                metrics.egress_decision(kind, &event.outcome);
+            }
             // Approval ids as the API names them: unique across sandboxes.
             let global = event.approval_id.as_ref().and_then(|local| {
                 let mut event = event.clone();

@@ -200,6 +200,33 @@ pub fn check_api_key(
     }
 }
 
+/// [`check_api_key`], where the key may also come as `Authorization: Bearer KEY`: what a
+/// Prometheus scrape config's `authorization` sends (`GET /metrics`).
+pub fn check_api_key_or_bearer(
+    store: &Store,
+    headers: &HeaderMap,
+    no_auth: bool,
+) -> Result<Caller, ApiError> {
+    let bearer = headers
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| {
+            let (scheme, token) = value.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        });
+    match bearer {
+        Some(token) if !no_auth && headers.get(API_KEY_HEADER).is_none() => {
+            let mut with_key = HeaderMap::new();
+            let value = hyper::header::HeaderValue::from_str(token).map_err(|_| {
+                ApiError::new(ErrorCode::Unauthenticated, "the bearer token is malformed")
+            })?;
+            with_key.insert(API_KEY_HEADER, value);
+            check_api_key(store, &with_key, no_auth)
+        }
+        _ => check_api_key(store, headers, no_auth),
+    }
+}
+
 /// For data-plane routes: an API key, or the sandbox's own access token.
 pub fn check_sandbox_access(
     store: &Store,

@@ -132,6 +132,13 @@ pub struct ServeArgs {
     /// fails at that step.
     #[arg(long = "build-step-timeout", value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
     pub build_step_timeout_ms: u64,
+    /// How the daemon's log lines on stderr look: `text` for people, `json` (one object per
+    /// line, with the fields of each event) for log collectors.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// The least severe log lines written: error, warn, info or debug.
+    #[arg(long, value_enum, default_value = "info")]
+    pub log_level: LogLevel,
     /// TEST EQUIPMENT, like curl's --resolve: the egress proxies of `proxy`-mode sandboxes
     /// resolve NAME to the loopback upstream IP:PORT (comma-separated list) instead of DNS,
     /// and nothing else resolves. Refused unless --listen is loopback.
@@ -149,6 +156,22 @@ pub enum ScratchMode {
     Auto,
     Disk,
     Memory,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// `--log-level`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
 }
 
 /// What the daemon's egress proxies are started with.

@@ -81,6 +81,8 @@ pub mod fuzzing;
 pub mod http;
 pub mod keys_cmd;
 pub mod lifecycle;
+pub mod logging;
+pub mod metrics;
 pub mod openapi;
 pub mod proxy;
 pub mod routes;

@@ -52,6 +52,7 @@ use crate::auth;
 use crate::config::{Config, ConfigError, LOCK_FILE, prepare_state_dir};
 use crate::egress::{SandboxEgress, proxy_plan};
 use crate::error::ApiError;
+use crate::metrics::{CreateSource, Metrics};
 pub use checks::{check_map, check_resources, env_key_ok};
 pub(crate) use normalize::{Normalized, image_holder};
 
@@ -116,6 +117,7 @@ pub struct Daemon {
     pub images: airlock_image::ImageStore,
     /// Template builds in progress and their log followers.
     pub builds: crate::templates::Builds,
+    pub metrics: Arc<Metrics>,
     runtime: Arc<Runtime>,
     slots: Mutex<HashMap<String, Slot>>,
     /// Held (locked) for the daemon's whole life.
@@ -150,11 +152,19 @@ impl Daemon {
         if let Some(storage) = scratch::open_storage(&config)? {
             runtime.set_storage(storage);
         }
+        if let Err(err) = runtime.start_zygote() {
+            tracing::warn!(
+                error = %airlock_runtime::error_chain(&err),
+                "no helper zygote: each sandbox's helper is exec'd"
+            );
+        }
+        let metrics = Arc::new(Metrics::new());
         let audit = Audit::new(
             &config.state_dir,
             config.sandboxes_dir(),
             config.audit_max_bytes,
-        );
+        )
+        .counting(metrics.clone());
         let images = airlock_image::ImageStore::open(
             &config.images_dir(),
             airlock_image::StoreOptions::default(),
@@ -171,6 +181,7 @@ impl Daemon {
             audit,
             images,
             builds: crate::templates::Builds::default(),
+            metrics,
             runtime: Arc::new(runtime),
             slots: Mutex::new(HashMap::new()),
             _lock: lock,
@@ -194,6 +205,32 @@ impl Daemon {
     /// The sandbox runtime (template builds run their steps on it).
     pub(crate) fn runtime(&self) -> &Arc<Runtime> {
         &self.runtime
+    }
+
+    /// What `GET /metrics` reads at a scrape: sandboxes by state.
+    pub fn metrics_snapshot(&self) -> crate::metrics::Snapshot {
+        let mut counts: BTreeMap<&'static str, i64> =
+            ["creating", "running", "paused", "busy", "deleting"]
+                .into_iter()
+                .map(|state| (state, 0))
+                .collect();
+        for slot in self.slots().values() {
+            let state = match slot.state {
+                SlotState::Creating => "creating",
+                SlotState::Running(_) => "running",
+                SlotState::Busy(_) => "busy",
+                SlotState::Paused(..) => "paused",
+                SlotState::Deleting => "deleting",
+            };
+            *counts.entry(state).or_default() += 1;
+        }
+        crate::metrics::Snapshot {
+            sandboxes: counts
+                .into_iter()
+                .map(|(state, n)| (state.to_owned(), n))
+                .collect(),
+            pools: Vec::new(),
+        }
     }
 
     /// A lifecycle event: in the store and in the audit logs.
@@ -399,18 +436,52 @@ impl Daemon {
         self: &Arc<Self>,
         request: CreateSandboxRequest,
     ) -> Result<CreateSandboxResponse, ApiError> {
+        let started_at = std::time::Instant::now();
+        let result = self.create_counted(request).await;
+        let (source, ok) = match &result {
+            Ok((_, source)) => (*source, true),
+            Err((_, source)) => (*source, false),
+        };
+        self.metrics
+            .create(source, ok, started_at.elapsed().as_secs_f64());
+        result.map(|(response, _)| response).map_err(|(err, _)| err)
+    }
+
+    async fn create_counted(
+        self: &Arc<Self>,
+        request: CreateSandboxRequest,
+    ) -> Result<(CreateSandboxResponse, CreateSource), (ApiError, CreateSource)> {
+        let source = CreateSource::Cold;
         if request.image.is_some() && request.template.is_some() {
-            return Err(ApiError::unprocessable(
-                "give an image or a template, not both (a template built from an image brings it)",
+            return Err((
+                ApiError::unprocessable(
+                    "give an image or a template, not both (a template built from an image brings it)",
+                ),
+                source,
             ));
         }
+        let normalized = self.normalize(request).map_err(|e| (e, source))?;
+        let source = match normalized.volume {
+            VolumeSource::Empty => CreateSource::Cold,
+            _ => CreateSource::Snapshot,
+        };
+        self.create_normalized(normalized)
+            .await
+            .map(|response| (response, source))
+            .map_err(|err| (err, source))
+    }
+
+    async fn create_normalized(
+        self: &Arc<Self>,
+        normalized: Normalized,
+    ) -> Result<CreateSandboxResponse, ApiError> {
         let Normalized {
             request,
             config,
             volume,
             template,
             user,
-        } = self.normalize(request)?;
+        } = normalized;
         let id =
             auth::new_sandbox_id().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
         let token =

@@ -111,6 +111,10 @@ fn content(payload: Payload, generator: &mut SchemaGenerator) -> Option<Value> {
         Payload::Octets => Some(json!({
             "application/octet-stream": { "schema": { "type": "string", "contentMediaType": "application/octet-stream" } }
         })),
+        Payload::Metrics => Some(json!({
+            "text/plain": { "schema": { "type": "string" } },
+            "application/openmetrics-text": { "schema": { "type": "string" } }
+        })),
         Payload::Any => Some(json!({ "*/*": {} })),
     }
 }

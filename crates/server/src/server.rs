@@ -61,6 +61,7 @@ pub enum ServeError {
 /// Runs the daemon until SIGTERM or SIGINT. Prints `airlockd listening on http://ADDR` on
 /// stdout once it accepts connections.
 pub fn run(args: &ServeArgs) -> Result<(), ServeError> {
+    crate::logging::init(args.log_format, args.log_level);
     let config = Config::from_args(args)?;
     // Before any thread starts, so that none gets an arena of its own beyond the cap.
     airlock_jail::procctl::limit_malloc_arenas(MALLOC_ARENAS);
@@ -118,7 +119,7 @@ async fn serve(config: Config) -> Result<(), ServeError> {
                 }
                 Err(err) => {
                     // Out of descriptors or a reset during accept: wait a little, keep serving.
-                    eprintln!("airlockd: accept failed: {err}");
+                    tracing::warn!(error = %err, "accept failed; serving goes on");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
@@ -156,7 +157,7 @@ async fn trim_events(daemon: Arc<Daemon>) {
         })
         .await;
         if let Ok(Err(err)) = trimmed {
-            eprintln!("airlockd: cannot trim the event log: {err}");
+            tracing::warn!(error = %err, "cannot trim the event log");
         }
     }
 }

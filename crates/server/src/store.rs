@@ -346,10 +346,7 @@ impl Store {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         if let Some((kind, message)) = event {
-            tx.execute(
-                "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
-                params![to_sql(now_ms()), row.id, kind, message],
-            )?;
+            insert_event(&tx, Some(&row.id), kind, message)?;
         }
         tx.execute(
             "INSERT INTO sandboxes
@@ -389,10 +386,7 @@ impl Store {
              WHERE id = ?1",
             params![id, live, to_sql(deadline_ms)],
         )?;
-        tx.execute(
-            "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
-            params![to_sql(now_ms()), id, event.0, event.1],
-        )?;
+        insert_event(&tx, Some(id), event.0, event.1)?;
         tx.commit()?;
         Ok(changed == 1)
     }
@@ -416,10 +410,7 @@ impl Store {
             params![id, state.as_str()],
         )?;
         if let Some((kind, message)) = event {
-            tx.execute(
-                "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
-                params![to_sql(now_ms()), id, kind, message],
-            )?;
+            insert_event(&tx, Some(id), kind, message)?;
         }
         tx.commit()?;
         Ok(changed == 1)
@@ -461,10 +452,7 @@ impl Store {
             "UPDATE sandboxes SET request = ?2, egress = ?3 WHERE id = ?1",
             params![id, request, egress],
         )?;
-        tx.execute(
-            "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
-            params![to_sql(now_ms()), id, event.0, event.1],
-        )?;
+        insert_event(&tx, Some(id), event.0, event.1)?;
         tx.commit()?;
         Ok(changed == 1)
     }
@@ -483,10 +471,7 @@ impl Store {
             "UPDATE sandboxes SET state = 'paused', pause = ?2 WHERE id = ?1",
             params![id, encode_pause(Some(pause))],
         )?;
-        tx.execute(
-            "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
-            params![to_sql(now_ms()), id, event.0, event.1],
-        )?;
+        insert_event(&tx, Some(id), event.0, event.1)?;
         tx.commit()?;
         Ok(changed == 1)
     }
@@ -534,10 +519,7 @@ impl Store {
         kind: &str,
         message: &str,
     ) -> Result<(), StoreError> {
-        self.conn().execute(
-            "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
-            params![to_sql(now_ms()), sandbox_id, kind, message],
-        )?;
+        insert_event(&self.conn(), sandbox_id, kind, message)?;
         Ok(())
     }
 
@@ -716,6 +698,25 @@ impl RawRow {
 }
 
 /// SQLite integers are signed; times and deadlines in ms fit comfortably.
+/// Appends a lifecycle event, and logs it: the store's event log and the daemon's log tell the
+/// same story.
+fn insert_event(
+    conn: &Connection,
+    sandbox_id: Option<&str>,
+    kind: &str,
+    message: &str,
+) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
+        params![to_sql(now_ms()), sandbox_id, kind, message],
+    )?;
+    match sandbox_id {
+        Some(sandbox_id) => tracing::info!(target: "airlock::event", sandbox_id, kind, message),
+        None => tracing::info!(target: "airlock::event", kind, message),
+    }
+    Ok(())
+}
+
 fn to_sql(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }

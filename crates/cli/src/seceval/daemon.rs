@@ -285,8 +285,56 @@ impl Daemon {
                     format!("agent gone after {}", out.trim())
                 }))
             }
+            "zygote-sibling" => self.zygote_sibling(&probe),
             other => bail!("unknown scenario `{other}`"),
         }
+    }
+
+    /// Sandboxes A and B have helpers forked by the daemon's one zygote: from inside A, signal 0
+    /// (a pure existence check) to B's agent and to the zygote, by their host pids.
+    fn zygote_sibling(&self, probe: &str) -> anyhow::Result<Outcome> {
+        let daemon = i32::try_from(self.child.id())?;
+        // Children of every thread: the zygote and its helpers belong to the daemon's keeper
+        // thread.
+        let children = |pid: i32| -> Vec<i32> {
+            let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .into_iter()
+                .flatten();
+            tasks
+                .flatten()
+                .flat_map(|task| {
+                    std::fs::read_to_string(task.path().join("children"))
+                        .unwrap_or_default()
+                        .split_whitespace()
+                        .filter_map(|p| p.parse().ok())
+                        .collect::<Vec<i32>>()
+                })
+                .collect()
+        };
+        let cmdline = |pid: i32| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let zygote = children(daemon)
+            .into_iter()
+            .find(|&pid| cmdline(pid).ends_with(b"--zygote\0"))
+            .context("the daemon runs no helper zygote")?;
+        let b = self.id(1).to_owned();
+        let agent_b = children(daemon)
+            .into_iter()
+            .flat_map(children)
+            .find(|&pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                    .is_ok_and(|cgroups| cgroups.contains(&b))
+            })
+            .context("sandbox B's agent is not a grandchild of the daemon")?;
+        let mut last = Outcome::Hung;
+        for pid in [agent_b, zygote] {
+            let argv = vec![probe.to_owned(), "kill".into(), pid.to_string(), "0".into()];
+            let (stdout, code) = self.exec(0, argv)?;
+            last = Outcome::from_probe(&stdout, Some(code), None);
+            if last.is_ok() {
+                return Ok(Outcome::Ok(format!("reached host pid {pid}")));
+            }
+        }
+        Ok(last)
     }
 
     /// The workload swaps `/workspace/race` between a directory and a symlink to a host

@@ -53,7 +53,21 @@ pub async fn dispatch(daemon: Arc<Daemon>, request: Request<Incoming>) -> Respon
         rest: String::new(),
         close: false,
     };
-    let response = route(&mut ctx).await.unwrap_or_else(|err| err.response());
+    let response = route(&mut ctx).await.unwrap_or_else(|err| {
+        ctx.daemon
+            .metrics
+            .error(crate::metrics::Surface::E2b, err.status.as_str());
+        if err.status.is_server_error() {
+            tracing::error!(
+                method = %ctx.parts.method,
+                path = ctx.parts.uri.path(),
+                status = err.status.as_u16(),
+                error = %err.message,
+                "E2B request failed"
+            );
+        }
+        err.response()
+    });
     discard(ctx.body.take());
     response
 }

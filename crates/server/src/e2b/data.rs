@@ -83,6 +83,9 @@ async fn route(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
+    if parts.uri.path() == "/process.Process/Start" {
+        daemon.metrics.exec(crate::metrics::Surface::E2b);
+    }
     forward_to_agent(daemon, &agent, parts, body, &path, id).await
 }
 

@@ -175,7 +175,7 @@ pub fn classify(uri: &Uri, headers: &HeaderMap) -> Surface {
             None => Surface::Invalid("E2b-Sandbox-Id needs E2b-Sandbox-Port".to_owned()),
         };
     }
-    if path == "/v1" || path.starts_with("/v1/") {
+    if path == "/v1" || path.starts_with("/v1/") || path == "/metrics" {
         Surface::Native
     } else {
         Surface::Control

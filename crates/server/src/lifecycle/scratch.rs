@@ -9,7 +9,10 @@ use crate::config::{Config, ScratchMode};
 /// Opens the disk storage when `--scratch` asks for it (or `auto` finds it possible).
 pub(super) fn open_storage(config: &Config) -> Result<Option<Storage>, LifecycleError> {
     if config.scratch == ScratchMode::Memory {
-        eprintln!("airlockd: scratch space in memory (--scratch memory)");
+        tracing::info!(
+            scratch = "memory",
+            "scratch space in memory (--scratch memory)"
+        );
         return Ok(None);
     }
     let opened = disk_unavailable().map_or_else(
@@ -25,14 +28,19 @@ pub(super) fn open_storage(config: &Config) -> Result<Option<Storage>, Lifecycle
     );
     match (opened, config.scratch) {
         (Ok(storage), _) => {
-            eprintln!(
-                "airlockd: scratch space on disk, one volume with a quota per sandbox in {}",
-                storage.mount_point().display()
+            tracing::info!(
+                scratch = "disk",
+                storage = %storage.mount_point().display(),
+                "scratch space on disk, one volume with a quota per sandbox"
             );
             Ok(Some(storage))
         }
         (Err(reason), ScratchMode::Auto) => {
-            eprintln!("airlockd: scratch space in memory: no disk storage ({reason})");
+            tracing::warn!(
+                scratch = "memory",
+                reason = %reason,
+                "scratch space in memory: no disk storage"
+            );
             Ok(None)
         }
         (Err(reason), _) => Err(LifecycleError::Storage(reason)),

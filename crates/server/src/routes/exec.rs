@@ -29,6 +29,7 @@ const DEFAULT_CWD: &str = "/workspace";
 pub async fn exec(ctx: &mut Ctx) -> Result<Response<crate::http::Body>, ApiError> {
     let request: ExecRequest = ctx.json().await?;
     let agent = ctx.daemon.agent(&ctx.id).await?;
+    ctx.daemon.metrics.exec(crate::metrics::Surface::V1);
     let oom_kills_before = ctx.daemon.oom_kills(&ctx.id)?;
     let (cmd, args) = match (&request.argv, &request.shell) {
         (Some(argv), None) if argv.first().is_some_and(|program| !program.is_empty()) => {

@@ -157,6 +157,20 @@ pub async fn dispatch(daemon: Arc<Daemon>, request: Request<Incoming>) -> Respon
         close: false,
     };
     let result = route(&mut ctx).await;
+    if let Err(err) = &result {
+        ctx.daemon
+            .metrics
+            .error(crate::metrics::Surface::V1, err.code.as_str());
+        if err.code.http_status() >= 500 {
+            tracing::error!(
+                method = %ctx.parts.method,
+                path = ctx.parts.uri.path(),
+                code = err.code.as_str(),
+                error = %err.message,
+                "request failed"
+            );
+        }
+    }
     let mut response = match result {
         Ok(response) => response,
         Err(err) => {
@@ -189,12 +203,34 @@ pub async fn dispatch(daemon: Arc<Daemon>, request: Request<Incoming>) -> Respon
     response
 }
 
+fn metrics(ctx: &Ctx) -> Response<Body> {
+    let openmetrics = ctx
+        .parts
+        .headers
+        .get(hyper::header::ACCEPT)
+        .and_then(|accept| accept.to_str().ok())
+        .is_some_and(|accept| accept.contains(crate::metrics::OPENMETRICS));
+    let (text, media_type) = ctx
+        .daemon
+        .metrics
+        .render(&ctx.daemon.metrics_snapshot(), openmetrics);
+    let mut response = Response::new(crate::http::full(text));
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        HeaderValue::from_static(media_type),
+    );
+    response
+}
+
 async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
     let Matched { route, id, rest } = find(&ctx.parts.method, ctx.parts.uri.path())?;
     let daemon = &ctx.daemon;
     let no_auth = daemon.config.no_auth;
     match route.access {
         Access::Public => {}
+        Access::ApiKey if route.handler == Handler::Metrics => {
+            auth::check_api_key_or_bearer(&daemon.store, &ctx.parts.headers, no_auth)?;
+        }
         Access::ApiKey => {
             auth::check_api_key(&daemon.store, &ctx.parts.headers, no_auth)?;
         }
@@ -215,6 +251,7 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
     ctx.rest = rest;
     match route.handler {
         Handler::Health => Ok(sandboxes::health()),
+        Handler::Metrics => Ok(metrics(ctx)),
         Handler::ListTemplates => sandboxes::list_templates(ctx),
         Handler::CreateSandbox => sandboxes::create(ctx).await,
         Handler::ListSandboxes => sandboxes::list(ctx),

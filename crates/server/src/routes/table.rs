@@ -27,6 +27,8 @@ pub enum Payload {
     /// Newline-delimited JSON, one value of this schema per line.
     Ndjson(fn(&mut SchemaGenerator) -> Schema),
     Octets,
+    /// Prometheus's text format (or OpenMetrics, by `Accept`).
+    Metrics,
     /// Whatever the agent speaks (the envd pass-through).
     Any,
 }
@@ -52,6 +54,7 @@ pub type QueryDoc = (&'static str, bool, &'static str, QueryValue);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handler {
     Health,
+    Metrics,
     ListTemplates,
     CreateSandbox,
     ListSandboxes,
@@ -135,7 +138,7 @@ macro_rules! route {
 }
 
 /// Every endpoint of the daemon.
-pub static ROUTES: [Route; 41] = [
+pub static ROUTES: [Route; 42] = [
     route!(
         Some(Method::GET),
         "/v1/health",
@@ -146,6 +149,18 @@ pub static ROUTES: [Route; 41] = [
         Payload::None,
         200,
         Payload::Json(schema::<v1::Health>),
+        &[]
+    ),
+    route!(
+        Some(Method::GET),
+        "/metrics",
+        Metrics,
+        ApiKey,
+        "The daemon's metrics in Prometheus's text format (OpenMetrics when Accept asks for application/openmetrics-text): sandboxes by state, creates and their latency, warm pools, execs, egress decisions, errors by code.",
+        &[],
+        Payload::None,
+        200,
+        Payload::Metrics,
         &[]
     ),
     route!(

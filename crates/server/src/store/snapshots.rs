@@ -5,7 +5,7 @@
 use airlock_api::v1::CreateSandboxRequest;
 use rusqlite::{OptionalExtension, params};
 
-use super::{Store, StoreError, from_sql, now_ms, to_sql};
+use super::{Store, StoreError, from_sql, insert_event, now_ms, to_sql};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotRow {
@@ -81,9 +81,11 @@ impl Store {
             "UPDATE snapshots SET complete = 1 WHERE id = ?1",
             params![id],
         )?;
-        tx.execute(
-            "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, 'snapshot', ?3)",
-            params![to_sql(now_ms()), source_id, format!("snapshot {id} taken")],
+        insert_event(
+            &tx,
+            Some(source_id),
+            "snapshot",
+            &format!("snapshot {id} taken"),
         )?;
         tx.commit()?;
         Ok(changed == 1)
