@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use airlock_api::v1::{BuildState, BuildStep, BuildTemplateRequest, Resources, StepKind};
 use airlock_api::{parse_duration_ms, parse_size_bytes};
-use airlock_server::client::Client;
+use airlock_server::client::{Client, ClientError};
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
 
@@ -215,7 +215,7 @@ async fn build(client: &Client, args: BuildArgs) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&scratch)?;
     let steps = steps(client, &parsed, &context, &scratch).await;
     let _ = std::fs::remove_dir_all(&scratch);
-    let request = BuildTemplateRequest {
+    let mut request = BuildTemplateRequest {
         name: args.name.clone(),
         tags: args.tags.clone(),
         from_image: parsed.from.clone(),
@@ -237,6 +237,20 @@ async fn build(client: &Client, args: BuildArgs) -> anyhow::Result<ExitCode> {
             .get("org.opencontainers.image.description")
             .cloned(),
     };
+    if let Some(from) = &parsed.from {
+        // A template of the daemon shadows a registry name, as a local image does in Docker.
+        match client.template(from).await {
+            Ok(_) => {
+                request.from_template = request.from_image.take();
+            }
+            // No such template, or a name that cannot be one (a registry reference).
+            Err(ClientError::Api {
+                status: 400 | 404 | 422,
+                ..
+            }) => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
     let build = client.build_template(&request).await?;
     if !args.quiet {
         eprintln!("build {} of {}", build.id, build.template);

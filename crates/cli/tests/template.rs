@@ -5,7 +5,8 @@
 //! unchanged rebuild is all cache hits; a failing RUN names its step, its Dockerfile line and
 //! its output; a refused line names its line number; a RUN sees no network but loopback.
 //! The registry rig and the test images are the image crate's (crates/image/tests/common,
-//! scripts/test-images.sh).
+//! scripts/test-images.sh). A second test drives `/v1/images` (pull, remove, prune with a
+//! sandbox's lease), `sandbox create --image`, and a template built `FROM` another template.
 
 #![allow(
     clippy::unwrap_used,
@@ -319,4 +320,139 @@ fn test_template_build_from_a_dockerfile_then_create_from_it() {
     assert!(!stdout(&daemon.ok(&["template", "ls"])).contains("web:v1"));
     let gone = daemon.airlock(&["template", "get", "web:v1"]);
     assert!(stderr(&gone).contains("not_found"), "{}", stderr(&gone));
+}
+
+impl Daemon {
+    /// `curl` of the daemon's API with the key: the status and the body.
+    fn curl(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        let mut command = Command::new("curl");
+        command
+            .args(["-sS", "-o", "-", "-w", "\n%{http_code}", "-X", method])
+            .args(["-H", &format!("X-API-Key: {}", self.key)])
+            .arg(format!("{}{path}", self.url));
+        if let Some(body) = body {
+            command.args(["-H", "Content-Type: application/json", "--data", body]);
+        }
+        let output = command.output().expect("curl must be installed");
+        let text = String::from_utf8(output.stdout).unwrap();
+        let (body, status) = text.rsplit_once('\n').unwrap();
+        (status.trim().parse().unwrap(), body.to_owned())
+    }
+}
+
+#[test]
+fn test_daemon_images_then_a_template_from_a_template() {
+    let registry = Registry::start();
+    registry.push("busybox", "gzip", "airlock/busybox:gzip");
+    let daemon = Daemon::start("images");
+    let reference = format!("{}/airlock/busybox:gzip", registry.host());
+
+    // A pull through the daemon: progress lines, then one `done` with the digest.
+    let (status, stream) = daemon.curl(
+        "POST",
+        "/v1/images/pull",
+        Some(&format!(r#"{{"reference": "{reference}"}}"#)),
+    );
+    assert_eq!(status, 200, "{stream}");
+    let last: serde_json::Value = serde_json::from_str(stream.lines().last().unwrap()).unwrap();
+    assert_eq!(last["type"], "done", "{stream}");
+    let digest = last["digest"].as_str().unwrap().to_owned();
+    assert!(digest.starts_with("sha256:"), "{last}");
+    let (status, listed) = daemon.curl("GET", "/v1/images", None);
+    assert_eq!(status, 200);
+    assert!(listed.contains(&digest), "{listed}");
+
+    // A sandbox of the bare image: the container tier, the image's files, not the host's.
+    let id = stdout(&daemon.ok(&["sandbox", "create", "--image", &reference]))
+        .trim()
+        .to_owned();
+    let info: serde_json::Value =
+        serde_json::from_slice(&daemon.ok(&["sandbox", "get", &id]).stdout).unwrap();
+    assert_eq!(info["tier"], "container", "{info}");
+    let state = daemon.state.display().to_string();
+    let seen = daemon.exec(
+        &id,
+        &format!(
+            "test -x /bin/busybox && echo busybox; ls {state} 2>&1 | grep -c 'No such file'; \
+             id -un; touch /etc/written 2>&1; true"
+        ),
+    );
+    // The image's user (app), on a root that is writable for root only (not read-only).
+    assert_eq!(
+        seen.lines().collect::<Vec<_>>(),
+        [
+            "busybox",
+            "1",
+            "app",
+            "touch: /etc/written: Permission denied"
+        ]
+    );
+
+    // Without its name the image stays while the sandbox leases it, and goes with it.
+    let encoded = reference.replace('/', "%2F");
+    assert_eq!(
+        daemon
+            .curl("DELETE", &format!("/v1/images/{encoded}"), None)
+            .0,
+        200
+    );
+    let (status, pruned) = daemon.curl("POST", "/v1/images/prune", None);
+    assert_eq!(status, 200, "{pruned}");
+    assert!(
+        !pruned.contains(&digest),
+        "a leased image was pruned: {pruned}"
+    );
+    assert_eq!(daemon.exec(&id, "grep -c ^app: /etc/passwd").trim(), "1");
+    assert_eq!(
+        daemon.curl("GET", &format!("/v1/images/{digest}"), None).0,
+        200
+    );
+    daemon.ok(&["sandbox", "rm", &id]);
+    let (_, pruned) = daemon.curl("POST", "/v1/images/prune", None);
+    assert!(pruned.contains(&digest), "{pruned}");
+    assert_eq!(
+        daemon.curl("GET", &format!("/v1/images/{digest}"), None).0,
+        404
+    );
+
+    // FROM a template: the child has the parent's layers under its own.
+    let context = rig::Scratch::new("template-chain");
+    let dir = &context.0;
+    write(
+        dir,
+        &[
+            (
+                "Parent.dockerfile",
+                &format!("FROM {reference}\nUSER root\nRUN echo one > /one\n"),
+            ),
+            (
+                "Child.dockerfile",
+                "FROM parent:v1\nRUN cat /one > /two && echo two >> /two\n",
+            ),
+        ],
+    );
+    let context_arg = dir.to_str().unwrap();
+    let parent = dir.join("Parent.dockerfile");
+    daemon.ok(&[
+        "template",
+        "build",
+        "parent:v1",
+        context_arg,
+        "-f",
+        parent.to_str().unwrap(),
+    ]);
+    let child = dir.join("Child.dockerfile");
+    daemon.ok(&[
+        "template",
+        "build",
+        "child",
+        context_arg,
+        "-f",
+        child.to_str().unwrap(),
+    ]);
+    let id = stdout(&daemon.ok(&["sandbox", "create", "--template", "child"]))
+        .trim()
+        .to_owned();
+    assert_eq!(daemon.exec(&id, "cat /two; id -u"), "one\ntwo\n0\n");
+    daemon.ok(&["sandbox", "rm", &id]);
 }
