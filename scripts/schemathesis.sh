@@ -3,7 +3,8 @@
 # of api/openapi.json with every check on (`--checks all`: server errors, status codes, content
 # types, headers, response schemas, positive data accepted, negative data rejected, ...),
 # bounded to 20 examples per operation with a fixed seed and one worker, so that a run is
-# repeatable. The only narrowing is in tests/schemathesis/hooks.py, with its reason. Installs its
+# repeatable. The narrowings are in tests/schemathesis/hooks.py and schemathesis.toml, with
+# their reasons. Installs its
 # venv under target/schemathesis-venv (reused while the pins are unchanged). Builds nothing: run
 # `cargo build --workspace` first. Exits non-zero on any failure.
 #
@@ -94,7 +95,8 @@ fi
 echo "=== schemathesis $("$venv/bin/schemathesis" --version | awk '{print $NF}') against $url"
 status=0
 PYTHONPATH=tests/schemathesis SCHEMATHESIS_HOOKS=hooks \
-    "$venv/bin/schemathesis" run api/openapi.json --url "$url" \
+    "$venv/bin/schemathesis" --config-file tests/schemathesis/schemathesis.toml \
+    run api/openapi.json --url "$url" \
     --header "X-API-Key: $key" \
     --checks all --max-examples 20 --seed 19 --workers 1 \
     --generation-database none --no-color \

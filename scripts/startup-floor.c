@@ -411,7 +411,27 @@ static double percentile(double *values, int n, double p) {
     return values[(int)(p * (n - 1))];
 }
 
+/* `--serve`: one cycle per byte read on stdin, its time in ns written back as a line. This
+ * lets `airlock bench start` interleave the floor with its own contenders, in one run, without
+ * an exec per cycle (which would no longer make it a floor). */
+static int serve(void) {
+    char byte;
+    int i = 0;
+    while (read(0, &byte, 1) == 1) {
+        double ms = floor_cycle(i++);
+        printf("%.0f\n", ms * 1e6);
+        fflush(stdout);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--serve") == 0) {
+        struct stat info;
+        cgroup_v1 = stat("/sys/fs/cgroup/memory/tasks", &info) == 0;
+        owner = getpid();
+        return serve();
+    }
     int iterations = argc > 1 ? atoi(argv[1]) : 300;
     if (iterations < 10) {
         fprintf(stderr, "usage: %s [ITERATIONS >= 10]\n", argv[0]);

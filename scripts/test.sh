@@ -10,7 +10,8 @@ command -v setpriv >/dev/null || need+=(util-linux)    # the unprivileged-caller
 command -v ip >/dev/null || need+=(iproute2)           # seceval's fake internet (netns, veth)
 command -v curl >/dev/null || need+=(curl)             # egress tests: a real client inside
 command -v openssl >/dev/null || need+=(openssl)       # egress tests: a TLS client with any SNI
-command -v git >/dev/null || need+=(git)               # egress tests: git over smart HTTP
+command -v git >/dev/null || need+=(git)               # egress and repository tests: git over smart HTTP
+command -v pylsp >/dev/null || need+=(python3-pylsp)   # language-server tests: pylsp over WebSocket
 command -v cc >/dev/null || need+=(gcc)                # the start-up floor, scripts/startup-floor.c
 command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs) # airlockd's disk scratch storage
 [ -x /bin/busybox ] || command -v busybox >/dev/null || need+=(busybox-static)  # container-tier test images
@@ -49,13 +50,17 @@ scripts/e2b-tests.sh
 # examples each with a fixed seed (installs its venv on first use).
 scripts/schemathesis.sh
 # The benchmark must keep working; its figures are printed, never asserted.
+# The start-up floor (scripts/startup-floor.c), which bench start runs beside Airlock.
+cc -O2 -Wall -Wextra -Werror -o target/startup-floor scripts/startup-floor.c -lpthread
 cargo run --quiet --locked --bin airlock -- bench start --iterations 20 --phases
+# The daemon's API with a warm pool, and under load (exits non-zero on an error or a leak).
+cargo run --quiet --locked --bin airlock -- bench api --iterations 10 --file-mib 4 --pool 2
+cargo run --quiet --locked --bin airlock -- bench load --sandboxes 100 --clients 10
 # And the soak's: the daemon's RSS and the store's size per create/delete cycle.
 cargo run --quiet --locked --bin airlock -- bench soak --cycles 3 --sandboxes 20
 cargo run --quiet --locked --bin airlock -- bench start --tier container --iterations 10
 cargo run --quiet --locked --bin airlock -- bench pause --iterations 5 --snapshots 3
 # The start-up floor the README compares against must keep building and running.
-cc -O2 -Wall -Wextra -Werror -o target/startup-floor scripts/startup-floor.c -lpthread
 target/startup-floor 20
 # Image pull and unpack against skopeo copy (figures only).
 cargo run --quiet --locked --bin airlock -- bench image --rounds 1

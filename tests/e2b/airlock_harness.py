@@ -141,6 +141,7 @@ class Daemon:
     key: str
     created_ids: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    extra_args: tuple = ()
 
     @property
     def url(self) -> str:
@@ -196,7 +197,7 @@ class Daemon:
     # --- start and stop ---
 
     @classmethod
-    def start(cls) -> "Daemon":
+    def start(cls, extra_args=()) -> "Daemon":
         binary = Path(os.environ.get("AIRLOCKD") or DEFAULT_AIRLOCKD)
         siblings = {
             "AIRLOCK_JAIL_BIN": binary.parent / "airlock-jail",
@@ -212,11 +213,11 @@ class Daemon:
         try:
             key = _create_key(binary, state_dir)
             process = subprocess.Popen(
-                [str(binary), "--listen", "127.0.0.1:0", "--state-dir", str(state_dir)],
+                [str(binary), "--listen", "127.0.0.1:0", "--state-dir", str(state_dir), *extra_args],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_fd,
                 env={**os.environ, **{k: str(v) for k, v in siblings.items()}})
             addr = _listening_address(process, Path(log_name))
-            daemon = cls(binary, state_dir, Path(log_name), process, addr, key)
+            daemon = cls(binary, state_dir, Path(log_name), process, addr, key, extra_args=tuple(extra_args))
             wait_for(lambda: _healthy(daemon), "airlockd's GET /v1/health to answer 200")
             return daemon
         except BaseException:
@@ -240,7 +241,8 @@ class Daemon:
         }
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [str(self.binary), "--listen", self.addr, "--state-dir", str(self.state_dir)],
+                [str(self.binary), "--listen", self.addr, "--state-dir", str(self.state_dir),
+                 *self.extra_args],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
                 env={**os.environ, **{k: str(v) for k, v in siblings.items()}})
         addr = _listening_address(self.process, self.log_path)

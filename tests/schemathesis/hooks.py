@@ -1,20 +1,6 @@
 """Schemathesis hooks for scripts/schemathesis.sh (loaded through SCHEMATHESIS_HOOKS).
 
-Three narrowings, and why.
-
-Registries. A schema-valid image reference may name any registry on the internet (`a` is
-docker.io/library/a), and a pull or a build's FROM would go there. This run must reach nothing
-but loopback, so positive cases of `POST /v1/images/pull` and `POST /v1/templates` get
-`127.0.0.1:9/...` (a closed port: the pull fails at once, as the answer says); negative ones are
-sent as generated, and the daemon refuses them before any pull.
-
-Archives. The bodies of `POST /v1/images/import`, `PUT /v1/template-files/{id}` and
-`PUT /v1/uploads/{id}` are tar archives (or images in archive form); JSON Schema cannot say
-which bytes make one, so for a random body the daemon rightly answers 422 or 400. Only that
-rejection of "positive" data is not reported for those three operations; every other check
-runs on them.
-
-Policies: a policy document (`PolicyDocument`, in the create body and as the body
+Five narrowings, and why. First: a policy document (`PolicyDocument`, in the create body and as the body
 of PUT .../policy) is checked by airlock-policy beyond what JSON Schema can say: profile names,
 paths and their tokens, syscall names from the x86_64 table, host names and blocked address
 ranges in every spelling, credential sources read on the host, quantities such as `512MiB`.
@@ -23,6 +9,28 @@ A schema-valid random document is almost never a valid policy, and the daemon ri
 a valid policy (and whose violations are still invalid ones); the policy language itself is
 fuzzed by `crates/policy/tests/fuzz_policy.rs` and `crates/policy/fuzz`. Everything else is
 tested against api/openapi.json as committed, with every check on.
+
+Second, the repository workspace (`workspace: {"type": "git"}`) is left out of the create body:
+a schema-valid URL names an arbitrary host, which the sandbox's egress proxy would resolve and
+try to clone from, and this run must reach nothing but loopback. Repository workspaces are
+tested against a real git server on loopback by crates/server/tests/git.rs and
+tests/e2b/test_git.py.
+
+Third, a create's `timeout_ms` is at least a minute here: the API takes 1 ms, and such a sandbox
+is gone before the stateful phase's next call, which then rightly answers 404; checking that a
+created sandbox is available needs one that lives.
+
+Fourth, registries. A schema-valid image reference may name any registry on the internet (`a` is
+docker.io/library/a), and a pull or a build's FROM would go there. So positive cases of
+`POST /v1/images/pull` and `POST /v1/templates` get `127.0.0.1:9/...` (a closed port: the pull
+fails at once, as the answer says); negative ones are sent as generated, and the daemon refuses
+them before any pull.
+
+Fifth, archives. The bodies of `POST /v1/images/import`, `PUT /v1/template-files/{id}` and
+`PUT /v1/uploads/{id}` are tar archives (or images in archive form); JSON Schema cannot say
+which bytes make one, so for a random body the daemon rightly answers 422 or 400. Only that
+rejection of "positive" data is not reported for those three operations; every other check
+runs on them.
 """
 
 import schemathesis
@@ -72,6 +80,13 @@ VALID_POLICY = {
 @schemathesis.hook
 def before_load_schema(ctx, raw_schema):
     raw_schema["components"]["schemas"]["PolicyDocument"] = VALID_POLICY
+    create = raw_schema["components"]["schemas"]["CreateSandboxRequest"]
+    create["properties"]["timeout_ms"]["minimum"] = 60_000
+    workspace = raw_schema["components"]["schemas"]["Workspace"]
+    workspace["oneOf"] = [
+        variant for variant in workspace["oneOf"]
+        if variant.get("properties", {}).get("type", {}).get("const") != "git"
+    ]
 
 
 # A closed port on loopback: a pull from it fails at once, and reaches nothing.

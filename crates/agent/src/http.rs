@@ -24,7 +24,7 @@ use crate::connect::{
 use crate::files::{self, drain, http_error};
 use crate::process::{self, StreamOptions};
 use crate::user::{self, User};
-use crate::{filesystem, tunnel, watch};
+use crate::{claim, filesystem, tunnel, watch};
 
 /// Largest accepted RPC request message.
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
@@ -147,6 +147,10 @@ async fn handle(agent: &Agent, request: Request<Incoming>) -> HttpResponse {
                 .await
             }
         }
+        (&Method::POST, claim::PATH) => match read_body(&mut body).await {
+            Ok(data) => claim::apply(agent, &data),
+            Err(e) => http_error(StatusCode::BAD_REQUEST, e.message),
+        },
         (&Method::POST, rpc)
             if rpc.starts_with("/process.Process/")
                 || rpc.starts_with("/filesystem.Filesystem/") =>
@@ -266,7 +270,7 @@ async fn handle_rpc(
                     &agent.processes,
                     request,
                     &user()?,
-                    &agent.base_env,
+                    &agent.base_env.read().unwrap_or_else(|e| e.into_inner()),
                     options,
                 )
             }),

@@ -9,6 +9,7 @@
 //! hundreds of sandboxes. The kernel-facing parts (fork/exec, ptys, reaping, inotify) are in
 //! `airlock_jail::child` and `airlock_jail::inotify`; this crate has no `unsafe`.
 
+pub mod claim;
 pub mod connect;
 pub mod files;
 pub mod filesystem;
@@ -35,8 +36,11 @@ use tokio::signal::unix::{SignalKind, signal};
 pub struct Agent {
     pub processes: Arc<process::ProcessTable>,
     pub watchers: watch::Watchers,
-    /// The sandbox's base environment (the agent's own); processes get it plus their `envs`.
-    pub base_env: Vec<(OsString, OsString)>,
+    /// The sandbox's base environment (the agent's own, plus a claim's); processes get it plus
+    /// their `envs`.
+    pub base_env: std::sync::RwLock<Vec<(OsString, OsString)>>,
+    /// Whether a warm pool's claim has been applied (`claim`).
+    pub claimed: std::sync::atomic::AtomicBool,
 }
 
 /// Serves forever on `listener`. Must run inside a tokio runtime (current-thread is enough).
@@ -49,7 +53,8 @@ pub async fn run(
     let agent = Arc::new(Agent {
         processes: Arc::new(process::ProcessTable::new(workload)),
         watchers: watch::Watchers::default(),
-        base_env: std::env::vars_os().collect(),
+        base_env: std::sync::RwLock::new(std::env::vars_os().collect()),
+        claimed: std::sync::atomic::AtomicBool::new(false),
     });
     // The SIGCHLD handler exists before the first child does.
     let mut sigchld = signal(SignalKind::child())?;

@@ -271,6 +271,12 @@ pub struct EgressPolicy {
     /// Private or link-local ranges (CIDR) this destination may resolve to despite the block.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_ips: Vec<String>,
+    /// The git refs a push through this rule may create, update or delete (`refs/heads/x`;
+    /// `*` within a segment, `**` across segments); empty: no pushes. The proxy reads the ref
+    /// update commands of every `POST .../git-receive-pack` to this host and port, so a host
+    /// with such a rule takes pushes only through rules that list the refs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git_push_refs: Option<Vec<String>>,
 }
 
 /// Where a credential's real value lives on the host.

@@ -13,6 +13,11 @@ use serde::{Deserialize, Serialize};
 use crate::Tier;
 use crate::whole;
 
+mod git;
+pub use git::{
+    GitPushRequest, GitPushResult, GitWorkspace, LspRequest, LspServer, PullRequest,
+    PullRequestRequest, REF_PATTERN, REPO_URL_PATTERN,
+};
 mod images;
 mod persistence;
 mod templates;
@@ -142,10 +147,12 @@ pub enum ErrorCode {
     Timeout,
     /// 507: the sandbox's disk is full (its `/tmp` or `/workspace` reached its size or quota).
     InsufficientStorage,
+    /// 502: the daemon's forge (`--forge-api`) failed or refused a call.
+    ForgeError,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 18] = [
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthenticated,
         ErrorCode::PermissionDenied,
@@ -163,6 +170,7 @@ impl ErrorCode {
         ErrorCode::Capacity,
         ErrorCode::Timeout,
         ErrorCode::InsufficientStorage,
+        ErrorCode::ForgeError,
     ];
 
     pub fn http_status(self) -> u16 {
@@ -176,7 +184,7 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge | ErrorCode::FileTooLarge => 413,
             ErrorCode::Unprocessable => 422,
             ErrorCode::Internal => 500,
-            ErrorCode::AgentError => 502,
+            ErrorCode::AgentError | ErrorCode::ForgeError => 502,
             ErrorCode::Capacity => 503,
             ErrorCode::Timeout => 504,
             ErrorCode::InsufficientStorage => 507,
@@ -202,6 +210,7 @@ impl ErrorCode {
             ErrorCode::Capacity => "capacity",
             ErrorCode::Timeout => "timeout",
             ErrorCode::InsufficientStorage => "insufficient_storage",
+            ErrorCode::ForgeError => "forge_error",
         }
     }
 }
@@ -269,6 +278,9 @@ pub enum Workspace {
         #[schemars(extend("pattern" = "^/"))]
         path: String,
     },
+    /// A clone of a git repository on a branch of its own, in a fresh workspace; its
+    /// clone goes through the sandbox's egress proxy (see GitWorkspace).
+    Git { git: GitWorkspace },
 }
 
 /// [`Workspace`] as it is read: `fresh` is a struct variant here, so that members beside the
@@ -277,7 +289,13 @@ pub enum Workspace {
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 enum WorkspaceWire {
     Fresh {},
-    Host { path: String },
+    Host {
+        path: String,
+    },
+    Git {
+        #[serde(deserialize_with = "whole::object")]
+        git: GitWorkspace,
+    },
 }
 
 impl<'de> Deserialize<'de> for Workspace {
@@ -285,6 +303,7 @@ impl<'de> Deserialize<'de> for Workspace {
         Ok(match WorkspaceWire::deserialize(deserializer)? {
             WorkspaceWire::Fresh {} => Workspace::Fresh,
             WorkspaceWire::Host { path } => Workspace::Host { path },
+            WorkspaceWire::Git { git } => Workspace::Git { git },
         })
     }
 }
@@ -396,13 +415,16 @@ pub struct Sandbox {
     pub created_at_ms: u64,
     /// When the sandbox will be destroyed, or paused under `lifecycle.on_timeout: pause`
     /// (Unix time in milliseconds). While it is paused, the time it had left is kept, and
-    /// this moves with the clock.
+    /// this moves with the clock. 0 for a warm pool's member, which lives until it is claimed.
     pub expires_at_ms: u64,
     /// How it is paused, while it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause_mode: Option<PauseMode>,
     #[serde(default)]
     pub lifecycle: Lifecycle,
+    /// A warm pool's member, not yet claimed (listed only with `?include=pool`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pool: bool,
 }
 
 /// `POST /v1/sandboxes` answer. The access token is shown only here.
@@ -765,6 +787,40 @@ pub struct Template {
 #[serde(deny_unknown_fields)]
 pub struct TemplateList {
     pub templates: Vec<Template>,
+}
+
+/// The most sandboxes one template's warm pool may hold.
+pub const MAX_POOL_SIZE: u32 = 1000;
+
+/// `PUT /v1/templates/{name}/pool`: keep `size` sandboxes of the template started and ready;
+/// 0 removes the pool. A create for the template that asks for nothing else (no policy,
+/// resources or workspace of its own) is served from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PoolRequest {
+    /// How many started sandboxes to keep ready, 0 to 1000 (and at most the daemon's
+    /// `--max-sandboxes`).
+    #[serde(deserialize_with = "whole::integer")]
+    #[schemars(range(min = 0, max = MAX_POOL_SIZE))]
+    pub size: u32,
+}
+
+/// `GET` and `PUT /v1/templates/{name}/pool`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PoolStatus {
+    pub template: String,
+    /// The size the pool is kept at.
+    pub size: u32,
+    /// Started sandboxes waiting to be claimed.
+    pub ready: u32,
+    /// Sandboxes being started to refill it.
+    pub starting: u32,
+    /// Creates served from the pool since the daemon started.
+    pub claims_total: u64,
+    /// Why the last fill failed, while fills fail (they are retried with a growing delay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 /// `GET /v1/health`.

@@ -23,6 +23,7 @@ pub fn e2b(
     url: Option<String>,
     iterations: usize,
     python: Option<PathBuf>,
+    pool: Option<u32>,
 ) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(iterations >= 10, "--iterations must be at least 10");
     let python = python.unwrap_or_else(|| PathBuf::from(DEFAULT_PYTHON));
@@ -42,6 +43,9 @@ pub fn e2b(
         .build()?;
     let mut daemon = BenchDaemon::start(url, 64)?;
     runtime.block_on(daemon.wait_ready())?;
+    if let Some(size) = pool {
+        runtime.block_on(crate::bench_api::fill_pool(&daemon.client, size))?;
+    }
     let base_url = daemon.client.base_url();
     let status = Command::new(&python)
         .arg("-c")
@@ -55,6 +59,14 @@ pub fn e2b(
         .env_remove("E2B_DOMAIN")
         .status()
         .with_context(|| format!("cannot run {}", python.display()))?;
+    if pool.is_some() {
+        let status = runtime.block_on(daemon.client.pool("base"))?;
+        println!(
+            "warm pool of {}: {} of the creates claimed a member, the others were cold",
+            status.size, status.claims_total
+        );
+        runtime.block_on(daemon.client.set_pool("base", 0))?;
+    }
     // Stops the private daemon; the driver has killed every sandbox it made.
     drop(daemon);
     Ok(match status.code() {

@@ -84,6 +84,8 @@ pub struct RunArgs {
     /// Append the egress proxy's audit lines (JSON, one per decision) to this file.
     #[arg(long, value_name = "FILE")]
     audit_log: Option<PathBuf>,
+    #[command(flatten)]
+    git: crate::run_git::GitArgs,
     /// The command and its arguments (with --image: what replaces the image's cmd).
     #[arg(required_unless_present = "image", last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -223,12 +225,30 @@ fn test_egress_options() -> anyhow::Result<EgressOptions> {
     Ok(options)
 }
 
-pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let mut egress = test_egress_options()?;
-    egress.audit_log = args.audit_log.clone();
-    let config = config(args)?;
+pub fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
+    let audit_log = args.audit_log.clone();
+    let egress_options = || {
+        let mut options = test_egress_options()?;
+        options.audit_log = audit_log.clone();
+        Ok(options)
+    };
+    let git = std::mem::take(&mut args.git);
+    let mut config = config(args)?;
     let signals = Signals::install()?;
     let runtime = Runtime::new()?;
+    // Kept until the run ends: it removes a temporary repository workspace.
+    let mut prepared = None;
+    let egress = if git.git.is_some() {
+        let made = prepared.insert(crate::run_git::prepare(
+            &runtime,
+            &mut config,
+            &git,
+            egress_options,
+        )?);
+        std::mem::take(&mut made.options)
+    } else {
+        egress_options()?
+    };
     let outcome = runtime.run_with(&config, egress, Some(&signals), |warning| {
         eprintln!("airlock: warning: {warning}")
     })?;

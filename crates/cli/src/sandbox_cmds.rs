@@ -84,6 +84,8 @@ pub enum SandboxCommand {
     },
     #[command(flatten)]
     Persist(crate::persist_cmds::PersistCommand),
+    #[command(flatten)]
+    Git(crate::git_cmds::GitCommand),
 }
 
 #[derive(Debug, Args)]
@@ -119,8 +121,16 @@ pub struct CreateArgs {
     #[arg(long = "meta", value_name = "K=V")]
     metadata: Vec<String>,
     /// Host directory mounted read-write at /workspace (default: a fresh one).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "git")]
     workspace: Option<PathBuf>,
+    /// Clone this repository (https:// smart HTTP) into /workspace through the sandbox's
+    /// egress proxy, at REF (a branch, tag or commit; default: its default branch).
+    #[arg(long, value_name = "URL[@REF]")]
+    git: Option<String>,
+    /// The sandbox's own branch, made from REF; the only one it may push to
+    /// [default: airlock/<sandbox id>].
+    #[arg(long, value_name = "NAME", requires = "git")]
+    branch: Option<String>,
     /// A policy file, checked here and sent with its profiles merged in.
     #[arg(long, value_name = "FILE")]
     policy: Option<PathBuf>,
@@ -230,13 +240,15 @@ pub fn sandbox(daemon: &DaemonArgs, command: SandboxCommand) -> anyhow::Result<E
             Ok(ExitCode::SUCCESS)
         }),
         SandboxCommand::Persist(command) => block_on(crate::persist_cmds::run(&client, command)),
+        SandboxCommand::Git(command) => block_on(crate::git_cmds::run(&client, command)),
     }
 }
 
 async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<ExitCode> {
-    let workspace = match args.workspace {
-        None => Workspace::Fresh,
-        Some(dir) => {
+    let workspace = match (args.workspace, &args.git) {
+        (_, Some(git)) => crate::git_cmds::workspace(git, args.branch.clone()),
+        (None, None) => Workspace::Fresh,
+        (Some(dir), None) => {
             let dir = std::fs::canonicalize(&dir)
                 .with_context(|| format!("workspace {}", dir.display()))?;
             Workspace::Host {

@@ -107,6 +107,7 @@ pub async fn bench(options: &BenchOptions) -> Result<BenchReport, BenchError> {
         host: HostPattern(host.into()),
         ports: vec![80],
         http: vec![],
+        git_push_refs: None,
     };
     let plan = EgressPlan {
         mode: NetworkMode::Proxy,

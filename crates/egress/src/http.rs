@@ -94,7 +94,7 @@ pub(crate) enum Upstream {
     Fresh(TcpStream),
     Ready {
         key: (String, u16, bool),
-        sender: SendRequest<Incoming>,
+        sender: SendRequest<ProxyBody>,
     },
 }
 
@@ -260,6 +260,21 @@ pub(crate) async fn forward(
     };
 
     let (mut parts, body) = request.into_parts();
+    let body: ProxyBody =
+        if crate::git::is_receive_pack(&method, &path) && policy.git_guarded(&host, port) {
+            let globs = policy.git_push_refs(&host, port, &method, &path);
+            match crate::git::guard_push(&parts.headers, body, &globs).await {
+                Ok((body, refs)) => {
+                    event.detail = Some(format!("git push of {}", refs.join(", ")));
+                    body
+                }
+                Err(error) => {
+                    return deny(event, error.status(), error.code(), &error.to_string());
+                }
+            }
+        } else {
+            body.boxed()
+        };
     let facts = RequestFacts {
         host: &host,
         port,
@@ -436,7 +451,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 async fn upstream_sender(
     conn: &Arc<ConnState>,
     destination: &Destination,
-) -> Result<SendRequest<Incoming>, Response<ProxyBody>> {
+) -> Result<SendRequest<ProxyBody>, Response<ProxyBody>> {
     let key = (
         destination.host.canonical(),
         destination.port,
@@ -514,7 +529,7 @@ async fn upstream_sender(
     Ok(sender)
 }
 
-async fn handshake<S>(stream: S) -> Result<SendRequest<Incoming>, String>
+async fn handshake<S>(stream: S) -> Result<SendRequest<ProxyBody>, String>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {

@@ -8,12 +8,15 @@
 //!   with a per-sandbox CA ([`Proxy::ca_certificate_pem`]); other tunnels pass through.
 //! - **Credentials**: the sandbox holds placeholders; the real secret is put into a request
 //!   only where the credential is bound, and turned back into the placeholder in responses.
+//! - **Git pushes**: where a rule sets `git_push_refs`, every `git-receive-pack` request to
+//!   that host is intercepted and its ref update commands are checked before it goes on.
 //! - **Hard block**: loopback, link-local, private, shared, multicast and reserved addresses,
 //!   in every spelling, checked after resolution on the address actually connected to.
 //! - **Approvals**, **hot reload** ([`Proxy::replace_plan`]) and **audit** ([`AuditSink`]).
 //!
 //! Module map: `address` (host parsing, hard block), `resolve` (DNS, vetting, test resolver),
-//! `policy` (plan validation and matching), `credentials` (injection, redaction), `tls` (CA,
+//! `policy` (plan validation and matching), `credentials` (injection, redaction), `git` (pushes under
+//! `git_push_refs`: the ref update commands read and checked), `tls` (CA,
 //! upstream trust, ClientHello), `http` (server and forwarding), `tunnel` (CONNECT),
 //! `approvals`, `audit`, `proxy` ([`Proxy`]), `bench` (`airlock bench egress`).
 
@@ -22,6 +25,7 @@ mod approvals;
 mod audit;
 pub mod bench;
 mod credentials;
+mod git;
 mod http;
 mod policy;
 mod proxy;

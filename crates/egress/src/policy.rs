@@ -65,6 +65,10 @@ pub enum PolicyError {
     },
     #[error("approval timeout_ms must be between 1 and {MAX_APPROVAL_TIMEOUT_MS}")]
     BadApprovalTimeout,
+    #[error(
+        "egress rule {rule:?} has git ref {glob:?} in git_push_refs, which is not a full ref glob (refs/heads/NAME)"
+    )]
+    BadGitRef { rule: String, glob: String },
 }
 
 /// A credential with its secret and placeholder, as the proxy holds it.
@@ -198,6 +202,37 @@ impl Policy {
         })
     }
 
+    /// Whether some rule limits the git pushes to this destination (then its pushes are read).
+    pub(crate) fn git_guarded(&self, host: &str, port: u16) -> bool {
+        self.matching_rules(host, port)
+            .any(|rule| rule.git_push_refs.is_some())
+    }
+
+    /// Whether the proxy must see the requests to this destination whatever the rules' L7
+    /// parts say: a credential is bound there, or its git pushes are limited.
+    pub(crate) fn must_inspect(&self, host: &str, port: u16) -> bool {
+        self.credential_bound(host, port) || self.git_guarded(host, port)
+    }
+
+    /// The ref globs a git push with this method and (normalized) path may change: the union
+    /// over the rules that limit pushes and allow the request. Empty when none does.
+    pub(crate) fn git_push_refs(
+        &self,
+        host: &str,
+        port: u16,
+        method: &str,
+        path: &str,
+    ) -> Vec<&str> {
+        self.matching_rules(host, port)
+            .filter(|rule| {
+                rule.http.is_empty() || rule.http.iter().any(|h| http_rule_allows(h, method, path))
+            })
+            .filter_map(|rule| rule.git_push_refs.as_ref())
+            .flatten()
+            .map(String::as_str)
+            .collect()
+    }
+
     /// The decision for a tunnel to `host:port`, or `None` when no rule allows it.
     pub(crate) fn connect_decision(&self, host: &str, port: u16) -> Option<ConnectAllowed> {
         let matching: Vec<&EgressRule> = self.matching_rules(host, port).collect();
@@ -205,7 +240,7 @@ impl Policy {
         let rule = unrestricted.or(matching.first())?;
         Some(ConnectAllowed {
             rule: rule.name.clone(),
-            inspect: unrestricted.is_none() || self.credential_bound(host, port),
+            inspect: unrestricted.is_none() || self.must_inspect(host, port),
         })
     }
 
@@ -276,6 +311,14 @@ fn validate_rule(index: usize, rule: &EgressRule) -> Result<(), PolicyError> {
     }
     for http in &rule.http {
         validate_http_rule(http, &context)?;
+    }
+    for glob in rule.git_push_refs.iter().flatten() {
+        if airlock_policy::net::check_git_ref_glob(glob).is_err() {
+            return Err(PolicyError::BadGitRef {
+                rule: rule.name.clone(),
+                glob: glob.clone(),
+            });
+        }
     }
     Ok(())
 }

@@ -122,7 +122,7 @@ impl ConnState {
     pub(crate) async fn put_back(
         &self,
         destination: &Destination,
-        sender: hyper::client::conn::http1::SendRequest<hyper::body::Incoming>,
+        sender: hyper::client::conn::http1::SendRequest<crate::http::ProxyBody>,
     ) {
         let key = (
             destination.host.canonical(),

@@ -153,7 +153,7 @@ async fn admit(
     }
     let approved = || Admission {
         rule: "approval".into(),
-        inspect: policy.credential_bound(host, port),
+        inspect: policy.must_inspect(host, port),
         approved: true,
     };
     if policy.mode == NetworkMode::Proxy && shared.approvals.granted(host, port, "CONNECT", None) {
@@ -303,7 +303,7 @@ async fn revoked(shared: &Arc<Shared>, host: &str, port: u16, admission: &Admiss
             return;
         }
         let still = if admission.approved {
-            !policy.credential_bound(host, port)
+            !policy.must_inspect(host, port)
         } else {
             policy
                 .connect_decision(host, port)

@@ -311,6 +311,7 @@ pub fn egress_plan(policy: &Policy) -> EgressPlan {
             host: HostPattern(rule.host.clone()),
             ports: egress_ports(rule),
             http: http_rules(rule.access, &rule.methods, &rule.paths),
+            git_push_refs: rule.git_push_refs.clone(),
         })
         .collect();
     let credentials = doc

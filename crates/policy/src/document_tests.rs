@@ -137,6 +137,14 @@ fn test_each_validation_rule_names_the_problem() {
             "a second egress rule named `a.com`",
         ),
         (
+            format!("{PROXY}    - host: a.com\n      git_push_refs: [main]\n"),
+            "must be a full ref name",
+        ),
+        (
+            format!("{PROXY}    - host: a.com\n      git_push_refs: [\"refs/heads/a..b\"]\n"),
+            "has `..`",
+        ),
+        (
             "version: 1\nnetwork:\n  egress:\n    - host: a.com\n".into(),
             "need `network.mode: proxy`",
         ),

@@ -56,6 +56,11 @@ pub struct EgressRule {
     /// L7 rules: empty means any request (and TLS may pass through uninspected); non-empty
     /// means the proxy must see the request (TLS is intercepted) and one rule must allow it.
     pub http: Vec<HttpRule>,
+    /// Git pushes (`POST .../git-receive-pack`) through this rule may change only these refs
+    /// (globs as for paths); `None`: the rule says nothing about pushes. A host and port with
+    /// any such rule is always intercepted, and its pushes must match one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git_push_refs: Option<Vec<String>>,
 }
 
 /// Where a credential's real value lives on the host.

@@ -306,6 +306,17 @@ fn network(policy: &Policy, tier: Tier) -> Vec<Line> {
             ),
             how,
         ));
+        if let Some(refs) = &rule.git_push_refs {
+            let refs = if refs.is_empty() {
+                "no refs".to_owned()
+            } else {
+                refs.join(" ")
+            };
+            lines.push(line(
+                format!("egress {}: git pushes may change {refs}", plan_rule.name),
+                "the proxy intercepts this host and reads the ref update commands of every git-receive-pack request to it; a push naming another ref, or to a repository no such rule allows, is refused",
+            ));
+        }
         if !rule.allowed_ips.is_empty() {
             lines.push(gap(
                 format!("egress {}: allowed_ips {}", plan_rule.name, rule.allowed_ips.join(" ")),

@@ -314,6 +314,33 @@ pub fn check_http_path(path: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks a git ref glob of `git_push_refs`: a full ref name (`refs/heads/main`) as
+/// `git check-ref-format` allows it, where `*` matches within a segment and `**` whole
+/// segments.
+pub fn check_git_ref_glob(glob: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("git ref `{glob}` {why}"));
+    if !glob.starts_with("refs/") {
+        return bad("must be a full ref name starting with `refs/` (refs/heads/NAME)");
+    }
+    if glob.chars().any(|c| {
+        c.is_control() || c.is_whitespace() || matches!(c, '~' | '^' | ':' | '?' | '[' | '\\')
+    }) {
+        return bad("has a space, control character or one of ~ ^ : ? [ \\");
+    }
+    if glob.contains("..") || glob.contains("@{") || glob.ends_with(".lock") {
+        return bad("has `..`, `@{` or ends in `.lock`");
+    }
+    for segment in glob.split('/') {
+        if segment.is_empty() || segment.starts_with('.') {
+            return bad("has an empty segment or one starting with `.`");
+        }
+        if segment.contains("**") && segment != "**" {
+            return bad("uses `**` inside a segment (it must be a whole segment)");
+        }
+    }
+    Ok(())
+}
+
 /// Whether path glob `outer` matches every path `inner` matches. Syntactic: equal, `/**`, or a
 /// `prefix/**` that `inner` starts within.
 pub fn glob_covers(outer: &str, inner: &str) -> bool {
@@ -324,6 +351,35 @@ pub fn glob_covers(outer: &str, inner: &str) -> bool {
         Some(prefix) if !prefix.contains('*') => inner.starts_with(&format!("{prefix}/")),
         _ => false,
     }
+}
+
+/// Whether a concrete `path` matches `glob` (`*` within one segment, `**` across any number).
+pub fn glob_matches(glob: &str, path: &str) -> bool {
+    fn segments(glob: &[&str], path: &[&str]) -> bool {
+        match glob.split_first() {
+            None => path.is_empty(),
+            Some((&"**", rest)) => (0..=path.len()).any(|skip| segments(rest, &path[skip..])),
+            Some((first, rest)) => path.split_first().is_some_and(|(segment, tail)| {
+                segment_matches(first, segment) && segments(rest, tail)
+            }),
+        }
+    }
+    fn segment_matches(glob: &str, text: &str) -> bool {
+        match glob.split_once('*') {
+            None => glob == text,
+            Some((prefix, rest)) => {
+                let Some(after) = text.strip_prefix(prefix) else {
+                    return false;
+                };
+                (0..=after.len())
+                    .filter(|i| after.is_char_boundary(*i))
+                    .any(|i| segment_matches(rest, &after[i..]))
+            }
+        }
+    }
+    let glob: Vec<&str> = glob.trim_start_matches('/').split('/').collect();
+    let path: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    segments(&glob, &path)
 }
 
 /// One concrete request path a glob matches.

@@ -21,7 +21,7 @@ use crate::paths::{self, Area};
 use crate::settings::Limit;
 use crate::validate::egress_ports;
 
-/// The kinds of widening. The first seven need review.
+/// The kinds of widening. The first eight need review.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FindingKind {
     /// A credential can be sent to a new host, port or path.
@@ -38,6 +38,8 @@ pub enum FindingKind {
     TierDowngrade,
     /// `network.mode: full`.
     FullNetwork,
+    /// Git pushes may change refs they could not before.
+    GitPush,
     /// A hidden path became readable.
     ReadablePath,
     /// A new destination, method or path without a credential.
@@ -58,6 +60,7 @@ impl FindingKind {
             FindingKind::Syscall => "syscall",
             FindingKind::TierDowngrade => "tier-downgrade",
             FindingKind::FullNetwork => "full-network",
+            FindingKind::GitPush => "git-push",
             FindingKind::ReadablePath => "readable-path",
             FindingKind::Egress => "egress",
             FindingKind::Limit => "limit",
@@ -357,6 +360,88 @@ fn network(old: &Policy, new: &Policy, findings: &mut Vec<Finding>) {
         });
     }
     private_ranges(o, n, findings);
+    git_pushes(&old_plan, &new_plan, findings);
+}
+
+/// The ref globs pushes to `host:port` may change under `plan`: `None` when no rule there
+/// restricts pushes (any ref, as far as the proxy is concerned).
+fn push_refs(plan: &EgressPlan, host: &str, port: u16) -> Option<Vec<String>> {
+    let rules: Vec<_> = plan
+        .rules
+        .iter()
+        .filter(|r| r.ports.contains(&port) && net::host_covers(&r.host.0, host))
+        .collect();
+    if rules.iter().all(|r| r.git_push_refs.is_none()) {
+        return None;
+    }
+    Some(
+        rules
+            .iter()
+            .flat_map(|r| r.git_push_refs.iter().flatten().cloned())
+            .collect(),
+    )
+}
+
+/// Pushes that may change new refs: a destination whose pushes were restricted is no longer,
+/// or lists a ref glob the old policy's did not cover.
+fn git_pushes(old: &EgressPlan, new: &EgressPlan, findings: &mut Vec<Finding>) {
+    if old.mode != crate::egress::NetworkMode::Proxy
+        || new.mode != crate::egress::NetworkMode::Proxy
+    {
+        return;
+    }
+    let mut seen: Vec<(String, u16)> = Vec::new();
+    for rule in &old.rules {
+        if rule.git_push_refs.is_none() {
+            continue;
+        }
+        for port in &rule.ports {
+            let key = (rule.host.0.clone(), *port);
+            if seen.contains(&key) {
+                continue;
+            }
+            seen.push(key);
+            let Some(before) = push_refs(old, &rule.host.0, *port) else {
+                continue;
+            };
+            let destination = format!("{}:{port}", rule.host.0);
+            match push_refs(new, &rule.host.0, *port) {
+                None => findings.push(Finding {
+                    kind: FindingKind::GitPush,
+                    message: format!("git pushes to {destination} are no longer limited to refs"),
+                    witness: format!(
+                        "POST {}:{port}/x/git-receive-pack updating refs/heads/x",
+                        net::host_example(&rule.host.0)
+                    ),
+                }),
+                Some(after) => {
+                    let wider: Vec<&String> = after
+                        .iter()
+                        .filter(|glob| {
+                            !before.iter().any(|b| {
+                                net::glob_covers(&format!("/{b}"), &format!("/{glob}"))
+                                    || (!glob.contains('*') && net::glob_matches(b, glob))
+                            })
+                        })
+                        .collect();
+                    if let Some(first) = wider.first() {
+                        findings.push(Finding {
+                            kind: FindingKind::GitPush,
+                            message: format!(
+                                "git pushes to {destination} may change {}",
+                                wider
+                                    .iter()
+                                    .map(|g| g.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ),
+                            witness: format!("a push updating {}", net::glob_example(first)),
+                        });
+                    }
+                }
+            }
+        }
+    }
 }
 
 fn private_ranges(o: &PolicyDocument, n: &PolicyDocument, findings: &mut Vec<Finding>) {

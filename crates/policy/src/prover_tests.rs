@@ -266,3 +266,38 @@ fn test_within_a_ceiling_or_a_counterexample() {
         "{err}"
     );
 }
+
+/// A proxy policy with one repository rule whose pushes may change `refs` (`None`: no
+/// `git_push_refs` at all).
+fn repository(refs: Option<&str>) -> String {
+    let refs = refs.map_or_else(String::new, |r| format!("      git_push_refs: [{r}]\n"));
+    format!(
+        "version: 1\nnetwork:\n  mode: proxy\n  egress:\n    - name: repo\n      host: git.example.com\n      ports: [443]\n      methods: [GET, POST]\n      paths: [\"/acme/app.git/**\"]\n{refs}"
+    )
+}
+
+#[test]
+fn test_git_push_refs_widening_needs_review() {
+    let agent = repository(Some("refs/heads/agent-1"));
+    assert!(kinds(&agent, &agent).is_empty());
+    assert!(kinds(&agent, &repository(Some("\"refs/heads/agent-1\""))).is_empty());
+    // Narrower: all agents' branches to one.
+    assert!(kinds(&repository(Some("\"refs/heads/agent-*\"")), &agent).is_empty());
+    let findings = assert_findings(
+        &agent,
+        &repository(Some("refs/heads/main")),
+        &[FindingKind::GitPush],
+    );
+    assert!(
+        findings[0].message.contains("refs/heads/main"),
+        "{findings:?}"
+    );
+    assert!(FindingKind::GitPush.needs_review());
+    let findings = assert_findings(&agent, &repository(None), &[FindingKind::GitPush]);
+    assert!(
+        findings[0].message.contains("no longer limited"),
+        "{findings:?}"
+    );
+    // Restricting pushes that were free is a narrowing.
+    assert!(kinds(&repository(None), &agent).is_empty());
+}

@@ -401,6 +401,11 @@ fn check_egress(c: &mut Checker<'_>, field: &FieldPath, rule: &EgressPolicy) {
             c.report(&field.key("allowed_ips").index(i), problem);
         }
     }
+    for (i, glob) in rule.git_push_refs.iter().flatten().enumerate() {
+        if let Err(problem) = net::check_git_ref_glob(glob) {
+            c.report(&field.key("git_push_refs").index(i), problem);
+        }
+    }
 }
 
 fn valid_env_name(name: &str) -> bool {

@@ -14,6 +14,7 @@
 mod backend;
 pub mod egress;
 mod evaluation;
+pub mod git;
 pub mod id_range;
 mod live;
 mod step;

@@ -102,6 +102,35 @@ impl Agent {
         Ok((response, connection))
     }
 
+    /// Hands a warm pool's sandbox to its creator: from now on the agent gives `env` to every
+    /// process it starts, as if the sandbox had been started with it. Once per sandbox.
+    pub async fn claim(
+        &self,
+        env: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), ApiError> {
+        let body = serde_json::to_vec(&serde_json::json!({ "env": env }))
+            .map_err(|e| ApiError::internal(format!("cannot encode the claim: {e}")))?;
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri("/airlock/claim")
+            .header(CONTENT_TYPE, "application/json")
+            .body(full(body))
+            .map_err(|e| ApiError::internal(format!("cannot build the agent request: {e}")))?;
+        let response = self.send(request).await?;
+        let status = response.status();
+        let bytes = read_limited(response.into_body()).await?;
+        if status == StatusCode::NO_CONTENT {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            ErrorCode::AgentError,
+            format!(
+                "the agent refused the claim ({status}): {}",
+                String::from_utf8_lossy(&bytes)
+            ),
+        ))
+    }
+
     /// A Connect unary call with the JSON codec.
     pub async fn unary<T: DeserializeOwned>(
         &self,

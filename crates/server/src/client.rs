@@ -9,9 +9,11 @@ use airlock_api::policy::PolicyDocument;
 use airlock_api::v1::{
     Approval, ApprovalDecision, ApprovalList, CreateSandboxRequest, CreateSandboxResponse,
     CreateSnapshotRequest, DecideApprovalRequest, ErrorBody, ErrorCode, ExecEvent, ExecRequest,
-    FileEntry, FileList, Fork, ForkRequest, ForkResponse, Health, MkdirRequest, MoveRequest,
-    PauseMode, PauseRequest, PolicyApplied, ResumeRequest, Sandbox, SandboxEvents, SandboxList,
-    SandboxLogs, SandboxState, SetTimeoutRequest, Snapshot, SnapshotList, TemplateList,
+    FileEntry, FileList, Fork, ForkRequest, ForkResponse, GitPushRequest, GitPushResult, Health,
+    LspRequest, LspServer, MkdirRequest, MoveRequest, PauseMode, PauseRequest, PolicyApplied,
+    PoolRequest, PoolStatus, PullRequest, PullRequestRequest, ResumeRequest, Sandbox,
+    SandboxEvents, SandboxList, SandboxLogs, SandboxState, SetTimeoutRequest, Snapshot,
+    SnapshotList, TemplateList,
 };
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -220,13 +222,39 @@ impl Client {
             .await
     }
 
+    /// A template's warm pool.
+    pub async fn pool(&self, template: &str) -> Result<PoolStatus, ClientError> {
+        let path = format!("/v1/templates/{}/pool", encode_query_value(template));
+        self.call(Method::GET, &path, None::<&()>).await
+    }
+
+    /// Sets a template's warm-pool size (0 removes the pool).
+    pub async fn set_pool(&self, template: &str, size: u32) -> Result<PoolStatus, ClientError> {
+        let path = format!("/v1/templates/{}/pool", encode_query_value(template));
+        self.call(Method::PUT, &path, Some(&PoolRequest { size }))
+            .await
+    }
+
     /// Sandboxes in `states` (all when empty) whose metadata contains every pair given.
     pub async fn list(
         &self,
         states: &[SandboxState],
         metadata: &BTreeMap<String, String>,
     ) -> Result<Vec<Sandbox>, ClientError> {
+        self.list_including(states, metadata, false).await
+    }
+
+    /// [`Client::list`], with the unclaimed members of warm pools when `pool`.
+    pub async fn list_including(
+        &self,
+        states: &[SandboxState],
+        metadata: &BTreeMap<String, String>,
+        pool: bool,
+    ) -> Result<Vec<Sandbox>, ClientError> {
         let mut query = Vec::new();
+        if pool {
+            query.push("include=pool".to_owned());
+        }
         if !states.is_empty() {
             let names: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
             query.push(format!("state={}", names.join(",")));
@@ -280,6 +308,33 @@ impl Client {
         let path = format!("/v1/sandboxes/{id}/resume");
         self.call(Method::POST, &path, Some(&ResumeRequest { timeout_ms }))
             .await
+    }
+
+    /// Pushes a repository sandbox's branch (from inside it, through its proxy).
+    pub async fn git_push(&self, id: &str, force: bool) -> Result<GitPushResult, ClientError> {
+        let path = format!("/v1/sandboxes/{id}/git/push");
+        self.call(Method::POST, &path, Some(&GitPushRequest { force }))
+            .await
+    }
+
+    /// Pushes a repository sandbox's branch and opens a pull request on the daemon's forge.
+    pub async fn pull_request(
+        &self,
+        id: &str,
+        request: &PullRequestRequest,
+    ) -> Result<PullRequest, ClientError> {
+        let path = format!("/v1/sandboxes/{id}/git/pull-request");
+        self.call(Method::POST, &path, Some(request)).await
+    }
+
+    /// Starts a language server in the sandbox; speak to it at its `websocket_path`.
+    pub async fn start_lsp(
+        &self,
+        id: &str,
+        request: &LspRequest,
+    ) -> Result<LspServer, ClientError> {
+        let path = format!("/v1/sandboxes/{id}/lsp");
+        self.call(Method::POST, &path, Some(request)).await
     }
 
     pub async fn snapshot(&self, id: &str, name: Option<String>) -> Result<Snapshot, ClientError> {

@@ -51,6 +51,8 @@ pub enum ConfigError {
     TestResolve(String),
     #[error("--test-egress-roots: cannot read {0}")]
     TestRoots(PathBuf, #[source] std::io::Error),
+    #[error("{flag}: {why}")]
+    Forge { flag: &'static str, why: String },
 }
 
 /// Options of the daemon.
@@ -132,6 +134,30 @@ pub struct ServeArgs {
     /// fails at that step.
     #[arg(long = "build-step-timeout", value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
     pub build_step_timeout_ms: u64,
+    /// Where the repository cache (bare mirrors of the repositories sandboxes are created
+    /// from, one per URL) lives [default: <state>/git-cache].
+    #[arg(long, value_name = "DIR")]
+    pub git_cache: Option<PathBuf>,
+    /// A GitHub-compatible forge API (e.g. https://api.github.com, https://HOST/api/v3 for
+    /// GitHub Enterprise, https://HOST/api/v1 for Gitea) where `.../git/pull-request` opens
+    /// pull requests with the forge token. Plain http:// only on a loopback address.
+    #[arg(long, value_name = "URL")]
+    pub forge_api: Option<String>,
+    /// The git host (HOST or HOST:PORT) whose repositories get the forge token as their
+    /// credential, injected by each sandbox's egress proxy [default: the API's host, without
+    /// a leading `api.`].
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub forge_git_host: Option<String>,
+    /// The environment variable of the daemon that holds the forge token (read on the host,
+    /// never shown to a sandbox).
+    #[arg(long, value_name = "VAR", conflicts_with = "forge_token_file")]
+    pub forge_token_env: Option<String>,
+    /// A file that holds the forge token (a trailing newline is trimmed).
+    #[arg(long, value_name = "PATH")]
+    pub forge_token_file: Option<PathBuf>,
+    /// The Basic username git sends with the token as the password.
+    #[arg(long, value_name = "NAME", default_value = "x-access-token")]
+    pub forge_git_username: String,
     /// How the daemon's log lines on stderr look: `text` for people, `json` (one object per
     /// line, with the fields of each event) for log collectors.
     #[arg(long, value_enum, default_value = "text")]
@@ -139,6 +165,13 @@ pub struct ServeArgs {
     /// The least severe log lines written: error, warn, info or debug.
     #[arg(long, value_enum, default_value = "info")]
     pub log_level: LogLevel,
+    /// Keep N sandboxes of TEMPLATE started and ready, so that creates for it only claim one
+    /// (repeatable; stored, as `PUT /v1/templates/{name}/pool` is, until changed).
+    #[arg(long = "warm-pool", value_name = "TEMPLATE=N", value_parser = parse_warm_pool)]
+    pub warm_pools: Vec<(String, u32)>,
+    /// How many warm-pool members are started at once (never while a cold create waits).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub pool_fill_concurrency: usize,
     /// TEST EQUIPMENT, like curl's --resolve: the egress proxies of `proxy`-mode sandboxes
     /// resolve NAME to the loopback upstream IP:PORT (comma-separated list) instead of DNS,
     /// and nothing else resolves. Refused unless --listen is loopback.
@@ -238,6 +271,26 @@ fn parse_size(value: &str) -> Result<u64, String> {
     airlock_api::parse_size_bytes(value).map_err(|e| e.to_string())
 }
 
+fn parse_warm_pool(value: &str) -> Result<(String, u32), String> {
+    let (template, size) = value
+        .split_once('=')
+        .ok_or_else(|| format!("{value:?} is not TEMPLATE=N"))?;
+    if template.is_empty() {
+        return Err(format!("{value:?} names no template"));
+    }
+    let size = size
+        .parse::<u32>()
+        .ok()
+        .filter(|size| *size <= airlock_api::v1::MAX_POOL_SIZE)
+        .ok_or_else(|| {
+            format!(
+                "{size:?} is not a pool size (0 to {})",
+                airlock_api::v1::MAX_POOL_SIZE
+            )
+        })?;
+    Ok((template.to_owned(), size))
+}
+
 fn parse_duration(value: &str) -> Result<u64, String> {
     airlock_api::parse_duration_ms(value).map_err(|e| e.to_string())
 }
@@ -265,6 +318,10 @@ pub struct Config {
     pub events_max: u64,
     pub base_image: Option<String>,
     pub build_step_timeout_ms: u64,
+    pub git_cache: Option<PathBuf>,
+    pub forge: crate::forge::ForgeConfig,
+    pub warm_pools: Vec<(String, u32)>,
+    pub pool_fill_concurrency: usize,
 }
 
 /// The daemon's image store, inside the state directory.
@@ -285,6 +342,7 @@ impl Config {
             ("--audit-max-bytes", args.audit_max_bytes),
             ("--events-max", args.events_max),
             ("--build-step-timeout", args.build_step_timeout_ms),
+            ("--pool-fill-concurrency", args.pool_fill_concurrency as u64),
         ] {
             if value == 0 {
                 return Err(ConfigError::Zero { name });
@@ -330,6 +388,10 @@ impl Config {
             events_max: args.events_max,
             base_image: args.base_image.clone(),
             build_step_timeout_ms: args.build_step_timeout_ms,
+            git_cache: args.git_cache.clone(),
+            forge: crate::forge::ForgeConfig::from_args(args)?,
+            warm_pools: args.warm_pools.clone(),
+            pool_fill_concurrency: args.pool_fill_concurrency,
         })
     }
 
@@ -347,6 +409,13 @@ impl Config {
 
     pub fn builds_dir(&self) -> PathBuf {
         self.state_dir.join(BUILDS_DIR)
+    }
+
+    /// The repository cache's root.
+    pub fn git_cache_dir(&self) -> PathBuf {
+        self.git_cache
+            .clone()
+            .unwrap_or_else(|| self.state_dir.join("git-cache"))
     }
 
     /// The daemon-wide audit log.

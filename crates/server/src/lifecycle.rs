@@ -25,8 +25,10 @@
 
 mod checks;
 mod egress_ops;
+mod git;
 mod normalize;
 mod pause;
+mod pool;
 mod ready;
 mod scratch;
 mod watcher;
@@ -54,6 +56,7 @@ use crate::egress::{SandboxEgress, proxy_plan};
 use crate::error::ApiError;
 use crate::metrics::{CreateSource, Metrics};
 pub use checks::{check_map, check_resources, env_key_ok};
+pub use git::{GitState, META_BRANCH, META_REF, META_URL, workspace_from_metadata};
 pub(crate) use normalize::{Normalized, image_holder};
 
 use crate::store::{BASE_TEMPLATE, RowState, SandboxRow, Store, StoreError, now_ms};
@@ -78,6 +81,8 @@ pub enum LifecycleError {
         "--base-image {0}: not in the daemon's image store (airlock image import/pull into <state>/images, or POST /v1/images/pull)"
     )]
     BaseImage(String, #[source] airlock_image::StoreError),
+    #[error("the repository cache: {0}")]
+    GitCache(String),
 }
 
 /// A running sandbox's in-memory state.
@@ -120,6 +125,11 @@ pub struct Daemon {
     pub metrics: Arc<Metrics>,
     runtime: Arc<Runtime>,
     slots: Mutex<HashMap<String, Slot>>,
+    /// The repository cache (`lifecycle::git`).
+    git: GitState,
+    /// Language servers waiting for their WebSocket (`crate::lsp`).
+    pub lsp: Arc<crate::lsp::LspSessions>,
+    pools: pool::Pools,
     /// Held (locked) for the daemon's whole life.
     _lock: File,
 }
@@ -152,6 +162,7 @@ impl Daemon {
         if let Some(storage) = scratch::open_storage(&config)? {
             runtime.set_storage(storage);
         }
+        let git = GitState::open(&config.git_cache_dir())?;
         if let Err(err) = runtime.start_zygote() {
             tracing::warn!(
                 error = %airlock_runtime::error_chain(&err),
@@ -184,6 +195,9 @@ impl Daemon {
             metrics,
             runtime: Arc::new(runtime),
             slots: Mutex::new(HashMap::new()),
+            git,
+            lsp: Arc::default(),
+            pools: pool::Pools::default(),
             _lock: lock,
         });
         Ok(daemon)
@@ -229,7 +243,7 @@ impl Daemon {
                 .into_iter()
                 .map(|(state, n)| (state.to_owned(), n))
                 .collect(),
-            pools: Vec::new(),
+            pools: self.pool_gauges(),
         }
     }
 
@@ -462,9 +476,19 @@ impl Daemon {
         }
         let normalized = self.normalize(request).map_err(|e| (e, source))?;
         let source = match normalized.volume {
-            VolumeSource::Empty => CreateSource::Cold,
+            VolumeSource::Empty => {
+                if let Some(created) = self.claim_from_pool(&normalized.request).await {
+                    return Ok((created, CreateSource::Pool));
+                }
+                CreateSource::Cold
+            }
             _ => CreateSource::Snapshot,
         };
+        // Pools refill only while no cold create waits.
+        let _cold = self.pools.cold_create();
+        if !self.room_for_cold_create().await {
+            return Err((self.capacity_error(), source));
+        }
         self.create_normalized(normalized)
             .await
             .map(|response| (response, source))
@@ -476,27 +500,22 @@ impl Daemon {
         normalized: Normalized,
     ) -> Result<CreateSandboxResponse, ApiError> {
         let Normalized {
-            request,
-            config,
+            mut request,
+            mut config,
             volume,
             template,
             user,
         } = normalized;
         let id =
             auth::new_sandbox_id().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
+        let git = self.prepare_git(&id, &mut request, &mut config, &volume)?;
         let token =
             auth::new_access_token().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
         let token_hash = auth::hash_secret(&token);
         {
             let mut slots = self.slots();
-            if slots.len() >= self.config.max_sandboxes {
-                return Err(ApiError::new(
-                    ErrorCode::Capacity,
-                    format!(
-                        "the daemon already has {} sandboxes, its limit (--max-sandboxes)",
-                        self.config.max_sandboxes
-                    ),
-                ));
+            if slots.len() + self.pools.members() >= self.config.max_sandboxes {
+                return Err(self.capacity_error());
             }
             slots.insert(
                 id.clone(),
@@ -520,7 +539,7 @@ impl Daemon {
         };
         let daemon = self.clone();
         let started = tokio::task::spawn_blocking(move || {
-            daemon.create_blocking(row, config, user, timeout_ms, volume)
+            daemon.create_blocking(row, config, user, timeout_ms, volume, git)
         })
         .await;
         let started = match started {
@@ -548,6 +567,16 @@ impl Daemon {
         }
     }
 
+    fn capacity_error(&self) -> ApiError {
+        ApiError::new(
+            ErrorCode::Capacity,
+            format!(
+                "the daemon already has {} sandboxes, its limit (--max-sandboxes)",
+                self.config.max_sandboxes
+            ),
+        )
+    }
+
     /// Steps 1 to 4 of the module docs, in the blocking pool. On failure nothing is left.
     #[allow(
         clippy::type_complexity,
@@ -560,6 +589,7 @@ impl Daemon {
         user: Option<airlock_api::UserSpec>,
         timeout_ms: u64,
         volume: VolumeSource,
+        git: Option<git::GitPlan>,
     ) -> Result<(SandboxRow, LiveSandbox, Option<Arc<SandboxEgress>>, String), ApiError> {
         let id = row.id.clone();
         let dir = self.config.sandboxes_dir().join(&id);
@@ -592,7 +622,7 @@ impl Daemon {
         );
         if let Err(err) = self
             .store
-            .insert_sandbox_noting(&row, Some(("create", &created)))
+            .insert_sandbox_noting(&row, &[("create", &created)])
         {
             return Err(fail(err.into()));
         }
@@ -623,10 +653,23 @@ impl Daemon {
             volume,
         };
         let session = egress.get().cloned();
+        let fetched = match &git {
+            Some(plan) => match self.fetch_repository(&dir, plan, session.as_deref()) {
+                Ok(fetched) => Some((plan, fetched)),
+                Err(err) => return Err(fail(err)),
+            },
+            None => None,
+        };
         let pending = match self.create_live(&spec, session.as_deref()) {
             Ok(pending) => pending,
             Err(err) => return Err(fail(runtime_error(&err))),
         };
+        if let Some((plan, (fetched, header))) = fetched
+            && let Err(err) = self.hand_over(&id, plan, fetched, header, &pending.record().socket)
+        {
+            drop(pending);
+            return Err(fail(err));
+        }
         for warning in pending.warnings() {
             self.event(Some(&id), "warning", warning);
         }
@@ -855,6 +898,7 @@ fn view(row: &SandboxRow) -> Sandbox {
         metadata: row.request.metadata.clone(),
         created_at_ms: row.created_ms,
         expires_at_ms,
+        pool: false,
     }
 }
 

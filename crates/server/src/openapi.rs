@@ -141,6 +141,7 @@ fn operation(
             Some("builds") => "The build id (a UUID).",
             Some("template-files") => "The files hash: 64 lower-case hex digits.",
             Some("uploads") => "The one-time token of an upload URL.",
+            Some("snapshots") => "The snapshot's id or name.",
             _ => "The sandbox id.",
         };
         let schema = if route.path.starts_with("/v1/template-files/") {

@@ -103,6 +103,7 @@ async fn serve(config: Config) -> Result<(), ServeError> {
         .store
         .record_event(None, "daemon_start", &format!("listening on {local}"));
     tokio::spawn(trim_events(daemon.clone()));
+    daemon.start_pools();
     let mut stdout = std::io::stdout();
     let _ = writeln!(stdout, "airlockd listening on http://{local}");
     let _ = stdout.flush();
@@ -136,6 +137,8 @@ async fn serve(config: Config) -> Result<(), ServeError> {
         "daemon_stop",
         "stopped by a signal; sandboxes keep running",
     );
+    // Unclaimed warm-pool members were never committed: they end here, not with the process.
+    daemon.stop_pools().await;
     daemon.release_storage();
     Ok(())
 }

@@ -1,11 +1,12 @@
 //! The daemon's durable state: one SQLite file, `<state>/airlock.db`.
 //!
 //! Tables: `sandboxes` (one row per sandbox that exists or is being created or removed),
-//! `templates`, `api_keys` (SHA-256 of each key, never the key) and `events` (an append-only
-//! log), and for template builds `builds`, `build_logs` and `build_cache` (`templates.rs`).
-//! The schema version is `PRAGMA user_version`; an older store is migrated in place
-//! (version 2 added `sandboxes.egress`, 3 the `paused` state and `snapshots`, 4 the built
-//! templates' columns and the build tables). WAL with `synchronous=NORMAL` keeps each
+//! `templates`, `pools` (warm-pool sizes), `api_keys` (SHA-256 of each key, never the key) and
+//! `events` (an append-only log), and for template builds `builds`, `build_logs` and
+//! `build_cache` (`templates.rs`). The schema version is `PRAGMA user_version`; an older store
+//! is migrated in place (version 2 added `sandboxes.egress`, 3 the `paused` state and
+//! `snapshots`, 4 the built templates' columns and the build tables; `pools` is created when
+//! missing, with no version of its own). WAL with `synchronous=NORMAL` keeps each
 //! write one `write(2)`; a crash can lose the last transactions but never corrupts the file,
 //! and start-up reconciles rows with what really runs (see `lifecycle`).
 //!
@@ -13,6 +14,7 @@
 //! ([`Store::trim_events`]), SQLite's page cache is capped at [`CACHE_KIB`] and the WAL is
 //! checkpointed every 1000 pages and truncated back to [`JOURNAL_SIZE_LIMIT`].
 
+mod pools;
 mod snapshots;
 mod templates;
 
@@ -285,6 +287,7 @@ impl Store {
             }
         }
         tx.execute_batch(SCHEMA)?;
+        tx.execute_batch(pools::SCHEMA)?;
         tx.execute_batch(&SANDBOXES_V3.replace("{table}", "sandboxes"))?;
         if sandboxes_exist && found < 2 {
             tx.execute_batch("ALTER TABLE sandboxes ADD COLUMN egress TEXT")?;
@@ -329,14 +332,14 @@ impl Store {
     // --- sandboxes ---
 
     pub fn insert_sandbox(&self, row: &SandboxRow) -> Result<(), StoreError> {
-        self.insert_sandbox_noting(row, None)
+        self.insert_sandbox_noting(row, &[])
     }
 
-    /// [`Store::insert_sandbox`] with an event `(kind, message)` in the same transaction.
+    /// [`Store::insert_sandbox`] with events `(kind, message)` in the same transaction.
     pub fn insert_sandbox_noting(
         &self,
         row: &SandboxRow,
-        event: Option<(&str, &str)>,
+        events: &[(&str, &str)],
     ) -> Result<(), StoreError> {
         let request =
             serde_json::to_string(&row.request).map_err(|source| StoreError::Corrupt {
@@ -345,7 +348,7 @@ impl Store {
             })?;
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        if let Some((kind, message)) = event {
+        for (kind, message) in events {
             insert_event(&tx, Some(&row.id), kind, message)?;
         }
         tx.execute(

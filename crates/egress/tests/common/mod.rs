@@ -203,6 +203,7 @@ pub fn rule(name: &str, host: &str, ports: &[u16], http: Vec<HttpRule>) -> Egres
         host: HostPattern(host.into()),
         ports: ports.to_vec(),
         http,
+        git_push_refs: None,
     }
 }
 

@@ -340,12 +340,17 @@ async fn create(ctx: &mut Ctx, v2: bool) -> Result<Response<Body>, E2bError> {
     let timeout_ms = timeout_ms(&daemon, request.timeout_s.unwrap_or(default_s))?;
     let secure = v2 || request.secure == Some(true);
     let lifecycle = lifecycle(&request)?;
+    let metadata = request.metadata.unwrap_or_default();
+    // E2B's create has no workspace: `airlock.git.url` (and `.ref`, `.branch`) in the
+    // metadata ask for a repository workspace.
+    let workspace = crate::lifecycle::workspace_from_metadata(&metadata).unwrap_or_default();
     let created = daemon
         .create(CreateSandboxRequest {
             template: Some(template.to_owned()),
             timeout_ms: Some(timeout_ms),
             env: request.env_vars.unwrap_or_default(),
-            metadata: request.metadata.unwrap_or_default(),
+            metadata,
+            workspace,
             lifecycle,
             ..CreateSandboxRequest::default()
         })

@@ -66,6 +66,14 @@ async fn route(
     if let Err(reason) = authorize(daemon, parts, id) {
         return unauthorized(parts.uri.path(), &reason);
     }
+    // The agent's own endpoints (a warm pool's claim) are the daemon's alone; envd has none.
+    if parts.uri.path().starts_with("/airlock/") {
+        return E2bError::new(
+            StatusCode::NOT_FOUND,
+            format!("envd serves no {}", parts.uri.path()),
+        )
+        .response();
+    }
     // A bearer token is a daemon key here (envd's own Authorization is Basic): keep it out.
     let bearer = parts
         .headers

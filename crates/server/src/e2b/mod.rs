@@ -27,6 +27,9 @@
 //! set-timeout, connect on both versions, refreshes, pause and legacy resume. Timeouts are
 //! seconds: `timeout` at create sets the lifetime (E2B's defaults: 300 s on v2, 15 s on v1),
 //! set-timeout resets it from now, connect and refreshes extend it and never shorten it.
+//! A create whose metadata has `airlock.git.url` (with `airlock.git.ref` and
+//! `airlock.git.branch`) gets a repository workspace (`lifecycle::git`): E2B's create body has
+//! no workspace, and its metadata is the one field the SDKs pass through as given.
 //! Templates name the daemon's templates (`NAME`, `NAME:TAG`, a snapshot); `base` is the
 //! process tier with the host's root, read-only (or the daemon's `--base-image`). An unknown
 //! template is E2B's 404 `template '<name>' not found`. `Template.build` is [`templates`]. Pause is not
@@ -259,9 +262,10 @@ impl From<ApiError> for E2bError {
             ErrorCode::PayloadTooLarge | ErrorCode::FileTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
             ErrorCode::Capacity => StatusCode::TOO_MANY_REQUESTS,
-            ErrorCode::Internal | ErrorCode::AgentError | ErrorCode::Timeout => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            ErrorCode::Internal
+            | ErrorCode::AgentError
+            | ErrorCode::Timeout
+            | ErrorCode::ForgeError => StatusCode::INTERNAL_SERVER_ERROR,
         };
         E2bError::new(status, err.message)
     }

@@ -46,6 +46,21 @@ impl Daemon {
         dir: &Path,
         policy: Policy,
     ) -> Result<Arc<SandboxEgress>, ApiError> {
+        let egress = self.launch_egress(id, dir, policy)?;
+        if !self.store.set_egress(id, &egress.stored().to_json())? {
+            egress.end();
+            return Err(ApiError::internal("the sandbox's row vanished"));
+        }
+        Ok(egress)
+    }
+
+    /// [`Daemon::start_egress`] without storing it (a warm pool's member has no row yet).
+    pub(super) fn launch_egress(
+        &self,
+        id: &str,
+        dir: &Path,
+        policy: Policy,
+    ) -> Result<Arc<SandboxEgress>, ApiError> {
         let handle = runtime_handle()?;
         let (egress, _) = SandboxEgress::start(
             &self.config.egress,
@@ -57,12 +72,7 @@ impl Daemon {
             handle,
         )
         .map_err(|err| setup_error(&err))?;
-        let egress = Arc::new(egress);
-        if !self.store.set_egress(id, &egress.stored().to_json())? {
-            egress.end();
-            return Err(ApiError::internal("the sandbox's row vanished"));
-        }
-        Ok(egress)
+        Ok(Arc::new(egress))
     }
 
     /// `Runtime::create_live`, pointed at the egress proxy when there is one.
@@ -135,6 +145,7 @@ impl Daemon {
         approve: bool,
     ) -> Result<PolicyApplied, ApiError> {
         let live = self.running(id)?;
+        let document = self.keep_repository_access(id, document)?;
         let new = Policy::from_document(&document)
             .map_err(|e| ApiError::unprocessable(format!("invalid policy: {e}")))?;
         let Some(egress) = live.egress.clone() else {

@@ -179,6 +179,8 @@ impl Daemon {
             Workspace::Host { path } => WorkspaceSource::Host {
                 path: self.host_workspace(path)?,
             },
+            // Cloned into the fresh workspace once the sandbox runs (`lifecycle::git`).
+            Workspace::Git { .. } => WorkspaceSource::Fresh,
         };
         let mut config = SandboxConfig::new(Vec::new());
         config.tier = request.tier;

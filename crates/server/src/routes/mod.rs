@@ -8,7 +8,9 @@
 mod egress;
 mod exec;
 mod files;
+mod git;
 mod images;
+mod lsp;
 mod persistence;
 mod sandboxes;
 mod table;
@@ -253,6 +255,8 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
         Handler::Health => Ok(sandboxes::health()),
         Handler::Metrics => Ok(metrics(ctx)),
         Handler::ListTemplates => sandboxes::list_templates(ctx),
+        Handler::GetPool => sandboxes::get_pool(ctx),
+        Handler::SetPool => sandboxes::set_pool(ctx).await,
         Handler::CreateSandbox => sandboxes::create(ctx).await,
         Handler::ListSandboxes => sandboxes::list(ctx),
         Handler::GetSandbox => sandboxes::get(ctx),
@@ -269,6 +273,10 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
         Handler::PutPolicy => egress::put_policy(ctx).await,
         Handler::ListApprovals => egress::list_approvals(ctx),
         Handler::DecideApproval => egress::decide_approval(ctx).await,
+        Handler::GitPush => git::push(ctx).await,
+        Handler::PullRequest => git::pull_request(ctx).await,
+        Handler::StartLsp => lsp::start(ctx).await,
+        Handler::LspSocket => lsp::socket(ctx),
         Handler::Exec => exec::exec(ctx).await,
         Handler::ListImages => images::list(ctx),
         Handler::PullImage => images::pull(ctx).await,

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use airlock_api::v1::{
-    CreateSandboxRequest, Health, SandboxList, SandboxLogs, SandboxState, SetTimeoutRequest,
-    TemplateList,
+    CreateSandboxRequest, Health, PoolRequest, SandboxList, SandboxLogs, SandboxState,
+    SetTimeoutRequest, TemplateList,
 };
 use hyper::{Response, StatusCode};
 
@@ -28,6 +28,19 @@ pub fn list_templates(ctx: &Ctx) -> Result<Response<Body>, ApiError> {
     Ok(json_response(StatusCode::OK, &TemplateList { templates }))
 }
 
+pub fn get_pool(ctx: &Ctx) -> Result<Response<Body>, ApiError> {
+    Ok(json_response(
+        StatusCode::OK,
+        &ctx.daemon.pool_status(&ctx.id)?,
+    ))
+}
+
+pub async fn set_pool(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
+    let request: PoolRequest = ctx.json().await?;
+    let status = ctx.daemon.set_pool(&ctx.id, request.size).await?;
+    Ok(json_response(StatusCode::OK, &status))
+}
+
 pub async fn create(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
     let request: CreateSandboxRequest = ctx.json().await?;
     let created = ctx.daemon.create(request).await?;
@@ -37,6 +50,7 @@ pub async fn create(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
 pub fn list(ctx: &Ctx) -> Result<Response<Body>, ApiError> {
     let mut states = Vec::new();
     let mut metadata = BTreeMap::new();
+    let mut pool = false;
     for (key, value) in ctx.query() {
         if key == "state" {
             for state in value.split(',') {
@@ -51,15 +65,32 @@ pub fn list(ctx: &Ctx) -> Result<Response<Body>, ApiError> {
                     }
                 });
             }
+        } else if key == "include" {
+            for part in value.split(',') {
+                match part {
+                    "pool" => pool = true,
+                    other => {
+                        return Err(ApiError::invalid(format!(
+                            "unknown include {other:?} (pool: also the unclaimed members of warm pools)"
+                        )));
+                    }
+                }
+            }
         } else if let Some(meta_key) = key.strip_prefix("metadata.") {
             metadata.insert(meta_key.to_owned(), value);
         } else {
             return Err(ApiError::invalid(format!(
-                "unknown query parameter {key:?} (state, metadata.KEY)"
+                "unknown query parameter {key:?} (state, include, metadata.KEY)"
             )));
         }
     }
-    let sandboxes = ctx.daemon.list(&states, &metadata)?;
+    let mut sandboxes = ctx.daemon.list(&states, &metadata)?;
+    if pool {
+        sandboxes.extend(ctx.daemon.pool_views().into_iter().filter(|s| {
+            (states.is_empty() || states.contains(&s.state))
+                && metadata.iter().all(|(k, v)| s.metadata.get(k) == Some(v))
+        }));
+    }
     Ok(json_response(StatusCode::OK, &SandboxList { sandboxes }))
 }
 

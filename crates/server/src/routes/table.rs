@@ -3,6 +3,8 @@
 //! it, so the two cannot drift.
 
 use airlock_api::v1;
+
+use super::{git, lsp};
 use hyper::Method;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 
@@ -56,6 +58,8 @@ pub enum Handler {
     Health,
     Metrics,
     ListTemplates,
+    GetPool,
+    SetPool,
     CreateSandbox,
     ListSandboxes,
     GetSandbox,
@@ -72,6 +76,10 @@ pub enum Handler {
     PutPolicy,
     ListApprovals,
     DecideApproval,
+    GitPush,
+    PullRequest,
+    StartLsp,
+    LspSocket,
     Exec,
     FileGet,
     FilePut,
@@ -138,7 +146,7 @@ macro_rules! route {
 }
 
 /// Every endpoint of the daemon.
-pub static ROUTES: [Route; 42] = [
+pub static ROUTES: [Route; 48] = [
     route!(
         Some(Method::GET),
         "/v1/health",
@@ -176,6 +184,30 @@ pub static ROUTES: [Route; 42] = [
         &[]
     ),
     route!(
+        Some(Method::GET),
+        "/v1/templates/{id}/pool",
+        GetPool,
+        ApiKey,
+        "A template's warm pool: its size, members ready and starting, claims.",
+        &[],
+        Payload::None,
+        200,
+        Payload::Json(schema::<v1::PoolStatus>),
+        &[404]
+    ),
+    route!(
+        Some(Method::PUT),
+        "/v1/templates/{id}/pool",
+        SetPool,
+        ApiKey,
+        "Keep `size` sandboxes of the template started and ready (0 removes the pool); creates for it that ask for nothing else claim one. Kept across restarts.",
+        &[],
+        Payload::Json(schema::<v1::PoolRequest>),
+        200,
+        Payload::Json(schema::<v1::PoolStatus>),
+        &[400, 404, 413, 422]
+    ),
+    route!(
         Some(Method::POST),
         "/v1/sandboxes",
         CreateSandbox,
@@ -204,6 +236,12 @@ pub static ROUTES: [Route; 42] = [
                 "metadata.{key}",
                 false,
                 "Keep sandboxes whose metadata has key = value; repeatable.",
+                QueryValue::Text
+            ),
+            (
+                "include",
+                false,
+                "`pool`: also list the unclaimed members of warm pools (`pool: true`).",
                 QueryValue::Text
             )
         ],
@@ -404,6 +442,10 @@ pub static ROUTES: [Route; 42] = [
         Payload::None,
         &[400, 404, 413]
     ),
+    git::PUSH,
+    git::PULL_REQUEST,
+    lsp::START,
+    lsp::SOCKET,
     route!(
         Some(Method::POST),
         "/v1/sandboxes/{id}/exec",

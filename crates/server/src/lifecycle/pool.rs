@@ -1,0 +1,694 @@
+//! Warm pools: per template, sandboxes started ahead of time whose agents already serve, so
+//! that a create for the template only has to claim one.
+//!
+//! A member is a sandbox started exactly as a cold create of the bare template would start it,
+//! but never committed and never stored: it dies with this daemon (its helper sees the control
+//! pipe close), and the next daemon's orphan sweep removes what it left. A claim hands it to
+//! one create, once: the agent takes the create's environment for every process it starts
+//! (`POST /airlock/claim`), the row is inserted as running with the create's metadata,
+//! timeout and a new access token, and only then is the sandbox committed. Its id was made when
+//! it was started and is first shown by the create that claims it.
+//!
+//! A create is served from the pool only when it asks for nothing the member lacks: after
+//! normalizing, its request must equal the bare template's but for `env`, `metadata`,
+//! `timeout_ms` and `lifecycle`, which a claim applies. Anything else (resources, a policy, a
+//! workspace, a tier) goes cold. Members count against `--max-sandboxes`; a cold create that
+//! finds the daemon full evicts one instead of failing.
+//!
+//! Fillers (`--pool-fill-concurrency`, one by default) start one member at a time, and none
+//! while a cold create is in flight, so refilling never competes with a user's create.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::PathBuf;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use airlock_api::SandboxConfig;
+use airlock_api::v1::{
+    CreateSandboxRequest, CreateSandboxResponse, ErrorCode, Lifecycle, MAX_POOL_SIZE, PoolStatus,
+    Sandbox,
+};
+use airlock_policy::Policy;
+use airlock_runtime::{LiveSpec, Pending, VolumeSource};
+
+use super::{Daemon, Slot, SlotState, runtime_error};
+use crate::agent::Agent;
+use crate::auth;
+use crate::egress::{SandboxEgress, proxy_plan};
+use crate::error::ApiError;
+use crate::store::{RowState, SandboxRow, now_ms};
+
+/// How often idle fillers look again without being woken (a backoff ending, a cold create
+/// finishing elsewhere).
+const RECHECK: Duration = Duration::from_millis(250);
+/// The longest wait after failed fills of one pool.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Every template's pool.
+#[derive(Debug, Default)]
+pub(super) struct Pools {
+    inner: Mutex<BTreeMap<String, Pool>>,
+    wake: tokio::sync::Notify,
+    /// Cold creates in flight: fills wait while there are any.
+    cold_in_flight: AtomicUsize,
+    closed: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct Pool {
+    size: u32,
+    ready: VecDeque<Member>,
+    starting: u32,
+    claims_total: u64,
+    /// The bare template's request key at the last fill; members with another are stale.
+    key: Option<String>,
+    last_error: Option<String>,
+    failures: u32,
+    no_fill_before: Option<Instant>,
+}
+
+/// A started, unclaimed sandbox.
+#[derive(Debug)]
+struct Member {
+    id: String,
+    /// The bare template's normalized request, and its [`pool_key`].
+    request: CreateSandboxRequest,
+    key: String,
+    dir: PathBuf,
+    pending: Pending,
+    egress: Option<Arc<SandboxEgress>>,
+    warnings: Vec<String>,
+    started_ms: u64,
+}
+
+/// Decrements the cold-create count when a cold create ends, however it ends.
+pub(super) struct ColdCreate<'a>(&'a Pools);
+
+impl Drop for ColdCreate<'_> {
+    fn drop(&mut self) {
+        self.0.cold_in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.wake.notify_waiters();
+    }
+}
+
+impl Pools {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Pool>> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Members ready or starting, in every pool: what they hold of `--max-sandboxes`.
+    pub(super) fn members(&self) -> usize {
+        self.lock()
+            .values()
+            .map(|pool| pool.ready.len() + pool.starting as usize)
+            .sum()
+    }
+
+    pub(super) fn cold_create(&self) -> ColdCreate<'_> {
+        self.cold_in_flight.fetch_add(1, Ordering::SeqCst);
+        ColdCreate(self)
+    }
+
+    /// Removes one ready member (of the pool with the most) to make room for a cold create.
+    fn evict_one(&self) -> Option<Member> {
+        let mut pools = self.lock();
+        let pool = pools.values_mut().max_by_key(|pool| pool.ready.len())?;
+        pool.ready.pop_back()
+    }
+
+    /// The template whose pool most needs a member, reserving its start; None when nothing
+    /// is to be filled now.
+    fn reserve_fill(&self, room: usize) -> Option<String> {
+        if room == 0
+            || self.cold_in_flight.load(Ordering::SeqCst) > 0
+            || self.closed.load(Ordering::SeqCst)
+        {
+            return None;
+        }
+        let now = Instant::now();
+        let mut pools = self.lock();
+        let (template, pool) = pools
+            .iter_mut()
+            .filter(|(_, pool)| pool.no_fill_before.is_none_or(|at| at <= now))
+            .map(|(template, pool)| {
+                let have = pool.ready.len() + pool.starting as usize;
+                let missing = (pool.size as usize).saturating_sub(have);
+                (template, pool, missing)
+            })
+            .filter(|(_, _, missing)| *missing > 0)
+            .max_by_key(|(_, _, missing)| *missing)
+            .map(|(template, pool, _)| (template, pool))?;
+        pool.starting += 1;
+        Some(template.clone())
+    }
+}
+
+/// The request a member is started with: the template, nothing else.
+fn bare_request(template: &str) -> CreateSandboxRequest {
+    CreateSandboxRequest {
+        template: Some(template.to_owned()),
+        ..CreateSandboxRequest::default()
+    }
+}
+
+/// Why a template's sandboxes cannot wait in a warm pool, if they cannot: a member is started
+/// without the image attachment and the start command of a create (`Normalized`'s image and
+/// template), so templates built from an image are refused rather than started on the host.
+fn unpoolable(normalized: &super::Normalized) -> Option<String> {
+    let template = &normalized.template;
+    (normalized.request.image.is_some() || template.start_cmd.is_some() || template.ready_cmd.is_some())
+        .then(|| {
+            format!(
+                "template {:?} runs on an image (or has a start command): warm pools hold process-tier templates only",
+                template.name
+            )
+        })
+}
+
+/// What a normalized request must share with a pool's to be served from it: all but what a
+/// claim applies.
+fn pool_key(request: &CreateSandboxRequest) -> String {
+    let mut request = request.clone();
+    request.env.clear();
+    request.metadata.clear();
+    request.timeout_ms = None;
+    request.lifecycle = Lifecycle::default();
+    serde_json::to_string(&request).unwrap_or_default()
+}
+
+impl Daemon {
+    /// Loads the stored pools and the `--warm-pool` ones (which are stored too), and starts
+    /// the fillers. Call once, after `recover`, inside the async runtime.
+    pub fn start_pools(self: &Arc<Self>) {
+        let mut sizes: BTreeMap<String, u32> = match self.store.list_pools() {
+            Ok(pools) => pools.into_iter().collect(),
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot read the stored warm pools");
+                BTreeMap::new()
+            }
+        };
+        for (template, size) in &self.config.warm_pools {
+            if let Err(err) = self.check_pool(template, *size) {
+                tracing::warn!(template, error = %err.message, "--warm-pool ignored");
+                continue;
+            }
+            if let Err(err) = self.store.set_pool(template, *size) {
+                tracing::warn!(template, error = %err, "cannot store the warm pool");
+            }
+            sizes.insert(template.clone(), *size);
+        }
+        {
+            let mut pools = self.pools.lock();
+            for (template, size) in sizes.into_iter().filter(|(_, size)| *size > 0) {
+                tracing::info!(template, size, "warm pool");
+                pools.entry(template).or_default().size = size;
+            }
+        }
+        for _ in 0..self.config.pool_fill_concurrency.max(1) {
+            tokio::spawn(self.clone().fill());
+        }
+    }
+
+    /// Whether `template` may have a pool of `size`.
+    fn check_pool(&self, template: &str, size: u32) -> Result<(), ApiError> {
+        if self.store.get_template(template)?.is_none() {
+            return Err(ApiError::new(
+                ErrorCode::NotFound,
+                format!("no template {template:?} (GET /v1/templates lists them)"),
+            ));
+        }
+        let most = MAX_POOL_SIZE.min(u32::try_from(self.config.max_sandboxes).unwrap_or(u32::MAX));
+        if size > most {
+            return Err(ApiError::unprocessable(format!(
+                "size {size} is more than a pool may hold here ({most}: at most {MAX_POOL_SIZE}, and at most --max-sandboxes)"
+            )));
+        }
+        if size > 0 {
+            // The template must start as it is: refuse now what every fill would fail on.
+            let normalized = self.normalize(bare_request(template))?;
+            if let Some(problem) = unpoolable(&normalized) {
+                return Err(ApiError::unprocessable(problem));
+            }
+        }
+        Ok(())
+    }
+
+    /// `GET /v1/templates/{name}/pool`.
+    pub fn pool_status(&self, template: &str) -> Result<PoolStatus, ApiError> {
+        if self.store.get_template(template)?.is_none() {
+            return Err(ApiError::new(
+                ErrorCode::NotFound,
+                format!("no template {template:?} (GET /v1/templates lists them)"),
+            ));
+        }
+        let pools = self.pools.lock();
+        let pool = pools.get(template);
+        Ok(PoolStatus {
+            template: template.to_owned(),
+            size: pool.map_or(0, |pool| pool.size),
+            ready: pool.map_or(0, |pool| {
+                u32::try_from(pool.ready.len()).unwrap_or(u32::MAX)
+            }),
+            starting: pool.map_or(0, |pool| pool.starting),
+            claims_total: pool.map_or(0, |pool| pool.claims_total),
+            last_error: pool.and_then(|pool| pool.last_error.clone()),
+        })
+    }
+
+    /// `PUT /v1/templates/{name}/pool`: the new size, stored; a smaller pool's extra members
+    /// are destroyed, a larger one fills in the background.
+    pub async fn set_pool(
+        self: &Arc<Self>,
+        template: &str,
+        size: u32,
+    ) -> Result<PoolStatus, ApiError> {
+        self.check_pool(template, size)?;
+        self.store.set_pool(template, size)?;
+        let extra: Vec<Member> = {
+            let mut pools = self.pools.lock();
+            let pool = pools.entry(template.to_owned()).or_default();
+            pool.size = size;
+            pool.failures = 0;
+            pool.no_fill_before = None;
+            pool.last_error = None;
+            let keep = size as usize;
+            let extra = if pool.ready.len() > keep {
+                pool.ready.split_off(keep)
+            } else {
+                VecDeque::new()
+            };
+            extra.into()
+        };
+        self.event(
+            None,
+            "pool",
+            &format!("template {template}: warm pool size {size}"),
+        );
+        self.destroy_members(extra).await;
+        self.pools.wake.notify_waiters();
+        self.pool_status(template)
+    }
+
+    /// Unclaimed members, for `GET /v1/sandboxes?include=pool`.
+    pub fn pool_views(&self) -> Vec<Sandbox> {
+        let pools = self.pools.lock();
+        pools
+            .iter()
+            .flat_map(|(template, pool)| pool.ready.iter().map(move |m| (template, m)))
+            .map(|(_, member)| {
+                let row = SandboxRow {
+                    id: member.id.clone(),
+                    state: RowState::Running,
+                    request: member.request.clone(),
+                    token_hash: String::new(),
+                    live: None,
+                    created_ms: member.started_ms,
+                    deadline_ms: 0,
+                    egress: None,
+                    pause: None,
+                };
+                Sandbox {
+                    pool: true,
+                    ..super::view(&row)
+                }
+            })
+            .collect()
+    }
+
+    /// Per pool: (template, ready, size), for `/metrics`.
+    pub(super) fn pool_gauges(&self) -> Vec<(String, i64, i64)> {
+        self.pools
+            .lock()
+            .iter()
+            .map(|(template, pool)| {
+                let ready = i64::try_from(pool.ready.len()).unwrap_or(i64::MAX);
+                (template.clone(), ready, i64::from(pool.size))
+            })
+            .collect()
+    }
+
+    /// Destroys every member and stops the fillers (a daemon's graceful stop).
+    pub async fn stop_pools(&self) {
+        self.pools.closed.store(true, Ordering::SeqCst);
+        self.pools.wake.notify_waiters();
+        let members: Vec<Member> = self
+            .pools
+            .lock()
+            .values_mut()
+            .flat_map(|pool| pool.ready.drain(..))
+            .collect();
+        self.destroy_members(members).await;
+    }
+
+    /// Makes room for a cold create when pool members hold the last places: evicts one.
+    /// Returns whether there is room.
+    pub(super) async fn room_for_cold_create(&self) -> bool {
+        let used = self.slots().len() + self.pools.members();
+        if used < self.config.max_sandboxes {
+            return true;
+        }
+        match self.pools.evict_one() {
+            Some(member) => {
+                self.destroy_members(vec![member]).await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    async fn destroy_members(&self, members: Vec<Member>) {
+        if members.is_empty() {
+            return;
+        }
+        let _ = tokio::task::spawn_blocking(move || members.into_iter().for_each(destroy)).await;
+    }
+
+    /// A create served from the template's pool, or None (no pool, none ready, a request
+    /// the pool cannot serve, or a member that failed its claim: the create goes cold).
+    pub(super) async fn claim_from_pool(
+        self: &Arc<Self>,
+        request: &CreateSandboxRequest,
+    ) -> Option<CreateSandboxResponse> {
+        let template = request.template.as_deref()?;
+        let key = pool_key(request);
+        let (member, stale) = {
+            let mut pools = self.pools.lock();
+            let pool = pools.get_mut(template)?;
+            if pool.key.as_deref() != Some(key.as_str()) {
+                return None;
+            }
+            let mut stale = Vec::new();
+            let mut found = None;
+            while let Some(member) = pool.ready.pop_front() {
+                if member.key == key {
+                    found = Some(member);
+                    break;
+                }
+                stale.push(member);
+            }
+            (found, stale)
+        };
+        self.destroy_members(stale).await;
+        let member = member?;
+        // The member's place in --max-sandboxes passes to its slot with no gap.
+        let id = member.id.clone();
+        let token =
+            auth::new_access_token().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e));
+        let token = match token {
+            Ok(token) => token,
+            Err(err) => {
+                tracing::warn!(error = %err.message, "no access token for a pool claim");
+                self.destroy_members(vec![member]).await;
+                return None;
+            }
+        };
+        let token_hash = auth::hash_secret(&token);
+        self.slots().insert(
+            id.clone(),
+            Slot {
+                state: SlotState::Creating,
+                token_hash: token_hash.clone(),
+            },
+        );
+        self.pools.wake.notify_waiters();
+        match self.claim(member, request, &token_hash).await {
+            Ok(sandbox) => {
+                if let Some(pool) = self.pools.lock().get_mut(template) {
+                    pool.claims_total += 1;
+                }
+                self.metrics.pool_claim(template);
+                Some(CreateSandboxResponse {
+                    sandbox,
+                    access_token: token,
+                })
+            }
+            Err(err) => {
+                self.slots().remove(&id);
+                tracing::warn!(
+                    sandbox_id = %id,
+                    template,
+                    error = %err.message,
+                    "a warm pool's sandbox could not be claimed; the create goes cold"
+                );
+                None
+            }
+        }
+    }
+
+    /// Applies the create to the member, stores it as running, commits it.
+    async fn claim(
+        self: &Arc<Self>,
+        member: Member,
+        request: &CreateSandboxRequest,
+        token_hash: &str,
+    ) -> Result<Sandbox, ApiError> {
+        if let Err(err) = Agent::new(&member.pending.record().socket)
+            .claim(&request.env)
+            .await
+        {
+            self.destroy_members(vec![member]).await;
+            return Err(err);
+        }
+        let Member {
+            id,
+            pending,
+            egress,
+            warnings,
+            dir,
+            ..
+        } = member;
+        let now = now_ms();
+        let timeout_ms = request.timeout_ms.unwrap_or(self.config.default_timeout_ms);
+        let row = SandboxRow {
+            id: id.clone(),
+            state: RowState::Running,
+            request: request.clone(),
+            token_hash: token_hash.to_owned(),
+            live: serde_json::to_string(pending.record()).ok(),
+            created_ms: now,
+            deadline_ms: now.saturating_add(timeout_ms),
+            egress: egress.as_ref().map(|egress| egress.stored().to_json()),
+            pause: None,
+        };
+        let created = format!(
+            "template {}, claimed from its warm pool",
+            request.template.as_deref().unwrap_or_default()
+        );
+        let ready = "the sandbox's agent serves";
+        let mut events = vec![("create", created.as_str())];
+        events.extend(warnings.iter().map(|w| ("warning", w.as_str())));
+        events.push(("ready", ready));
+        let fail = |err: ApiError, pending: Option<Pending>| {
+            drop(pending);
+            if let Some(egress) = &egress {
+                egress.end();
+            }
+            let _ = self.store.delete_sandbox(&id);
+            let _ = std::fs::remove_dir_all(&dir);
+            err
+        };
+        if let Err(err) = self.store.insert_sandbox_noting(&row, &events) {
+            return Err(fail(err.into(), Some(pending)));
+        }
+        self.audit.open_sandbox(&id);
+        self.audit.lifecycle(Some(&id), "create", &created);
+        self.audit.lifecycle(Some(&id), "ready", ready);
+        let record = pending.record().clone();
+        match pending.commit() {
+            Ok(record) => {
+                self.install_running(&id, token_hash, record, egress.clone(), row.deadline_ms);
+                Ok(super::view(&row))
+            }
+            Err(err) => {
+                self.runtime.destroy(&record);
+                self.audit.close_sandbox(&id);
+                self.event(Some(&id), "create_failed", &err.to_string());
+                Err(fail(runtime_error(&err), None))
+            }
+        }
+    }
+
+    /// One filler: starts members while pools miss some, one at a time.
+    async fn fill(self: Arc<Self>) {
+        loop {
+            let mut woken = pin!(self.pools.wake.notified());
+            woken.as_mut().enable();
+            if self.pools.closed.load(Ordering::SeqCst) {
+                return;
+            }
+            let room = self
+                .config
+                .max_sandboxes
+                .saturating_sub(self.slots().len() + self.pools.members());
+            let Some(template) = self.pools.reserve_fill(room) else {
+                let _ = tokio::time::timeout(RECHECK, woken).await;
+                continue;
+            };
+            let started = self.start_member(&template).await;
+            self.filled(&template, started).await;
+        }
+    }
+
+    /// Records a fill's outcome in its pool.
+    async fn filled(&self, template: &str, started: Result<Member, ApiError>) {
+        let unwanted = {
+            let mut pools = self.pools.lock();
+            let Some(pool) = pools.get_mut(template) else {
+                return;
+            };
+            pool.starting = pool.starting.saturating_sub(1);
+            let mut unwanted = Vec::new();
+            match started {
+                Ok(member) => {
+                    pool.failures = 0;
+                    pool.last_error = None;
+                    pool.no_fill_before = None;
+                    // A template that changed leaves members of its old form behind.
+                    if pool.key.as_deref() != Some(member.key.as_str()) {
+                        pool.key = Some(member.key.clone());
+                        let (keep, stale): (VecDeque<Member>, VecDeque<Member>) =
+                            pool.ready.drain(..).partition(|old| old.key == member.key);
+                        pool.ready = keep;
+                        unwanted = stale.into();
+                    }
+                    if pool.ready.len() < pool.size as usize
+                        && !self.pools.closed.load(Ordering::SeqCst)
+                    {
+                        pool.ready.push_back(member);
+                    } else {
+                        unwanted.push(member);
+                    }
+                }
+                Err(err) => {
+                    pool.failures = pool.failures.saturating_add(1);
+                    let backoff = Duration::from_millis(100)
+                        .saturating_mul(1 << pool.failures.min(9))
+                        .min(MAX_BACKOFF);
+                    pool.no_fill_before = Some(Instant::now() + backoff);
+                    tracing::warn!(template, error = %err.message, backoff_ms = backoff.as_millis(), "a warm pool's fill failed");
+                    pool.last_error = Some(err.message);
+                }
+            }
+            unwanted
+        };
+        self.destroy_members(unwanted).await;
+    }
+
+    /// Starts a member of `template`'s pool.
+    async fn start_member(self: &Arc<Self>, template: &str) -> Result<Member, ApiError> {
+        let normalized = self.normalize(bare_request(template))?;
+        if let Some(problem) = unpoolable(&normalized) {
+            return Err(ApiError::unprocessable(problem));
+        }
+        let super::Normalized {
+            request,
+            config,
+            volume,
+            ..
+        } = normalized;
+        if !matches!(volume, VolumeSource::Empty) {
+            return Err(ApiError::unprocessable(format!(
+                "{template:?} names a snapshot too; warm pools hold templates only"
+            )));
+        }
+        let daemon = self.clone();
+        tokio::task::spawn_blocking(move || daemon.start_member_blocking(request, config))
+            .await
+            .unwrap_or_else(|join| Err(ApiError::internal(format!("the fill task failed: {join}"))))
+    }
+
+    fn start_member_blocking(
+        &self,
+        request: CreateSandboxRequest,
+        config: SandboxConfig,
+    ) -> Result<Member, ApiError> {
+        let key = pool_key(&request);
+        let id =
+            auth::new_sandbox_id().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
+        let dir = self.config.sandboxes_dir().join(&id);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", dir.display())))?;
+        let egress = match config.policy.as_deref().map(Policy::from_document) {
+            Some(Ok(policy)) if proxy_plan(&policy).is_some() => {
+                match self.launch_egress(&id, &dir, policy) {
+                    Ok(egress) => Some(egress),
+                    Err(err) => {
+                        let _ = std::fs::remove_dir_all(&dir);
+                        return Err(err);
+                    }
+                }
+            }
+            Some(Err(err)) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(ApiError::unprocessable(format!("invalid policy: {err}")));
+            }
+            _ => None,
+        };
+        let spec = LiveSpec {
+            id: id.clone(),
+            dir: dir.clone(),
+            config,
+            volume: VolumeSource::Empty,
+        };
+        match self.create_live(&spec, egress.as_deref()) {
+            Ok(pending) => Ok(Member {
+                warnings: pending.warnings().to_vec(),
+                id,
+                request,
+                key,
+                dir,
+                pending,
+                egress,
+                started_ms: now_ms(),
+            }),
+            Err(err) => {
+                if let Some(egress) = &egress {
+                    egress.end();
+                }
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(runtime_error(&err))
+            }
+        }
+    }
+}
+
+/// Ends an unclaimed member and removes everything it had.
+fn destroy(member: Member) {
+    let Member {
+        pending,
+        egress,
+        dir,
+        ..
+    } = member;
+    drop(pending);
+    if let Some(egress) = egress {
+        egress.end();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_pool_key_ignores_what_a_claim_applies_only() {
+        let bare = bare_request("base");
+        let mut claimed = bare.clone();
+        claimed.env.insert("A".into(), "1".into());
+        claimed.metadata.insert("k".into(), "v".into());
+        claimed.timeout_ms = Some(1234);
+        assert_eq!(pool_key(&bare), pool_key(&claimed));
+        let mut bigger = bare.clone();
+        bigger.resources.memory_bytes = Some(1 << 30);
+        assert_ne!(pool_key(&bare), pool_key(&bigger));
+        assert_ne!(pool_key(&bare), pool_key(&bare_request("other")));
+    }
+}
