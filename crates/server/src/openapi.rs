@@ -72,6 +72,7 @@ fn query_schema(value: QueryValue) -> Value {
         QueryValue::Integer { min, max } => {
             json!({ "type": "integer", "minimum": min, "maximum": max })
         }
+        QueryValue::OneOf(words) => json!({ "type": "string", "enum": words }),
         QueryValue::States => json!({
             "type": "array",
             "minItems": 1,

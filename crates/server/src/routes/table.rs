@@ -48,6 +48,8 @@ pub enum QueryValue {
     Integer { min: u64, max: u64 },
     /// Comma-separated sandbox states.
     States,
+    /// One of these words.
+    OneOf(&'static [&'static str]),
 }
 
 /// A query parameter: name, required, description, value.
@@ -242,7 +244,7 @@ pub static ROUTES: [Route; 48] = [
                 "include",
                 false,
                 "`pool`: also list the unclaimed members of warm pools (`pool: true`).",
-                QueryValue::Text
+                QueryValue::OneOf(&["pool"])
             )
         ],
         Payload::None,
