@@ -6,7 +6,8 @@
 //! its output; a refused line names its line number; a RUN sees no network but loopback.
 //! The registry rig and the test images are the image crate's (crates/image/tests/common,
 //! scripts/test-images.sh). A second test drives `/v1/images` (pull, remove, prune with a
-//! sandbox's lease), `sandbox create --image`, and a template built `FROM` another template.
+//! sandbox's lease), `sandbox create --image`, and a template built `FROM` another template;
+//! a third, `airlockd --base-image`.
 
 #![allow(
     clippy::unwrap_used,
@@ -34,6 +35,11 @@ struct Daemon {
 
 impl Daemon {
     fn start(tag: &str) -> Daemon {
+        Daemon::start_with(tag, |_| {}, &[])
+    }
+
+    /// With `prepare` run on the state directory first and `args` added to `airlock serve`.
+    fn start_with(tag: &str, prepare: impl FnOnce(&Path), args: &[&str]) -> Daemon {
         let state = PathBuf::from(format!(
             "/var/tmp/airlock-cli-template-{tag}-{}",
             std::process::id()
@@ -47,6 +53,7 @@ impl Daemon {
             .unwrap();
         assert!(keys.status.success(), "{keys:?}");
         let key = String::from_utf8(keys.stdout).unwrap().trim().to_owned();
+        prepare(&state);
         let mut child = Command::new(common::airlock_bin())
             .args([
                 "serve",
@@ -57,6 +64,7 @@ impl Daemon {
                 "--state-dir",
             ])
             .arg(&state)
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -454,5 +462,36 @@ fn test_daemon_images_then_a_template_from_a_template() {
         .trim()
         .to_owned();
     assert_eq!(daemon.exec(&id, "cat /two; id -u"), "one\ntwo\n0\n");
+    daemon.ok(&["sandbox", "rm", &id]);
+}
+
+#[test]
+fn test_base_image_puts_the_base_template_on_the_container_tier() {
+    let registry = Registry::start();
+    registry.push("busybox", "gzip", "airlock/busybox:gzip");
+    let reference = format!("{}/airlock/busybox:gzip", registry.host());
+    // The image goes into the daemon's store before it starts, which checks it is there.
+    let pull_into = |state: &Path| {
+        let pulled = Command::new(common::airlock_bin())
+            .args(["image", "pull", "--store"])
+            .arg(state.join("images"))
+            .arg(&reference)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(pulled.status.success(), "{pulled:?}");
+    };
+    let daemon = Daemon::start_with("base", pull_into, &["--base-image", &reference]);
+    let id = stdout(&daemon.ok(&["sandbox", "create"])).trim().to_owned();
+    let info: serde_json::Value =
+        serde_json::from_slice(&daemon.ok(&["sandbox", "get", &id]).stdout).unwrap();
+    assert_eq!(info["tier"], "container", "{info}");
+    assert_eq!(info["template"], "base", "{info}");
+    let state = daemon.state.display().to_string();
+    let seen = daemon.exec(
+        &id,
+        &format!("test -x /bin/busybox && echo busybox; ls {state} 2>&1 | grep -c 'No such file'"),
+    );
+    assert_eq!(seen.lines().collect::<Vec<_>>(), ["busybox", "1"]);
     daemon.ok(&["sandbox", "rm", &id]);
 }
