@@ -7,7 +7,8 @@
 //! The registry rig and the test images are the image crate's (crates/image/tests/common,
 //! scripts/test-images.sh). A second test drives `/v1/images` (pull, remove, prune with a
 //! sandbox's lease), `sandbox create --image`, and a template built `FROM` another template;
-//! a third, `airlockd --base-image`.
+//! a third, `airlockd --base-image`; a fourth, a RUN that reaches a package mirror on loopback
+//! only with a build policy that allows it (through the egress proxy).
 
 #![allow(
     clippy::unwrap_used,
@@ -493,5 +494,90 @@ fn test_base_image_puts_the_base_template_on_the_container_tier() {
         &format!("test -x /bin/busybox && echo busybox; ls {state} 2>&1 | grep -c 'No such file'"),
     );
     assert_eq!(seen.lines().collect::<Vec<_>>(), ["busybox", "1"]);
+    daemon.ok(&["sandbox", "rm", &id]);
+}
+
+/// A package mirror on loopback: every request gets `body`; the request lines are counted.
+fn mirror(body: &'static str) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = served.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
+                head.push(byte[0]);
+            }
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (port, served)
+}
+
+#[test]
+fn test_template_run_reaches_a_mirror_only_through_its_build_policy() {
+    let registry = Registry::start();
+    registry.push("busybox", "gzip", "airlock/busybox:gzip");
+    let (port, served) = mirror("mirror-package\n");
+    let resolve = format!("mirror.test=127.0.0.1:{port}");
+    let daemon = Daemon::start_with("mirror", |_| {}, &["--test-egress-resolve", &resolve]);
+    let context = rig::Scratch::new("template-mirror");
+    let dir = &context.0;
+    let fetch = "RUN wget -q -O /pkg http://mirror.test/pkg && cat /pkg";
+    write(
+        dir,
+        &[
+            (
+                "Dockerfile",
+                &format!(
+                    "FROM {}/airlock/busybox:gzip\nUSER root\n{fetch}\n",
+                    registry.host()
+                ),
+            ),
+            (
+                "build.yaml",
+                "version: 1\nnetwork:\n  mode: proxy\n  egress:\n    - name: mirror\n      host: mirror.test\n      ports: [80]\n      methods: [GET]\n",
+            ),
+        ],
+    );
+    let context_arg = dir.to_str().unwrap();
+    // Without a build policy the RUN has no network: the build fails, the mirror sees nothing.
+    let refused = daemon.airlock(&["template", "build", "offline", context_arg]);
+    assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("failed at step 2"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 0);
+
+    let policy = dir.join("build.yaml");
+    let built = daemon.ok(&[
+        "template",
+        "build",
+        "mirrored",
+        context_arg,
+        "--policy",
+        policy.to_str().unwrap(),
+    ]);
+    assert!(
+        stdout(&built).contains("mirror-package"),
+        "{}",
+        stdout(&built)
+    );
+    assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let id = stdout(&daemon.ok(&["sandbox", "create", "--template", "mirrored"]))
+        .trim()
+        .to_owned();
+    assert_eq!(daemon.exec(&id, "cat /pkg"), "mirror-package\n");
     daemon.ok(&["sandbox", "rm", &id]);
 }
