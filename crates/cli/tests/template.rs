@@ -8,7 +8,8 @@
 //! scripts/test-images.sh). A second test drives `/v1/images` (pull, remove, prune with a
 //! sandbox's lease), `sandbox create --image`, and a template built `FROM` another template;
 //! a third, `airlockd --base-image`; a fourth, a RUN that reaches a package mirror on loopback
-//! only with a build policy that allows it (through the egress proxy).
+//! only with a build policy that allows it (through the egress proxy), and a template's limits and
+//! default policy applying to its sandboxes.
 
 #![allow(
     clippy::unwrap_used,
@@ -568,6 +569,8 @@ fn test_template_run_reaches_a_mirror_only_through_its_build_policy() {
         context_arg,
         "--policy",
         policy.to_str().unwrap(),
+        "--memory",
+        "300MiB",
     ]);
     assert!(
         stdout(&built).contains("mirror-package"),
@@ -579,5 +582,39 @@ fn test_template_run_reaches_a_mirror_only_through_its_build_policy() {
         .trim()
         .to_owned();
     assert_eq!(daemon.exec(&id, "cat /pkg"), "mirror-package\n");
+    // The template's defaults: its limits apply; the build policy is the RUNs' alone, so the
+    // sandbox has no network.
+    let info: serde_json::Value =
+        serde_json::from_slice(&daemon.ok(&["sandbox", "get", &id]).stdout).unwrap();
+    assert_eq!(info["resources"]["memory_bytes"], 300 << 20, "{info}");
+    let offline = daemon.exec(
+        &id,
+        "wget -q -O - http://mirror.test/pkg 2>&1 >/dev/null | head -1; true",
+    );
+    assert!(!offline.contains("mirror-package"), "{offline}");
+    assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 1);
+    daemon.ok(&["sandbox", "rm", &id]);
+
+    // A template whose sandboxes get the policy by default (its RUN comes from the cache).
+    let online = daemon.ok(&[
+        "template",
+        "build",
+        "online",
+        context_arg,
+        "--policy",
+        policy.to_str().unwrap(),
+        "--sandbox-policy",
+        policy.to_str().unwrap(),
+    ]);
+    assert!(stdout(&online).contains("CACHED"), "{}", stdout(&online));
+    assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let id = stdout(&daemon.ok(&["sandbox", "create", "--template", "online"]))
+        .trim()
+        .to_owned();
+    assert_eq!(
+        daemon.exec(&id, "wget -q -O - http://mirror.test/pkg"),
+        "mirror-package\n"
+    );
+    assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 2);
     daemon.ok(&["sandbox", "rm", &id]);
 }
