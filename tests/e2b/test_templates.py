@@ -2,8 +2,8 @@
 airlockd (file uploads to the daemon's one-time URLs, log polling), a template built with
 `airlock template build` from a Dockerfile, and `Sandbox.create(name)` of both, checked from
 inside: the copied files, the environment, the working directory, the user and the start
-command. An unchanged rebuild is all cache hits; a failing RUN raises with its output in the
-log; a RUN sees no network but loopback.
+command, and a template built `from_template` another. An unchanged rebuild is all cache hits;
+a failing RUN raises with its output in the log; a RUN sees no network but loopback.
 
 The base image is the busybox test image of scripts/test-images.sh, imported into the daemon's
 store through `POST /v1/images/import`. The SDK runs commands with `/bin/bash -l -c`, so each
@@ -146,3 +146,14 @@ def test_cli_built_template_is_created_by_the_sdk(daemon, base_image, context, n
         "print('hello')", "flask", "built by app in /home/app/cli",
         "started in /home/app/cli as app", "hello from e2b built", "app", "main.py", "root",
     ]
+
+
+def test_sdk_template_from_a_template(daemon, base_image, new_sandbox, tag):
+    from e2b import Template
+    parent = f"parent-{tag}"
+    build(Template().from_image(base_image).set_user("root").run_cmd(BASH).run_cmd("echo one > /one"), parent)
+    child = f"child-{tag}"
+    info, _ = build(Template().from_template(parent).run_cmd("cat /one > /two && echo two >> /two"), child)
+    assert info.template_id == child
+    sandbox = new_sandbox(template=child)
+    assert sandbox.commands.run("cat /two").stdout == "one\ntwo\n"
