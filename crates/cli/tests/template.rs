@@ -465,6 +465,10 @@ fn test_daemon_images_then_a_template_from_a_template() {
         .to_owned();
     assert_eq!(daemon.exec(&id, "cat /two; id -u"), "one\ntwo\n0\n");
     daemon.ok(&["sandbox", "rm", &id]);
+    // A warm pool would start its members without the image: refused, with the reason.
+    let (status, refused) = daemon.curl("PUT", "/v1/templates/child/pool", Some(r#"{"size": 1}"#));
+    assert_eq!(status, 422, "{refused}");
+    assert!(refused.contains("process-tier templates only"), "{refused}");
 }
 
 #[test]

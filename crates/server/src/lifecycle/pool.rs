@@ -216,7 +216,7 @@ impl Daemon {
 
     /// Whether `template` may have a pool of `size`.
     fn check_pool(&self, template: &str, size: u32) -> Result<(), ApiError> {
-        if self.store.get_template(template)?.is_none() {
+        if self.find_template(template)?.is_none() {
             return Err(ApiError::new(
                 ErrorCode::NotFound,
                 format!("no template {template:?} (GET /v1/templates lists them)"),
@@ -240,7 +240,7 @@ impl Daemon {
 
     /// `GET /v1/templates/{name}/pool`.
     pub fn pool_status(&self, template: &str) -> Result<PoolStatus, ApiError> {
-        if self.store.get_template(template)?.is_none() {
+        if self.find_template(template)?.is_none() {
             return Err(ApiError::new(
                 ErrorCode::NotFound,
                 format!("no template {template:?} (GET /v1/templates lists them)"),
