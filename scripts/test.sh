@@ -46,6 +46,9 @@ scripts/test-images.sh
 # The E2B compatibility suite (its template tests build on the busybox test image): the unmodified Python SDKs (newest and 2.45.1) and the npm SDK
 # against a fresh airlockd (installs its venvs and node_modules on first use).
 scripts/e2b-tests.sh
+# The Judge0 compatibility suite: the unmodified `judge0` Python SDK against airlockd's
+# --judge0-listen API (installs its venv and the C, C++ and Node toolchains on first use).
+scripts/judge0-tests.sh
 # Schemathesis against a fresh airlockd: every operation of api/openapi.json, every check, 20
 # examples each with a fixed seed (installs its venv on first use).
 scripts/schemathesis.sh
@@ -60,6 +63,7 @@ cargo run --quiet --locked --bin airlock -- bench load --sandboxes 100 --clients
 cargo run --quiet --locked --bin airlock -- bench soak --cycles 3 --sandboxes 20
 cargo run --quiet --locked --bin airlock -- bench start --tier container --iterations 10
 cargo run --quiet --locked --bin airlock -- bench pause --iterations 5 --snapshots 3
+cargo run --quiet --locked --bin airlock -- bench judge0 --iterations 5 --submissions 40
 # The start-up floor the README compares against must keep building and running.
 target/startup-floor 20
 # Image pull and unpack against skopeo copy (figures only).

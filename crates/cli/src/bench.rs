@@ -69,6 +69,23 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 50)]
         clients: usize,
     },
+    /// The Judge0 API (`--judge0-listen`): p50/p95 of one `wait=true` submission, and
+    /// submissions per second for a batch of small Python programs, beside python3 on the host.
+    Judge0 {
+        /// A running Judge0 API to measure (default: start a private daemon); an API key, when
+        /// it needs one, in AIRLOCK_API_KEY.
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+        /// Measured `wait=true` submissions (after 2 warm-ups).
+        #[arg(long, default_value_t = 20)]
+        iterations: usize,
+        /// Submissions in the throughput batch (sent as Judge0 batches of 20).
+        #[arg(long, default_value_t = 200)]
+        submissions: usize,
+        /// The private daemon's --judge0-workers.
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+    },
     /// Host memory per idle sandbox.
     Density {
         /// A running daemon to measure (default: start a private one).
@@ -181,6 +198,12 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             python,
             pool,
         } => crate::bench_e2b::e2b(url, iterations, python, pool),
+        BenchCommand::Judge0 {
+            url,
+            iterations,
+            submissions,
+            workers,
+        } => crate::bench_judge0::judge0(url, iterations, submissions, workers),
         BenchCommand::Egress {
             requests,
             download_mib,

@@ -8,6 +8,7 @@ mod bench_e2b;
 mod bench_egress;
 mod bench_git;
 mod bench_image;
+mod bench_judge0;
 mod bench_load;
 mod bench_pause;
 mod bench_soak;

@@ -43,7 +43,7 @@ pub use http::ERROR_HEADER;
 pub use policy::{PathError, PolicyError};
 pub use proxy::{ConnectionInfo, EgressError, Proxy, ProxyOptions};
 pub use resolve::{ResolveError, TestAnswer, TestResolver};
-pub use tls::{SYSTEM_TRUST_BUNDLE, TlsError};
+pub use tls::{SYSTEM_TRUST_BUNDLE, TlsError, client_config};
 
 use airlock_policy::egress::EgressPlan;
 

@@ -126,8 +126,8 @@ impl Authority {
 }
 
 /// The configuration for TLS towards upstreams: roots from `bundle` (skipped when the file
-/// does not exist) plus `extra_roots_pem`.
-pub(crate) fn client_config(
+/// does not exist) plus `extra_roots_pem`. Also airlockd's, for Judge0 callbacks.
+pub fn client_config(
     bundle: &Path,
     extra_roots_pem: &[String],
 ) -> Result<Arc<ClientConfig>, TlsError> {

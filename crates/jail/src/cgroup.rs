@@ -762,6 +762,10 @@ pub fn owner_pid(name: &str) -> Option<libc::pid_t> {
         .ok()
 }
 
+#[path = "cgroup_workload.rs"]
+mod workload;
+pub use workload::WorkloadClock;
+
 #[cfg(test)]
 #[path = "cgroup_tests.rs"]
 mod tests;

@@ -161,3 +161,60 @@ mod tests {
         assert!(open_if_same(pid, ticks + 1).is_none(), "another start time");
     }
 }
+
+/// CPU time a process has used, from `/proc/PID/stat`, in clock ticks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuTicks {
+    pub ppid: libc::pid_t,
+    /// User plus system time of all its threads (`utime + stime`).
+    pub own: u64,
+    /// That of its children it has waited for, and theirs in turn (`cutime + cstime`).
+    pub children: u64,
+}
+
+/// The CPU time of process `pid`; `None` once it is gone.
+pub fn cpu_ticks(pid: libc::pid_t) -> Option<CpuTicks> {
+    parse_cpu_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+fn parse_cpu_ticks(stat: &str) -> Option<CpuTicks> {
+    // Fields resume after the command name's last `)` with field 3 (state) first: ppid is
+    // field 4, utime to cstime are fields 14 to 17.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let number = |index: usize| fields.get(index)?.parse::<u64>().ok();
+    Some(CpuTicks {
+        ppid: fields.get(1)?.parse().ok()?,
+        own: number(11)?.saturating_add(number(12)?),
+        children: number(13)?.saturating_add(number(14)?),
+    })
+}
+
+/// The unit of [`CpuTicks`] (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
+pub fn clock_ticks_per_second() -> u64 {
+    // SAFETY: sysconf takes an integer and only reads system constants.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    u64::try_from(ticks).ok().filter(|t| *t > 0).unwrap_or(100)
+}
+
+#[cfg(test)]
+mod cpu_tests {
+    use super::*;
+
+    #[test]
+    fn test_cpu_ticks_parse_fields_after_the_command_name() {
+        let stat = "1729 (a (b) c) S 1727 0 0 0 -1 4194560 1 2 3 4 40 31 7 9 20 0 1 0 5 6";
+        assert_eq!(
+            parse_cpu_ticks(stat),
+            Some(CpuTicks {
+                ppid: 1727,
+                own: 71,
+                children: 16
+            })
+        );
+        assert_eq!(parse_cpu_ticks("1 (x) S 0"), None);
+        let own = cpu_ticks(i32::try_from(std::process::id()).unwrap()).unwrap();
+        assert!(own.ppid > 0);
+        assert!(clock_ticks_per_second() >= 100);
+    }
+}

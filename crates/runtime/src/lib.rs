@@ -19,6 +19,7 @@ pub mod id_range;
 mod live;
 mod step;
 pub mod storage;
+mod workload;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -40,6 +41,7 @@ pub use id_range::{IdRange, IdRangeError};
 pub use live::{AGENT_RESERVE_BYTES, LiveSandbox, LiveSpec, Pending, find_agent};
 pub use step::{KeptScratch, StepOptions};
 pub use storage::{Storage, StorageError, VolumeSource};
+pub use workload::Workload;
 
 /// Why a sandbox could not be run.
 #[derive(Debug, thiserror::Error)]

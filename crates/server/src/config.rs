@@ -51,6 +51,8 @@ pub enum ConfigError {
     TestResolve(String),
     #[error("--test-egress-roots: cannot read {0}")]
     TestRoots(PathBuf, #[source] std::io::Error),
+    #[error(transparent)]
+    Judge0(#[from] crate::judge0::Judge0ConfigError),
     #[error("{flag}: {why}")]
     Forge { flag: &'static str, why: String },
 }
@@ -181,6 +183,8 @@ pub struct ServeArgs {
     /// test upstreams' CA). Refused unless --listen is loopback.
     #[arg(long, value_name = "FILE", hide = true)]
     pub test_egress_roots: Option<PathBuf>,
+    #[command(flatten)]
+    pub judge0: crate::judge0::Judge0Args,
 }
 
 /// `--scratch`.
@@ -318,6 +322,8 @@ pub struct Config {
     pub events_max: u64,
     pub base_image: Option<String>,
     pub build_step_timeout_ms: u64,
+    /// The Judge0 API, when `--judge0-listen` is given.
+    pub judge0: Option<crate::judge0::Judge0Config>,
     pub git_cache: Option<PathBuf>,
     pub forge: crate::forge::ForgeConfig,
     pub warm_pools: Vec<(String, u32)>,
@@ -333,6 +339,12 @@ impl Config {
     pub fn from_args(args: &ServeArgs) -> Result<Config, ConfigError> {
         if args.insecure_no_auth && !args.listen.ip().is_loopback() {
             return Err(ConfigError::NoAuthNotLoopback(args.listen));
+        }
+        if let Some(judge0) = args.judge0.listen
+            && args.insecure_no_auth
+            && !judge0.ip().is_loopback()
+        {
+            return Err(ConfigError::NoAuthNotLoopback(judge0));
         }
         for (name, value) in [
             ("--max-sandboxes", args.max_sandboxes as u64),
@@ -388,6 +400,7 @@ impl Config {
             events_max: args.events_max,
             base_image: args.base_image.clone(),
             build_step_timeout_ms: args.build_step_timeout_ms,
+            judge0: crate::judge0::Judge0Config::from_args(&args.judge0)?,
             git_cache: args.git_cache.clone(),
             forge: crate::forge::ForgeConfig::from_args(args)?,
             warm_pools: args.warm_pools.clone(),

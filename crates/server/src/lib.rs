@@ -22,6 +22,8 @@
 //! - [`templates`]: the template build engine (steps from the native API and from E2B's
 //!   `Template.build`), file contexts, and the image store's routes' logic; the daemon's
 //!   image store is `<state>/images`.
+//! - [`judge0`]: the Judge0 CE 1.13.1-compatible API on a listener of its own
+//!   (`--judge0-listen`); its module docs give its decisions.
 //!
 //! # Decisions
 //!
@@ -81,6 +83,7 @@ pub mod forge;
 pub mod fuzzing;
 pub mod http;
 pub mod inside;
+pub mod judge0;
 pub mod keys_cmd;
 pub mod lifecycle;
 pub mod logging;

@@ -782,6 +782,11 @@ impl Daemon {
         Ok(self.running(id)?.record.oom_kills())
     }
 
+    /// A running sandbox's runtime record (the Judge0 API steers its workload through it).
+    pub fn live_record(&self, id: &str) -> Result<LiveSandbox, ApiError> {
+        Ok(self.running(id)?.record.clone())
+    }
+
     /// The stored hash of a sandbox's access token, if the daemon knows the sandbox.
     pub fn token_hash(&self, id: &str) -> Option<String> {
         self.slots().get(id).map(|slot| slot.token_hash.clone())

@@ -104,13 +104,25 @@ async fn serve(config: Config) -> Result<(), ServeError> {
         .record_event(None, "daemon_start", &format!("listening on {local}"));
     tokio::spawn(trim_events(daemon.clone()));
     daemon.start_pools();
+    let judge0 = match daemon.config.judge0.clone() {
+        Some(config) => Some(start_judge0(&daemon, config).await?),
+        None => None,
+    };
     let mut stdout = std::io::stdout();
     let _ = writeln!(stdout, "airlockd listening on http://{local}");
+    if let Some((_, judge0_listener)) = &judge0
+        && let Ok(address) = judge0_listener.local_addr()
+    {
+        let _ = writeln!(stdout, "airlockd judge0 API listening on http://{address}");
+    }
     let _ = stdout.flush();
 
     let (stop_tx, stop_rx) = watch::channel(false);
     // Every connection task holds a clone; `recv` returns None once all have finished.
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
+    if let Some((judge0, listener)) = judge0 {
+        tokio::spawn(judge0.serve(listener, stop_rx.clone(), done_tx.clone()));
+    }
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -141,6 +153,24 @@ async fn serve(config: Config) -> Result<(), ServeError> {
     daemon.stop_pools().await;
     daemon.release_storage();
     Ok(())
+}
+
+/// Starts the Judge0 API's queue and binds its listener.
+async fn start_judge0(
+    daemon: &Arc<Daemon>,
+    config: crate::judge0::Judge0Config,
+) -> Result<(Arc<crate::judge0::Judge0>, TcpListener), ServeError> {
+    let listen = config.listen;
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|source| ServeError::Listen {
+            addr: listen,
+            source,
+        })?;
+    let judge0 = crate::judge0::Judge0::start(daemon.clone(), config)
+        .await
+        .map_err(|e| ServeError::Lifecycle(LifecycleError::Store(e)))?;
+    Ok((judge0, listener))
 }
 
 /// Keeps the store's event log within `--events-retention` and `--events-max` for the

@@ -1,19 +1,21 @@
 //! The daemon's durable state: one SQLite file, `<state>/airlock.db`.
 //!
 //! Tables: `sandboxes` (one row per sandbox that exists or is being created or removed),
-//! `templates`, `pools` (warm-pool sizes), `api_keys` (SHA-256 of each key, never the key) and
-//! `events` (an append-only log), and for template builds `builds`, `build_logs` and
-//! `build_cache` (`templates.rs`). The schema version is `PRAGMA user_version`; an older store
-//! is migrated in place (version 2 added `sandboxes.egress`, 3 the `paused` state and
-//! `snapshots`, 4 the built templates' columns and the build tables; `pools` is created when
-//! missing, with no version of its own). WAL with `synchronous=NORMAL` keeps each
-//! write one `write(2)`; a crash can lose the last transactions but never corrupts the file,
+//! `templates`, `pools` (warm-pool sizes), `api_keys` (SHA-256 of each key, never the key),
+//! `events` (an append-only log), `judge0_submissions` (the Judge0 API's submissions and
+//! queue), and for template builds `builds`, `build_logs` and `build_cache` (`templates.rs`).
+//! The schema version is `PRAGMA user_version`; an older store is migrated in place (version 2
+//! added `sandboxes.egress`, 3 the `paused` state and `snapshots`, 4 the built templates'
+//! columns and the build tables; `pools` and `judge0_submissions` are additive, created if
+//! missing, with no version of their own). WAL with `synchronous=NORMAL` keeps each write one
+//! `write(2)`; a crash can lose the last transactions but never corrupts the file,
 //! and start-up reconciles rows with what really runs (see `lifecycle`).
 //!
 //! Memory and disk stay bounded over the daemon's life: the event log is trimmed
 //! ([`Store::trim_events`]), SQLite's page cache is capped at [`CACHE_KIB`] and the WAL is
 //! checkpointed every 1000 pages and truncated back to [`JOURNAL_SIZE_LIMIT`].
 
+mod judge0;
 mod pools;
 mod snapshots;
 mod templates;
@@ -304,6 +306,8 @@ impl Store {
                  ALTER TABLE sandboxes_v3 RENAME TO sandboxes;",
             )?;
         }
+        // The Judge0 API's table: additive, created if missing on any version.
+        tx.execute_batch(judge0::SCHEMA)?;
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         tx.commit()?;
         conn.execute(

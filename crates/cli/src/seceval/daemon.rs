@@ -23,6 +23,9 @@ pub struct Daemon {
     state: PathBuf,
     client: Client,
     runtime: tokio::runtime::Runtime,
+    key: String,
+    /// The Judge0-compatible API's address (`--judge0-listen`).
+    judge0: Option<String>,
     /// Sandbox A (where probes run), B (another tenant) and C (for attacks that may wedge
     /// its agent), with their access tokens.
     sandboxes: Vec<(String, String)>,
@@ -58,6 +61,8 @@ impl Daemon {
         let mut child = Command::new(airlock)
             .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
             .arg(&state)
+            .args(["--judge0-listen", "127.0.0.1:0", "--judge0-callback-hosts"])
+            .arg(super::judge0::CALLBACK_HOST)
             .env(DAEMON_SECRET_VAR, "seceval-daemon-secret")
             .env("AIRLOCK_API_KEY", &key)
             .stdin(Stdio::null())
@@ -65,25 +70,31 @@ impl Daemon {
             .stderr(Stdio::null())
             .spawn()
             .context("starting airlock serve")?;
-        let mut line = String::new();
+        let (mut line, mut judge0_line) = (String::new(), String::new());
         if let Some(stdout) = child.stdout.take() {
-            BufReader::new(stdout).read_line(&mut line)?;
+            let mut stdout = BufReader::new(stdout);
+            stdout.read_line(&mut line)?;
+            stdout.read_line(&mut judge0_line)?;
         }
+        let url_in = |line: &str| {
+            line.split_whitespace()
+                .find(|w| w.starts_with("http://"))
+                .map(str::to_owned)
+        };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let address = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .map(str::to_owned);
+        let address = url_in(&line);
         let mut daemon = Daemon {
             child,
             state,
             client: Client::new(
                 address.as_deref().unwrap_or("http://127.0.0.1:1"),
-                Some(key),
+                Some(key.clone()),
             )?,
             runtime,
+            key,
+            judge0: url_in(&judge0_line),
             sandboxes: Vec::new(),
             image_probe: image_layer.map(|_| super::fixtures::IMAGE_PROBE),
         };
@@ -139,6 +150,31 @@ impl Daemon {
     fn probe_path(&self, host: &Path) -> String {
         self.image_probe
             .map_or_else(|| host.display().to_string(), str::to_owned)
+    }
+
+    pub(super) fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The daemon's API address (`HOST:PORT`).
+    pub(super) fn address(&self) -> String {
+        self.client
+            .base_url()
+            .trim_start_matches("http://")
+            .to_owned()
+    }
+
+    /// A client of the Judge0 API (its auth header is the caller's).
+    pub(super) fn judge0_client(&self) -> anyhow::Result<Client> {
+        let url = self
+            .judge0
+            .as_deref()
+            .context("airlock serve printed no Judge0 API address")?;
+        Ok(Client::new(url, None)?)
+    }
+
+    pub(super) fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
+        self.runtime.block_on(future)
     }
 
     fn id(&self, index: usize) -> &str {
@@ -336,6 +372,7 @@ impl Daemon {
                     format!("agent gone after {}", out.trim())
                 }))
             }
+            judge0 if judge0.starts_with("judge0-") => super::judge0::scenario(self, judge0, env),
             "zygote-sibling" => self.zygote_sibling(&probe),
             other => bail!("unknown scenario `{other}`"),
         }

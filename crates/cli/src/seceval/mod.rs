@@ -5,13 +5,14 @@
 //!
 //! Module map: `catalog` (the data and the outcome vocabulary), `fixtures` (host objects the
 //! attacks aim at), `fakenet` (the fake internet in network namespaces), `daemon` (the
-//! control-plane cases), `runner` (one case, its proofs, control and baseline), `report`
-//! (scorecard, JSON, markdown).
+//! control-plane cases), `judge0` (the daemon's Judge0 API's cases), `runner` (one case, its
+//! proofs, control and baseline), `report` (scorecard, JSON, markdown).
 
 mod catalog;
 mod daemon;
 mod fakenet;
 mod fixtures;
+mod judge0;
 mod report;
 mod runner;
 mod scenarios;
