@@ -52,6 +52,8 @@ pub fn e2b(
         .arg(DRIVER)
         .arg("--iterations")
         .arg(iterations.to_string())
+        // With a warm pool, issue 14's target; cold, the foundation's.
+        .args(["--target-ms", if pool.is_some() { "10" } else { "25" }])
         .env("E2B_API_URL", &base_url)
         .env("E2B_SANDBOX_URL", &base_url)
         .env("E2B_API_KEY", key)

@@ -485,7 +485,7 @@ impl Daemon {
             _ => CreateSource::Snapshot,
         };
         // Pools refill only while no cold create waits.
-        let _cold = self.pools.cold_create();
+        let _cold = self.pools.create_in_flight();
         if !self.room_for_cold_create().await {
             return Err((self.capacity_error(), source));
         }

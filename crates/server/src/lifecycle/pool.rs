@@ -16,7 +16,8 @@
 //! finds the daemon full evicts one instead of failing.
 //!
 //! Fillers (`--pool-fill-concurrency`, one by default) start one member at a time, and none
-//! while a cold create is in flight, so refilling never competes with a user's create.
+//! while a create (cold, or a claim) is in flight, so that refilling never competes with a
+//! user's create.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::os::unix::fs::DirBuilderExt;
@@ -52,8 +53,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 pub(super) struct Pools {
     inner: Mutex<BTreeMap<String, Pool>>,
     wake: tokio::sync::Notify,
-    /// Cold creates in flight: fills wait while there are any.
-    cold_in_flight: AtomicUsize,
+    /// Creates in flight (cold ones and claims): fills wait while there are any.
+    creates_in_flight: AtomicUsize,
     closed: AtomicBool,
 }
 
@@ -84,12 +85,12 @@ struct Member {
     started_ms: u64,
 }
 
-/// Decrements the cold-create count when a cold create ends, however it ends.
-pub(super) struct ColdCreate<'a>(&'a Pools);
+/// Counts a create in flight (cold, or a claim) until it ends, however it ends.
+pub(super) struct CreateInFlight<'a>(&'a Pools);
 
-impl Drop for ColdCreate<'_> {
+impl Drop for CreateInFlight<'_> {
     fn drop(&mut self) {
-        self.0.cold_in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.creates_in_flight.fetch_sub(1, Ordering::SeqCst);
         self.0.wake.notify_waiters();
     }
 }
@@ -109,9 +110,9 @@ impl Pools {
             .sum()
     }
 
-    pub(super) fn cold_create(&self) -> ColdCreate<'_> {
-        self.cold_in_flight.fetch_add(1, Ordering::SeqCst);
-        ColdCreate(self)
+    pub(super) fn create_in_flight(&self) -> CreateInFlight<'_> {
+        self.creates_in_flight.fetch_add(1, Ordering::SeqCst);
+        CreateInFlight(self)
     }
 
     /// Removes one ready member (of the pool with the most) to make room for a cold create.
@@ -125,7 +126,7 @@ impl Pools {
     /// is to be filled now.
     fn reserve_fill(&self, room: usize) -> Option<String> {
         if room == 0
-            || self.cold_in_flight.load(Ordering::SeqCst) > 0
+            || self.creates_in_flight.load(Ordering::SeqCst) > 0
             || self.closed.load(Ordering::SeqCst)
         {
             return None;
@@ -376,6 +377,8 @@ impl Daemon {
     ) -> Option<CreateSandboxResponse> {
         let template = request.template.as_deref()?;
         let key = pool_key(request);
+        // No refill competes with the claim for the CPU; the guard wakes the fillers after.
+        let _claiming = self.pools.create_in_flight();
         let (member, stale) = {
             let mut pools = self.pools.lock();
             let pool = pools.get_mut(template)?;
@@ -415,7 +418,6 @@ impl Daemon {
                 token_hash: token_hash.clone(),
             },
         );
-        self.pools.wake.notify_waiters();
         match self.claim(member, request, &token_hash).await {
             Ok(sandbox) => {
                 if let Some(pool) = self.pools.lock().get_mut(template) {
