@@ -44,7 +44,10 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # Integration tests run the airlock, airlock-jail and airlock-probe binaries: build them all.
 cargo build --workspace --locked
-# The E2B compatibility suite: the unmodified Python SDKs (newest and 2.45.1) and the npm SDK
+# The image store's test images (busybox, and an mmdebstrap minbase with python3), built from
+# Debian's packages and cached under target/test-images/ by their inputs.
+scripts/test-images.sh
+# The E2B compatibility suite (its template tests build on the busybox test image): the unmodified Python SDKs (newest and 2.45.1) and the npm SDK
 # against a fresh airlockd (installs its venvs and node_modules on first use).
 scripts/e2b-tests.sh
 # The Judge0 compatibility suite: the unmodified `judge0` Python SDK against airlockd's
@@ -68,9 +71,6 @@ cargo run --quiet --locked --bin airlock -- bench interpreter --creates 2 --iter
 cargo run --quiet --locked --bin airlock -- bench judge0 --iterations 5 --submissions 40
 # The start-up floor the README compares against must keep building and running.
 target/startup-floor 20
-# The image store's test images (busybox, and an mmdebstrap minbase with python3), built from
-# Debian's packages and cached under target/test-images/ by their inputs.
-scripts/test-images.sh
 # Image pull and unpack against skopeo copy (figures only).
 cargo run --quiet --locked --bin airlock -- bench image --rounds 1
 cargo test --workspace --locked

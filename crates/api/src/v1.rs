@@ -18,10 +18,21 @@ pub use git::{
     GitPushRequest, GitPushResult, GitWorkspace, LspRequest, LspServer, PullRequest,
     PullRequestRequest, REF_PATTERN, REPO_URL_PATTERN,
 };
+mod images;
 mod persistence;
+mod templates;
+pub use images::{
+    ImageDetails, ImageLayer, ImageList, ImageSummary, ImportResponse, ImportedImage, LayerPhase,
+    MAX_REFERENCE_CHARS, PruneResponse, PullEvent, PullImageRequest, RemovedImage,
+};
 pub use persistence::{
     CreateSnapshotRequest, Fork, ForkRequest, ForkResponse, Lifecycle, MAX_FORKS, OnTimeout,
     PauseMode, PauseRequest, ResumeRequest, Snapshot, SnapshotList,
+};
+pub use templates::{
+    BuildFailure, BuildLogEntry, BuildState, BuildStep, BuildTemplateRequest,
+    DEFAULT_READY_TIMEOUT_MS, DEFAULT_TAG, FILES_HASH_PATTERN, LogLevel, MAX_READY_TIMEOUT_MS,
+    MAX_STEPS, StepKind, TEMPLATE_NAME_PATTERN, TemplateBuild, TemplateFiles,
 };
 
 /// The longest lifetime a sandbox may have: `timeout_ms` above it is refused, and so is a
@@ -51,9 +62,9 @@ pub const BASE64_PATTERN: &str =
 /// The `tier` of a create request: the tiers this build runs.
 fn available_tier(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
-        "description": "The isolation tier. This build runs only `process`; `container` and `microvm` (and a policy whose tier needs them) are refused with 422 and the reason.",
+        "description": "The isolation tier. `container` needs an image (`image`, or a template built from one; without, 422); `microvm` (and a policy whose tier needs it) is refused with 422 and the reason.",
         "type": "string",
-        "enum": ["process"],
+        "enum": ["process", "container"],
         "default": "process",
     })
 }
@@ -87,7 +98,7 @@ impl JsonSchema for Tier {
 
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         json_schema!({
-            "description": "The isolation tier. Only `process` runs in this build; the others are refused with 422 and the reason.",
+            "description": "The isolation tier. `process` and `container` run in this build; `microvm` is refused with 422 and the reason.",
             "type": "string",
             "enum": ["process", "container", "microvm"],
         })
@@ -254,7 +265,7 @@ pub struct Resources {
 }
 
 /// Where `/workspace` comes from.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Workspace {
     /// A fresh, private tmpfs that disappears with the sandbox.
@@ -272,19 +283,56 @@ pub enum Workspace {
     Git { git: GitWorkspace },
 }
 
+/// [`Workspace`] as it is read: `fresh` is a struct variant here, so that members beside the
+/// tag are refused as for `host` (serde ignores them next to a unit variant's tag).
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+enum WorkspaceWire {
+    Fresh {},
+    Host {
+        path: String,
+    },
+    Git {
+        #[serde(deserialize_with = "whole::object")]
+        git: GitWorkspace,
+    },
+}
+
+impl<'de> Deserialize<'de> for Workspace {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Workspace, D::Error> {
+        Ok(match WorkspaceWire::deserialize(deserializer)? {
+            WorkspaceWire::Fresh {} => Workspace::Fresh,
+            WorkspaceWire::Host { path } => Workspace::Host { path },
+            WorkspaceWire::Git { git } => Workspace::Git { git },
+        })
+    }
+}
+
 /// `POST /v1/sandboxes`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend(
+    "not" = {"required": ["image", "template"], "properties": {"image": {"type": "string"}, "template": {"type": "string"}}},
+    "if" = {"required": ["tier"], "properties": {"tier": {"const": "container"}}},
+    "then" = {"anyOf": [{"required": ["image"], "properties": {"image": {"type": "string"}}}, {"required": ["template"], "properties": {"template": {"type": "string"}}}]}
+))]
 pub struct CreateSandboxRequest {
     #[serde(default)]
     #[schemars(schema_with = "available_tier")]
     pub tier: Tier,
-    /// A template name (`GET /v1/templates`); default `base`, the host's root read-only. An
-    /// unknown one is 404.
+    /// A template (`GET /v1/templates`) by `NAME:TAG`, `NAME` (its `latest` tag, else its
+    /// newest), or a snapshot's id or name; default `base`, the host's root read-only (or the
+    /// daemon's `--base-image`). An unknown one is 404.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("pattern" = NON_EMPTY_NO_NUL))]
     pub template: Option<String>,
-    #[serde(default)]
+    /// An image of the daemon's store (`GET /v1/images`: a name or a digest): the sandbox runs
+    /// on the container tier with the image as its whole filesystem, its env, working
+    /// directory and user applied. Not with `template`. An unknown one is 404.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = images::MAX_REFERENCE_CHARS), extend("pattern" = NON_EMPTY_NO_NUL))]
+    pub image: Option<String>,
+    #[serde(default, deserialize_with = "whole::object")]
     pub resources: Resources,
     /// Lifetime from now, from 1 ms to 24 h (a daemon's `--max-timeout` may cap it lower:
     /// then longer is 422); the daemon's default when absent. The sandbox is destroyed then.
@@ -303,15 +351,23 @@ pub struct CreateSandboxRequest {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "metadata_map")]
     pub metadata: BTreeMap<String, String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::object")]
     pub workspace: Workspace,
     /// A policy document (the YAML format's JSON form, `api/policy.schema.json`). Its
     /// resources, user and timeout apply where the request leaves them out; the sandbox runs
     /// on at least its tier.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "whole::policy"
+    )]
     pub policy: Option<Box<crate::policy::PolicyDocument>>,
     /// What happens at the deadline, and whether a paused sandbox resumes on use.
-    #[serde(default, skip_serializing_if = "is_default_lifecycle")]
+    #[serde(
+        default,
+        skip_serializing_if = "is_default_lifecycle",
+        deserialize_with = "whole::object"
+    )]
     pub lifecycle: Lifecycle,
 }
 
@@ -348,6 +404,9 @@ pub struct Sandbox {
     pub state: SandboxState,
     pub tier: Tier,
     pub template: String,
+    /// The image (digest) of a container-tier sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// The limits in force.
     pub resources: Resources,
     pub workspace: Workspace,
@@ -685,15 +744,42 @@ pub struct DecideApprovalRequest {
     pub decision: ApprovalDecision,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// A template: the built-in `base`, or an image built from steps plus sandbox defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Template {
+    /// `base`, or `NAME:TAG`.
     pub name: String,
     pub description: String,
     /// Host directory used as the read-only root; absent for the host's `/`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rootfs: Option<String>,
     pub builtin: bool,
+    /// The image (digest) its sandboxes run on, on the container tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The build that made it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_cmd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_cmd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_timeout_ms: Option<u64>,
+    /// Default limits of its sandboxes.
+    #[serde(default)]
+    pub resources: Resources,
+    /// Default policy of its sandboxes.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "whole::policy"
+    )]
+    pub policy: Option<Box<crate::policy::PolicyDocument>>,
+    /// Unix time in milliseconds (0 for the built-in one).
+    #[serde(default)]
+    pub updated_at_ms: u64,
 }
 
 /// `GET /v1/templates`.

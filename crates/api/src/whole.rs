@@ -6,6 +6,79 @@
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 
+/// `#[serde(deserialize_with = "whole::object")]` for a field of a struct or tagged-enum
+/// type: only a JSON object is one (serde would also read a struct from an array, and a
+/// tagged enum's unit variant with other members beside its tag).
+pub fn object<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    let value = serde_json::Value::deserialize(deserializer)?;
+    if !value.is_object() {
+        return Err(de::Error::invalid_type(
+            de::Unexpected::Other("a JSON value that is not an object"),
+            &"an object",
+        ));
+    }
+    T::deserialize(value).map_err(de::Error::custom)
+}
+
+/// Whether every member of a policy document that its schema makes an object is a JSON
+/// object (its sections, `process.syscalls`, egress rules, credentials and their endpoints):
+/// serde would read those structs from arrays too.
+pub fn policy_shape_ok(document: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    let objects = |value: Option<&Value>| value.is_none_or(Value::is_object);
+    let all_objects = |value: Option<&Value>| {
+        value.is_none_or(|v| {
+            v.as_array()
+                .is_some_and(|items| items.iter().all(Value::is_object))
+        })
+    };
+    let Some(map) = document.as_object() else {
+        return false;
+    };
+    let sections = [
+        "filesystem",
+        "process",
+        "resources",
+        "network",
+        "approvals",
+        "audit",
+    ];
+    sections.iter().all(|key| objects(map.get(*key)))
+        && objects(map.get("process").and_then(|p| p.get("syscalls")))
+        && all_objects(map.get("network").and_then(|n| n.get("egress")))
+        && all_objects(map.get("credentials"))
+        && map
+            .get("credentials")
+            .and_then(Value::as_array)
+            .is_none_or(|list| list.iter().all(|c| all_objects(c.get("endpoints"))))
+}
+
+/// `#[serde(deserialize_with = "whole::policy")]` for an optional policy document in a JSON
+/// body: its struct members must be objects ([`policy_shape_ok`]).
+pub fn policy<'de, D>(
+    deserializer: D,
+) -> Result<Option<Box<crate::policy::PolicyDocument>>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    let value = serde_json::Value::deserialize(deserializer)?;
+    if value.is_null() {
+        return Ok(None);
+    }
+    if !policy_shape_ok(&value) {
+        return Err(de::Error::custom(
+            "a policy document's sections, rules and credentials must be JSON objects",
+        ));
+    }
+    serde_json::from_value(value)
+        .map(Some)
+        .map_err(de::Error::custom)
+}
+
 /// A non-negative integer read from any integral JSON number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Whole(u64);
@@ -119,6 +192,53 @@ mod tests {
             r#"{"wide": 1, "narrow": 4294967296}"#,
         ] {
             assert!(parse(json).is_err(), "{json} was accepted");
+        }
+    }
+
+    #[derive(Debug, Deserialize)]
+    struct Holder {
+        #[serde(default, deserialize_with = "object")]
+        inner: Inner,
+        #[serde(default, deserialize_with = "policy")]
+        policy: Option<Box<crate::policy::PolicyDocument>>,
+    }
+
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Inner {
+        #[serde(default)]
+        a: u32,
+    }
+
+    fn holder(json: &str) -> Result<Holder, String> {
+        serde_json::from_str::<Holder>(json).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn test_object_fields_refuse_arrays_that_serde_would_read() {
+        assert_eq!(holder(r#"{"inner": {"a": 2}}"#).map(|h| h.inner.a), Ok(2));
+        assert!(
+            serde_json::from_str::<Inner>("[2]").is_ok(),
+            "serde reads arrays"
+        );
+        for json in [r#"{"inner": [2]}"#, r#"{"inner": 2}"#, r#"{"inner": null}"#] {
+            assert!(holder(json).is_err(), "{json} was accepted");
+        }
+    }
+
+    #[test]
+    fn test_policy_fields_refuse_sections_that_are_not_objects() {
+        let ok = holder(r#"{"policy": {"version": 1, "resources": {"memory": "1GiB"}}}"#);
+        assert!(ok.is_ok_and(|h| h.policy.is_some()));
+        assert!(holder(r#"{"policy": null}"#).is_ok_and(|h| h.policy.is_none()));
+        for json in [
+            r#"{"policy": {"version": 1, "resources": [null, null]}}"#,
+            r#"{"policy": {"version": 1, "process": {"syscalls": []}}}"#,
+            r#"{"policy": {"version": 1, "network": {"egress": [[]]}}}"#,
+            r#"{"policy": [1]}"#,
+        ] {
+            let err = holder(json).expect_err(json);
+            assert!(err.contains("must be JSON objects"), "{json}: {err}");
         }
     }
 }

@@ -13,7 +13,9 @@ mod bench_judge0;
 mod bench_load;
 mod bench_pause;
 mod bench_soak;
+mod build_context;
 mod daemon_cmds;
+mod dockerfile;
 mod git_cmds;
 mod image_cmds;
 mod image_source;
@@ -23,6 +25,7 @@ mod run;
 mod run_git;
 mod sandbox_cmds;
 mod seceval;
+mod template_cmds;
 
 use std::process::ExitCode;
 
@@ -78,6 +81,13 @@ enum Command {
         #[command(subcommand)]
         which: image_cmds::ImageCommand,
     },
+    /// Build, list and delete a daemon's templates (`template build NAME -f Dockerfile .`).
+    Template {
+        #[command(flatten)]
+        daemon: sandbox_cmds::DaemonArgs,
+        #[command(subcommand)]
+        which: template_cmds::TemplateCommand,
+    },
     /// Check, explain and compare policy documents.
     Policy {
         #[command(subcommand)]
@@ -132,6 +142,9 @@ fn main() -> ExitCode {
         Command::Exec { daemon, args } => sandbox_cmds::exec(&daemon, args),
         Command::Mcp { daemon, tools } => sandbox_cmds::mcp(&daemon, &tools),
         Command::Image { store, which } => image_cmds::image(&store, which),
+        Command::Template { daemon, which } => daemon
+            .client()
+            .and_then(|client| template_cmds::template(&client, which)),
         Command::Policy { which } => policy_cmds::policy(which),
         Command::Approvals { daemon, which } => approvals_cmds::approvals(&daemon, which),
         Command::Seceval(args) => seceval::seceval(args),

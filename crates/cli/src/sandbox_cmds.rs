@@ -92,9 +92,13 @@ pub enum SandboxCommand {
 pub struct CreateArgs {
     #[arg(long, value_enum, default_value = "process")]
     tier: TierArg,
-    /// Template name (default: base, the host's / read-only).
+    /// Template: NAME[:TAG] or a snapshot (default: base, the host's / read-only).
     #[arg(long)]
     template: Option<String>,
+    /// An image of the daemon's store (a name or a digest): the container tier, the image as
+    /// the whole filesystem.
+    #[arg(long, value_name = "REF", conflicts_with = "template")]
+    image: Option<String>,
     /// Memory limit (e.g. 512MiB).
     #[arg(long, value_name = "SIZE", value_parser = |s: &str| parse_size_bytes(s).map_err(|e| e.to_string()))]
     memory: Option<u64>,
@@ -259,6 +263,7 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<ExitCode> {
             TierArg::Microvm => Tier::Microvm,
         },
         template: args.template,
+        image: args.image,
         resources: Resources {
             memory_bytes: args.memory,
             pids_max: args.pids,

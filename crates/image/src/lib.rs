@@ -7,16 +7,23 @@
 //! [`airlock_api::ImageRootfs`]. ARCHITECTURE.md ("crates/image") has the layout on disk and
 //! the crash-safety argument; [`layer`] the applier's rules.
 
+pub mod capture;
+pub mod copy;
+mod derive;
 pub mod digest;
 pub mod fuzzing;
+pub mod glob;
 mod import;
 pub mod layer;
 pub mod oci;
 mod pull;
 pub mod reference;
 pub mod registry;
+pub mod stack;
 pub mod store;
+pub mod tarball;
 
+pub use derive::{Derivation, DeriveError};
 pub use digest::Digest;
 pub use import::{ImportError, ImportKind, ImportOptions, ImportReport, ImportedImage};
 pub use pull::{LayerPulled, PullError, PullOptions, PullReport};

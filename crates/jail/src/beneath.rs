@@ -278,6 +278,34 @@ pub fn get_xattr(file: BorrowedFd<'_>, name: &str) -> io::Result<Option<Vec<u8>>
     Ok(Some(value))
 }
 
+/// `flistxattr(2)`: the names of every extended attribute of an open file or directory
+/// (those this process may see; `trusted.*` only as real root).
+pub fn list_xattrs(file: BorrowedFd<'_>) -> io::Result<Vec<String>> {
+    let mut buffer = vec![0u8; 4096];
+    loop {
+        // SAFETY: `buffer` is a writable buffer of `buffer.len()` bytes that outlives the
+        // call; `file` is live.
+        let len =
+            unsafe { libc::flistxattr(file.as_raw_fd(), buffer.as_mut_ptr().cast(), buffer.len()) };
+        if len >= 0 {
+            buffer.truncate(len.cast_unsigned());
+            return Ok(buffer
+                .split(|b| *b == 0)
+                .filter(|name| !name.is_empty())
+                .map(|name| String::from_utf8_lossy(name).into_owned())
+                .collect());
+        }
+        let error = io::Error::last_os_error();
+        match error.raw_os_error() {
+            // The list grew or is longer than the buffer: ask for its size, then again.
+            Some(libc::ERANGE) if buffer.len() < 1 << 20 => {
+                buffer.resize(buffer.len() * 4, 0);
+            }
+            _ => return Err(error),
+        }
+    }
+}
+
 /// `fchownat(AT_SYMLINK_NOFOLLOW)`: sets the owner of `name` itself (a symlink is not followed).
 pub fn chown_nofollow(parent: BorrowedFd<'_>, name: &OsStr, uid: u32, gid: u32) -> io::Result<()> {
     let name = component(name)?;

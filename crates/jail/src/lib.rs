@@ -36,7 +36,7 @@ pub mod zygote;
 
 pub use host::HostSupport;
 pub use supervisor::{
-    Ending, JailError, Outcome, Sandbox, SpawnOptions, TerminationSignals, find_helper,
+    Ending, JailError, Outcome, Sandbox, SpawnOptions, Stdio, TerminationSignals, find_helper,
 };
 
 /// Formats an error with its chain of causes on one line: `what failed: why: deeper why`.

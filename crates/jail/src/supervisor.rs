@@ -132,8 +132,20 @@ pub struct SpawnOptions {
     /// of its host id range), so that what it locks outlives this process if the sandbox
     /// does.
     pub hold: Option<std::sync::Arc<OwnedFd>>,
+    /// The workload's standard input, output and error instead of this process's own (a
+    /// caller that collects a command's output, such as a template build's `RUN`).
+    pub stdio: Option<std::sync::Arc<Stdio>>,
     /// Fork helpers from this zygote instead of exec'ing `helper` (long-lived runtimes).
     pub zygote: Option<std::sync::Arc<crate::zygote::Zygote>>,
+}
+
+/// Descriptors that become a sandbox's fds 0, 1 and 2 (the helper and init pass them on to
+/// the workload).
+#[derive(Debug)]
+pub struct Stdio {
+    pub stdin: OwnedFd,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
 }
 
 /// A running sandbox.
@@ -204,7 +216,27 @@ impl Sandbox {
             .transpose()
             .map_err(spawn_err)?;
         fds.extend(hold.as_ref().map(|fd| (fd.as_raw_fd(), HOLD_FD)));
-        let pid = match &options.zygote {
+        let stdio = options
+            .stdio
+            .as_deref()
+            .map(|stdio| {
+                [&stdio.stdin, &stdio.stdout, &stdio.stderr]
+                    .map(|fd| sys::dup_above(fd, SPEC_FD + 8))
+            })
+            .map(|fds| fds.into_iter().collect::<io::Result<Vec<_>>>())
+            .transpose()
+            .map_err(spawn_err)?;
+        if let Some(stdio) = &stdio {
+            fds.extend(
+                stdio
+                    .iter()
+                    .zip(0..)
+                    .map(|(fd, target)| (fd.as_raw_fd(), target)),
+            );
+        }
+        // The zygote installs only the helper's own descriptors: a caller's stdio is exec'd.
+        let zygote = options.zygote.as_ref().filter(|_| stdio.is_none());
+        let pid = match zygote {
             Some(zygote) => match zygote.spawn(&fds) {
                 Ok(pid) => pid,
                 // A zygote that died (killed from outside) costs speed, not sandboxes.
@@ -221,6 +253,7 @@ impl Sandbox {
         };
         drop(control);
         drop(hold);
+        drop(stdio);
         drop((spec_r, report_w));
         let mut sandbox = Sandbox {
             helper: Some(pid),

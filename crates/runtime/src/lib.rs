@@ -17,6 +17,7 @@ mod evaluation;
 pub mod git;
 pub mod id_range;
 mod live;
+mod step;
 pub mod storage;
 mod workload;
 
@@ -24,19 +25,21 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use airlock_api::{SandboxConfig, WorkspaceSource};
+pub use airlock_jail::Outcome;
 use airlock_jail::zygote::Zygote;
-use airlock_jail::{HostSupport, JailError, Outcome, Sandbox, SpawnOptions, TerminationSignals};
+use airlock_jail::{HostSupport, JailError, Sandbox, SpawnOptions, TerminationSignals};
 use airlock_policy::egress::{EgressPlan, NetworkMode};
 use airlock_policy::{CompileError, HostFacts};
 pub use egress::{EgressOptions, EgressSession};
 
 pub use airlock_jail::oom::OomWatch;
 pub use airlock_jail::report::Phase;
-pub use airlock_jail::{Ending, TerminationSignals as Signals, error_chain};
+pub use airlock_jail::{Ending, Stdio, TerminationSignals as Signals, error_chain};
 pub use backend::{Backend, BackendSupport, ContainerTier, ProcessTier, TierBackend};
 pub use evaluation::{Ablation, SECCOMP_TAG_ERRNO};
 pub use id_range::{IdRange, IdRangeError};
 pub use live::{AGENT_RESERVE_BYTES, LiveSandbox, LiveSpec, Pending, find_agent};
+pub use step::{KeptScratch, StepOptions};
 pub use storage::{Storage, StorageError, VolumeSource};
 pub use workload::Workload;
 
@@ -277,6 +280,7 @@ impl Runtime {
             trace: self.trace,
             evaluation: airlock_jail::spec::Evaluation::default(),
             hold: None,
+            stdio: None,
             zygote: self.zygote.clone(),
         }
     }

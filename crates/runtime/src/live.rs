@@ -187,7 +187,7 @@ fn is_name(text: &str, max: usize) -> bool {
 }
 
 /// Why an id cannot name a sandbox.
-fn check_id(id: &str) -> Result<(), RuntimeError> {
+pub(crate) fn check_id(id: &str) -> Result<(), RuntimeError> {
     if is_name(id, 32) {
         Ok(())
     } else {
@@ -197,7 +197,7 @@ fn check_id(id: &str) -> Result<(), RuntimeError> {
 
 /// The host ids that own a volume's `tmp/` (the sandbox's root) and `workspace/` (the
 /// workload's user), through the sandbox's id maps.
-fn volume_owners(identity: &airlock_policy::IdentityPlan, upper: bool) -> VolumeOwners {
+pub(crate) fn volume_owners(identity: &airlock_policy::IdentityPlan, upper: bool) -> VolumeOwners {
     // A root caller's sandboxes see their volume through a mount idmapped with their user
     // namespace, so it keeps their own ids (0 is the sandbox's root) in whichever host range
     // they run: a resume, a snapshot or a fork in another range finds the files theirs. An

@@ -30,6 +30,9 @@ use tokio::net::TcpStream;
 
 use crate::http::{Body, ChannelBody, empty, encode_query_value, full};
 
+mod templates;
+pub use templates::Lines;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("unsupported base URL {0:?}: expected http://HOST:PORT")]

@@ -127,6 +127,15 @@ pub struct ServeArgs {
     /// The most lifecycle events kept; past it the oldest are deleted while the daemon runs.
     #[arg(long, value_name = "ROWS", default_value_t = 100_000)]
     pub events_max: u64,
+    /// Run the `base` template (a create that names no template or image) on the container
+    /// tier over this image of the daemon's store (`<state>/images`) instead of the host's
+    /// root. Checked at start: the image must be in the store.
+    #[arg(long, value_name = "REF")]
+    pub base_image: Option<String>,
+    /// The longest one `RUN` of a template build may take; it is killed then and the build
+    /// fails at that step.
+    #[arg(long = "build-step-timeout", value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
+    pub build_step_timeout_ms: u64,
     /// Where the repository cache (bare mirrors of the repositories sandboxes are created
     /// from, one per URL) lives [default: <state>/git-cache].
     #[arg(long, value_name = "DIR")]
@@ -311,6 +320,8 @@ pub struct Config {
     pub storage_size_bytes: Option<u64>,
     pub events_retention_ms: u64,
     pub events_max: u64,
+    pub base_image: Option<String>,
+    pub build_step_timeout_ms: u64,
     /// The Judge0 API, when `--judge0-listen` is given.
     pub judge0: Option<crate::judge0::Judge0Config>,
     pub git_cache: Option<PathBuf>,
@@ -318,6 +329,11 @@ pub struct Config {
     pub warm_pools: Vec<(String, u32)>,
     pub pool_fill_concurrency: usize,
 }
+
+/// The daemon's image store, inside the state directory.
+pub const IMAGES_DIR: &str = "images";
+/// Template builds' scratch space and uploaded file contexts.
+pub const BUILDS_DIR: &str = "builds";
 
 impl Config {
     pub fn from_args(args: &ServeArgs) -> Result<Config, ConfigError> {
@@ -337,6 +353,7 @@ impl Config {
             ("--default-timeout", args.default_timeout_ms),
             ("--audit-max-bytes", args.audit_max_bytes),
             ("--events-max", args.events_max),
+            ("--build-step-timeout", args.build_step_timeout_ms),
             ("--pool-fill-concurrency", args.pool_fill_concurrency as u64),
         ] {
             if value == 0 {
@@ -381,6 +398,8 @@ impl Config {
             storage_size_bytes: args.storage_size_bytes,
             events_retention_ms: args.events_retention_ms,
             events_max: args.events_max,
+            base_image: args.base_image.clone(),
+            build_step_timeout_ms: args.build_step_timeout_ms,
             judge0: crate::judge0::Judge0Config::from_args(&args.judge0)?,
             git_cache: args.git_cache.clone(),
             forge: crate::forge::ForgeConfig::from_args(args)?,
@@ -395,6 +414,14 @@ impl Config {
 
     pub fn store_path(&self) -> PathBuf {
         self.state_dir.join(STORE_FILE)
+    }
+
+    pub fn images_dir(&self) -> PathBuf {
+        self.state_dir.join(IMAGES_DIR)
+    }
+
+    pub fn builds_dir(&self) -> PathBuf {
+        self.state_dir.join(BUILDS_DIR)
     }
 
     /// The repository cache's root.

@@ -109,6 +109,10 @@ pub async fn read_json<T: DeserializeOwned>(
     } else {
         &bytes
     };
+    // Every request body is an object; serde would also read a struct from an array.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::invalid("invalid JSON body: it must be an object"));
+    }
     serde_json::from_slice(bytes)
         .map_err(|err| ApiError::invalid(format!("invalid JSON body: {err}")))
 }
@@ -196,6 +200,31 @@ pub fn form_decode(value: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Percent-encodes a value for one path segment (a `/` too, so a reference stays one).
+pub fn path_encode(value: &str) -> String {
+    encode_query_value(value).replace('/', "%2F")
+}
+
+/// A path segment's percent-escapes decoded (`+` stays itself, as paths have it).
+pub fn path_decode(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(hi), Some(lo)) if hex_value(*hi).is_some() && hex_value(*lo).is_some() => {
+                out.push(hex_value(*hi).unwrap_or(0) << 4 | hex_value(*lo).unwrap_or(0));
+                i += 3;
+            }
+            (other, _, _) => {
+                out.push(other);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 fn hex_value(byte: u8) -> Option<u8> {
     match byte {
         b'0'..=b'9' => Some(byte - b'0'),
@@ -242,5 +271,9 @@ mod tests {
             .parse()
             .unwrap();
         assert_eq!(query_pairs(&uri)[0].1, original);
+        assert_eq!(
+            path_decode("127.0.0.1%3A5000%2Fa+b%zz%4"),
+            "127.0.0.1:5000/a+b%zz%4"
+        );
     }
 }

@@ -21,6 +21,9 @@
 //!   HTTP at `/mcp` (API key auth); the tools call `/v1` and the data plane as a client.
 //! - [`egress`]: `network: proxy` sandboxes' egress proxies (hot reload, approvals);
 //!   [`audit`]: the audit logs and the events API.
+//! - [`templates`]: the template build engine (steps from the native API and from E2B's
+//!   `Template.build`), file contexts, and the image store's routes' logic; the daemon's
+//!   image store is `<state>/images`.
 //! - [`judge0`]: the Judge0 CE 1.13.1-compatible API on a listener of its own
 //!   (`--judge0-listen`); its module docs give its decisions.
 //!
@@ -94,6 +97,7 @@ pub mod proxy;
 pub mod routes;
 pub mod server;
 pub mod store;
+pub mod templates;
 pub mod testing;
 pub mod websocket;
 

@@ -27,8 +27,10 @@ mod checks;
 mod egress_ops;
 mod git;
 mod interpreter;
+mod normalize;
 mod pause;
 mod pool;
+mod ready;
 mod scratch;
 mod watcher;
 
@@ -39,12 +41,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use airlock_api::SandboxConfig;
 use airlock_api::v1::{
     CreateSandboxRequest, CreateSandboxResponse, ErrorCode, PauseMode, Sandbox, SandboxState,
-    Workspace,
 };
-use airlock_api::{ResourceLimits, SandboxConfig, WorkspaceSource};
-use airlock_policy::{Limit, Policy};
+use airlock_policy::Policy;
 use airlock_runtime::{LiveSandbox, LiveSpec, Runtime, RuntimeError, VolumeSource};
 use tokio::sync::watch;
 
@@ -55,9 +56,10 @@ use crate::config::{Config, ConfigError, LOCK_FILE, prepare_state_dir};
 use crate::egress::{SandboxEgress, proxy_plan};
 use crate::error::ApiError;
 use crate::metrics::{CreateSource, Metrics};
-pub use checks::{check_map, env_key_ok};
+pub use checks::{check_map, check_resources, env_key_ok};
 pub use git::{GitState, META_BRANCH, META_REF, META_URL, workspace_from_metadata};
 pub use interpreter::{INTERPRETER_PORT, INTERPRETER_TEMPLATE};
+pub(crate) use normalize::{Normalized, image_holder};
 
 use crate::store::{BASE_TEMPLATE, RowState, SandboxRow, Store, StoreError, now_ms};
 
@@ -75,6 +77,12 @@ pub enum LifecycleError {
     Runtime(#[source] RuntimeError),
     #[error("--scratch disk: {0}")]
     Storage(String),
+    #[error("cannot open the image store")]
+    Images(#[source] airlock_image::StoreError),
+    #[error(
+        "--base-image {0}: not in the daemon's image store (airlock image import/pull into <state>/images, or POST /v1/images/pull)"
+    )]
+    BaseImage(String, #[source] airlock_image::StoreError),
     #[error("the repository cache: {0}")]
     GitCache(String),
 }
@@ -112,6 +120,10 @@ pub struct Daemon {
     pub config: Config,
     pub store: Arc<Store>,
     pub audit: Audit,
+    /// The image store (`<state>/images`): pulls, imports, and what template builds make.
+    pub images: airlock_image::ImageStore,
+    /// Template builds in progress and their log followers.
+    pub builds: crate::templates::Builds,
     pub metrics: Arc<Metrics>,
     runtime: Arc<Runtime>,
     slots: Mutex<HashMap<String, Slot>>,
@@ -166,10 +178,22 @@ impl Daemon {
             config.audit_max_bytes,
         )
         .counting(metrics.clone());
+        let images = airlock_image::ImageStore::open(
+            &config.images_dir(),
+            airlock_image::StoreOptions::default(),
+        )
+        .map_err(LifecycleError::Images)?;
+        if let Some(base) = &config.base_image {
+            images
+                .digest_of(base)
+                .map_err(|e| LifecycleError::BaseImage(base.clone(), e))?;
+        }
         let daemon = Arc::new(Daemon {
             config,
             store,
             audit,
+            images,
+            builds: crate::templates::Builds::default(),
             metrics,
             runtime: Arc::new(runtime),
             slots: Mutex::new(HashMap::new()),
@@ -192,6 +216,11 @@ impl Daemon {
         self.slots
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The sandbox runtime (template builds run their steps on it).
+    pub(crate) fn runtime(&self) -> &Arc<Runtime> {
+        &self.runtime
     }
 
     /// What `GET /metrics` reads at a scrape: sandboxes by state.
@@ -221,7 +250,7 @@ impl Daemon {
     }
 
     /// A lifecycle event: in the store and in the audit logs.
-    fn event(&self, id: Option<&str>, kind: &str, message: &str) {
+    pub(crate) fn event(&self, id: Option<&str>, kind: &str, message: &str) {
         let _ = self.store.record_event(id, kind, message);
         self.audit.lifecycle(id, kind, message);
     }
@@ -284,6 +313,15 @@ impl Daemon {
             .map(|(row, _)| row.id.clone())
             .collect();
         self.recover_snapshots()?;
+        // Image leases of sandboxes that no longer exist (a crash between lease and row).
+        for holder in self.images.holders().unwrap_or_default() {
+            if let Some(id) = holder.strip_prefix("sandbox:")
+                && !live_ids.contains(id)
+            {
+                let _ = self.images.release(&holder);
+            }
+        }
+        self.recover_builds();
         if let Ok(entries) = std::fs::read_dir(self.config.sandboxes_dir()) {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
@@ -401,6 +439,7 @@ impl Daemon {
         })
         .await;
         self.audit.close_sandbox(id);
+        let _ = self.images.release(&image_holder(id));
         // The event first: whoever sees the sandbox gone must also find why.
         self.event(Some(id), kind, message);
         let _ = self.store.delete_sandbox(id);
@@ -429,10 +468,18 @@ impl Daemon {
         request: CreateSandboxRequest,
     ) -> Result<(CreateSandboxResponse, CreateSource), (ApiError, CreateSource)> {
         let source = CreateSource::Cold;
-        let (request, config, volume) = self.normalize(request).map_err(|e| (e, source))?;
-        let source = match volume {
+        if request.image.is_some() && request.template.is_some() {
+            return Err((
+                ApiError::unprocessable(
+                    "give an image or a template, not both (a template built from an image brings it)",
+                ),
+                source,
+            ));
+        }
+        let normalized = self.normalize(request).map_err(|e| (e, source))?;
+        let source = match normalized.volume {
             VolumeSource::Empty => {
-                if let Some(created) = self.claim_from_pool(&request).await {
+                if let Some(created) = self.claim_from_pool(&normalized.request).await {
                     return Ok((created, CreateSource::Pool));
                 }
                 CreateSource::Cold
@@ -444,7 +491,7 @@ impl Daemon {
         if !self.room_for_cold_create().await {
             return Err((self.capacity_error(), source));
         }
-        self.create_normalized(request, config, volume)
+        self.create_normalized(normalized)
             .await
             .map(|response| (response, source))
             .map_err(|err| (err, source))
@@ -452,10 +499,15 @@ impl Daemon {
 
     async fn create_normalized(
         self: &Arc<Self>,
-        mut request: CreateSandboxRequest,
-        mut config: SandboxConfig,
-        volume: VolumeSource,
+        normalized: Normalized,
     ) -> Result<CreateSandboxResponse, ApiError> {
+        let Normalized {
+            mut request,
+            mut config,
+            volume,
+            template,
+            user,
+        } = normalized;
         let id =
             auth::new_sandbox_id().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
         let git = self.prepare_git(&id, &mut request, &mut config, &volume)?;
@@ -489,7 +541,7 @@ impl Daemon {
         };
         let daemon = self.clone();
         let started = tokio::task::spawn_blocking(move || {
-            daemon.create_blocking(row, config, timeout_ms, volume, git)
+            daemon.create_blocking(row, config, user, timeout_ms, volume, git)
         })
         .await;
         let started = match started {
@@ -499,11 +551,15 @@ impl Daemon {
             ))),
         };
         match started {
-            Ok((row, record, egress)) => {
+            Ok((row, record, egress, cwd)) => {
                 self.install_running(&id, &token_hash, record, egress, row.deadline_ms);
-                if row.request.template.as_deref() == Some(INTERPRETER_TEMPLATE)
-                    && let Err(err) = self.start_interpreter(&id).await
-                {
+                let started = match self.start_template(&id, &template, &cwd).await {
+                    Ok(()) if template.name == INTERPRETER_TEMPLATE => {
+                        self.start_interpreter(&id).await
+                    }
+                    other => other,
+                };
+                if let Err(err) = started {
                     self.end(&id, "create_failed", &err.message).await;
                     return Err(err);
                 }
@@ -530,14 +586,19 @@ impl Daemon {
     }
 
     /// Steps 1 to 4 of the module docs, in the blocking pool. On failure nothing is left.
+    #[allow(
+        clippy::type_complexity,
+        reason = "one internal call site; the parts are named where they are taken apart"
+    )]
     fn create_blocking(
         &self,
         mut row: SandboxRow,
-        config: SandboxConfig,
+        mut config: SandboxConfig,
+        user: Option<airlock_api::UserSpec>,
         timeout_ms: u64,
         volume: VolumeSource,
         git: Option<git::GitPlan>,
-    ) -> Result<(SandboxRow, LiveSandbox, Option<Arc<SandboxEgress>>), ApiError> {
+    ) -> Result<(SandboxRow, LiveSandbox, Option<Arc<SandboxEgress>>, String), ApiError> {
         let id = row.id.clone();
         let dir = self.config.sandboxes_dir().join(&id);
         std::fs::DirBuilder::new()
@@ -553,9 +614,16 @@ impl Daemon {
             self.audit.close_sandbox(&id);
             let _ = std::fs::remove_dir_all(&dir);
             let _ = self.store.delete_sandbox(&id);
+            let _ = self.images.release(&image_holder(&id));
             self.event(Some(&id), "create_failed", &err.message);
             err
         };
+        if let Some(digest) = row.request.image.clone()
+            && let Err(err) = self.attach_image(&mut config, &digest, user, &id)
+        {
+            return Err(fail(err));
+        }
+        let cwd = config.cwd.clone();
         let created = format!(
             "template {}",
             row.request.template.as_deref().unwrap_or(BASE_TEMPLATE)
@@ -636,121 +704,13 @@ impl Daemon {
                 self.audit
                     .lifecycle(Some(&id), "ready", "the sandbox's agent serves");
                 row.state = RowState::Running;
-                Ok((row, record, session))
+                Ok((row, record, session, cwd))
             }
             Err(err) => {
                 self.runtime.destroy(&record);
                 Err(fail(runtime_error(&err)))
             }
         }
-    }
-
-    /// Fills defaults in and checks a create request; returns it and the runtime config.
-    fn normalize(
-        &self,
-        mut request: CreateSandboxRequest,
-    ) -> Result<(CreateSandboxRequest, SandboxConfig, VolumeSource), ApiError> {
-        if let Some(problem) = request.lifecycle.problem() {
-            return Err(ApiError::invalid(format!("lifecycle: {problem}")));
-        }
-        // A snapshot's name or id as the template: its source's settings, its files.
-        let volume = match self.snapshot_template(&mut request)? {
-            Some(snapshot) => VolumeSource::Snapshot(snapshot),
-            None => VolumeSource::Empty,
-        };
-        // A policy fills in what the request leaves out and sets the weakest tier.
-        let policy = match &request.policy {
-            Some(document) => Some(
-                Policy::from_document(document)
-                    .map_err(|e| ApiError::unprocessable(format!("invalid policy: {e}")))?,
-            ),
-            None => None,
-        };
-        let settings = policy.as_ref().map(Policy::settings).unwrap_or_default();
-        if settings.memory == Some(Limit::Max) || settings.pids == Some(Limit::Max) {
-            return Err(ApiError::unprocessable(
-                "invalid policy: the daemon does not lift limits; give resources.memory and resources.pids as values, not max",
-            ));
-        }
-        if let Some(tier) = settings.tier
-            && tier.strength() > request.tier.strength()
-        {
-            request.tier = tier;
-        }
-        let unavailable = self
-            .runtime
-            .backends()
-            .into_iter()
-            .find(|b| b.tier == request.tier)
-            .map_or_else(
-                || Some("not supported by this daemon".to_owned()),
-                |b| b.unavailable,
-            );
-        if let Some(reason) = unavailable {
-            return Err(ApiError::unprocessable(format!(
-                "the {} tier is unavailable: {reason}",
-                request.tier.as_str()
-            )));
-        }
-        let template_name = request
-            .template
-            .clone()
-            .unwrap_or_else(|| BASE_TEMPLATE.to_owned());
-        let Some(template) = self.store.get_template(&template_name)? else {
-            return Err(ApiError::new(
-                ErrorCode::NotFound,
-                format!("no template {template_name:?} (GET /v1/templates lists them)"),
-            ));
-        };
-        request.template = Some(template_name);
-        let timeout_ms = request
-            .timeout_ms
-            .or(settings.timeout_ms)
-            .unwrap_or(self.config.default_timeout_ms);
-        self.check_timeout(timeout_ms)?;
-        request.timeout_ms = Some(timeout_ms);
-        let defaults = ResourceLimits::default();
-        let r = &mut request.resources;
-        let policy_or = |limit: Option<Limit>, default| limit.map_or(default, Limit::as_option);
-        r.memory_bytes = r
-            .memory_bytes
-            .or(policy_or(settings.memory, defaults.memory_bytes));
-        r.pids_max = r.pids_max.or(policy_or(settings.pids, defaults.pids_max));
-        r.cpu_millis = r.cpu_millis.or(settings.cpu_milli);
-        r.disk_bytes = Some(
-            r.disk_bytes
-                .or(settings.disk_bytes)
-                .unwrap_or(defaults.disk_bytes),
-        );
-        checks::check_limits(r, &request.env, &request.metadata)?;
-        let workspace = match &request.workspace {
-            Workspace::Fresh => WorkspaceSource::Fresh,
-            Workspace::Host { path } => WorkspaceSource::Host {
-                path: self.host_workspace(path)?,
-            },
-            // Cloned into the fresh workspace once the sandbox runs (`lifecycle::git`).
-            Workspace::Git { .. } => WorkspaceSource::Fresh,
-        };
-        let mut config = SandboxConfig::new(Vec::new());
-        config.tier = request.tier;
-        config.rootfs = template.rootfs.as_ref().map(PathBuf::from);
-        config.workspace = workspace;
-        config.resources = ResourceLimits {
-            memory_bytes: r.memory_bytes,
-            pids_max: r.pids_max,
-            cpu_milli: r.cpu_millis,
-            disk_bytes: r.disk_bytes.unwrap_or(defaults.disk_bytes),
-        };
-        config.env = request
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        if let Some(policy) = &policy {
-            config.user = settings.user.unwrap_or_default();
-            config.policy = Some(Box::new(policy.document().clone()));
-        }
-        Ok((request, config, volume))
     }
 
     /// A listed sandbox (creating or running), or 404.
@@ -940,6 +900,7 @@ fn view(row: &SandboxRow) -> Sandbox {
         pause_mode: row.pause.map(|pause| pause.mode),
         lifecycle: row.request.lifecycle,
         tier: row.request.tier,
+        image: row.request.image.clone(),
         template: row
             .request
             .template

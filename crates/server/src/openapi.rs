@@ -15,6 +15,7 @@ fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
         201 => "Created",
+        202 => "Accepted: it goes on in the background",
         204 => "No content",
         400 => "Malformed request (`invalid_request`)",
         401 => "Missing or wrong credentials (`unauthenticated`)",
@@ -33,6 +34,9 @@ fn reason(status: u16) -> &'static str {
         500 => "Daemon or host failure (`internal`)",
         502 => "The sandbox's agent failed (`agent_error`)",
         503 => "At the daemon's cap on sandboxes (`capacity`); retry after Retry-After seconds",
+        504 => {
+            "Timed out (`timeout`): for a create, the template's ready check did not pass in time"
+        }
         507 => "The sandbox's disk is full (`insufficient_storage`)",
         _ => "Other",
     }
@@ -68,6 +72,7 @@ fn query_schema(value: QueryValue) -> Value {
         QueryValue::Integer { min, max } => {
             json!({ "type": "integer", "minimum": min, "maximum": max })
         }
+        QueryValue::OneOf(words) => json!({ "type": "string", "enum": words }),
         QueryValue::States => json!({
             "type": "array",
             "minItems": 1,
@@ -129,24 +134,35 @@ fn operation(
     op.insert("summary".into(), json!(route.summary));
     let mut parameters = Vec::new();
     if route.path.contains("{id}") {
-        let description = if route.path.starts_with("/v1/approvals/") {
-            "The approval id, from `GET /v1/approvals`."
-        } else if route.path.starts_with("/v1/templates/") {
-            "The template's name."
-        } else if route.path.starts_with("/v1/snapshots/") {
-            "The snapshot's id or name."
+        let description = match route.path.split('/').nth(2) {
+            Some("approvals") => "The approval id, from `GET /v1/approvals`.",
+            Some("templates") => {
+                "The template: `NAME:TAG`, or `NAME` (its latest tag, else its newest)."
+            }
+            Some("builds") => "The build id (a UUID).",
+            Some("template-files") => "The files hash: 64 lower-case hex digits.",
+            Some("uploads") => "The one-time token of an upload URL.",
+            Some("snapshots") => "The snapshot's id or name.",
+            _ => "The sandbox id.",
+        };
+        let schema = if route.path.starts_with("/v1/template-files/") {
+            json!({ "type": "string", "pattern": v1::FILES_HASH_PATTERN })
         } else {
-            "The sandbox id."
+            json!({ "type": "string" })
         };
         parameters.push(json!({
             "name": "id", "in": "path", "required": true,
-            "description": description, "schema": { "type": "string" }
+            "description": description, "schema": schema
         }));
     }
     if route.path.contains("{rest}") {
         parameters.push(json!({
             "name": "rest", "in": "path", "required": true,
-            "description": "The agent's path, e.g. `process.Process/Start` or `files`.",
+            "description": if route.path.starts_with("/v1/images/") {
+                "The image: a name (`REGISTRY/REPO[:TAG|@DIGEST]`, slashes and all) or a digest (`sha256:<hex>`)."
+            } else {
+                "The agent's path, e.g. `process.Process/Start` or `files`."
+            },
             "schema": { "type": "string" }
         }));
     }

@@ -2,12 +2,13 @@
 //!
 //! Tables: `sandboxes` (one row per sandbox that exists or is being created or removed),
 //! `templates`, `pools` (warm-pool sizes), `api_keys` (SHA-256 of each key, never the key),
-//! `events` (an append-only log) and `judge0_submissions` (the Judge0 API's submissions and
-//! queue). The schema version is `PRAGMA user_version`; an older store is migrated in place
-//! (version 2 added `sandboxes.egress`, 3 the `paused` state and `snapshots`; `pools` and
-//! `judge0_submissions` are additive, created if missing, with no version of their own). WAL
-//! with `synchronous=NORMAL` keeps each write one `write(2)`; a crash can lose the last
-//! transactions but never corrupts the file,
+//! `events` (an append-only log), `judge0_submissions` (the Judge0 API's submissions and
+//! queue), and for template builds `builds`, `build_logs` and `build_cache` (`templates.rs`).
+//! The schema version is `PRAGMA user_version`; an older store is migrated in place (version 2
+//! added `sandboxes.egress`, 3 the `paused` state and `snapshots`, 4 the built templates'
+//! columns and the build tables; `pools` and `judge0_submissions` are additive, created if
+//! missing, with no version of their own). WAL with `synchronous=NORMAL` keeps each write one
+//! `write(2)`; a crash can lose the last transactions but never corrupts the file,
 //! and start-up reconciles rows with what really runs (see `lifecycle`).
 //!
 //! Memory and disk stay bounded over the daemon's life: the event log is trimmed
@@ -17,18 +18,20 @@
 mod judge0;
 mod pools;
 mod snapshots;
+mod templates;
 
 pub use snapshots::SnapshotRow;
+pub use templates::{BuildRow, TemplateRow};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use airlock_api::v1::{CreateSandboxRequest, Event, PauseMode, Template};
+use airlock_api::v1::{CreateSandboxRequest, Event, PauseMode};
 use rusqlite::{Connection, OptionalExtension, params};
 
 /// The schema this build writes.
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 4;
 
 /// The sandboxes table of version 3 (`paused` and the `pause` column are new): created under
 /// this name when a version 2 store is migrated, then renamed.
@@ -59,7 +62,12 @@ CREATE TABLE IF NOT EXISTS templates (
     name        TEXT PRIMARY KEY,
     description TEXT NOT NULL,
     rootfs      TEXT,
-    builtin     INTEGER NOT NULL
+    builtin     INTEGER NOT NULL,
+    family      TEXT,
+    image       TEXT,
+    build_id    TEXT,
+    spec        TEXT,
+    updated_ms  INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS api_keys (
     id          TEXT PRIMARY KEY,
@@ -76,6 +84,29 @@ CREATE TABLE IF NOT EXISTS events (
     message     TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_by_sandbox ON events (sandbox_id, seq);
+CREATE TABLE IF NOT EXISTS builds (
+    id          TEXT PRIMARY KEY,
+    template    TEXT NOT NULL,
+    state       TEXT NOT NULL CHECK (state IN ('waiting', 'building', 'ready', 'error')),
+    request     TEXT NOT NULL,
+    progress    TEXT NOT NULL,
+    created_ms  INTEGER NOT NULL,
+    finished_ms INTEGER
+);
+CREATE TABLE IF NOT EXISTS build_logs (
+    build_id    TEXT NOT NULL,
+    seq         INTEGER NOT NULL,
+    at_ms       INTEGER NOT NULL,
+    level       TEXT NOT NULL,
+    step        TEXT,
+    message     TEXT NOT NULL,
+    PRIMARY KEY (build_id, seq)
+);
+CREATE TABLE IF NOT EXISTS build_cache (
+    key         TEXT PRIMARY KEY,
+    image       TEXT NOT NULL,
+    created_ms  INTEGER NOT NULL
+);
 ";
 
 /// SQLite's page cache, in KiB (its default is 2000). The daemon's working set is the tail
@@ -234,7 +265,32 @@ impl Store {
             [],
             |row| row.get::<_, i64>(0).map(|n| n > 0),
         )?;
+        let templates_exist: bool = conn.query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'templates'",
+            [],
+            |row| row.get::<_, i64>(0).map(|n| n > 0),
+        )?;
         let tx = conn.unchecked_transaction()?;
+        if templates_exist && found < 4 {
+            // Version 4: built templates (an image, their build and sandbox defaults). Only
+            // the columns missing are added (a store may have been reset to an older version).
+            let columns: Vec<String> = {
+                let mut stmt = tx.prepare("SELECT name FROM pragma_table_info('templates')")?;
+                let rows = stmt.query_map([], |row| row.get(0))?;
+                rows.collect::<Result<_, _>>()?
+            };
+            for (column, kind) in [
+                ("family", "TEXT"),
+                ("image", "TEXT"),
+                ("build_id", "TEXT"),
+                ("spec", "TEXT"),
+                ("updated_ms", "INTEGER NOT NULL DEFAULT 0"),
+            ] {
+                if !columns.iter().any(|c| c == column) {
+                    tx.execute_batch(&format!("ALTER TABLE templates ADD COLUMN {column} {kind}"))?;
+                }
+            }
+        }
         tx.execute_batch(SCHEMA)?;
         tx.execute_batch(pools::SCHEMA)?;
         tx.execute_batch(&SANDBOXES_V3.replace("{table}", "sandboxes"))?;
@@ -258,13 +314,13 @@ impl Store {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         tx.commit()?;
         conn.execute(
-            "INSERT OR IGNORE INTO templates (name, description, rootfs, builtin)
-             VALUES (?1, 'The host root, read-only', NULL, 1)",
+            "INSERT OR IGNORE INTO templates (name, description, rootfs, builtin, family)
+             VALUES (?1, 'The host root, read-only', NULL, 1, ?1)",
             params![BASE_TEMPLATE],
         )?;
         conn.execute(
-            "INSERT OR IGNORE INTO templates (name, description, rootfs, builtin)
-             VALUES (?1, ?2, NULL, 1)",
+            "INSERT OR IGNORE INTO templates (name, description, rootfs, builtin, family)
+             VALUES (?1, ?2, NULL, 1, ?1)",
             params![INTERPRETER_TEMPLATE, INTERPRETER_DESCRIPTION],
         )?;
         Ok(Store {
@@ -547,27 +603,6 @@ impl Store {
         Ok(events)
     }
 
-    // --- templates ---
-
-    pub fn get_template(&self, name: &str) -> Result<Option<Template>, StoreError> {
-        Ok(self
-            .conn()
-            .query_row(
-                "SELECT name, description, rootfs, builtin FROM templates WHERE name = ?1",
-                params![name],
-                template_row,
-            )
-            .optional()?)
-    }
-
-    pub fn list_templates(&self) -> Result<Vec<Template>, StoreError> {
-        let conn = self.conn();
-        let mut stmt =
-            conn.prepare("SELECT name, description, rootfs, builtin FROM templates ORDER BY name")?;
-        let rows = stmt.query_map([], template_row)?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
-    }
-
     // --- API keys ---
 
     pub fn insert_key(&self, id: &str, name: &str, hash: &str) -> Result<(), StoreError> {
@@ -675,15 +710,6 @@ impl RawRow {
             egress: self.egress,
         })
     }
-}
-
-fn template_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Template> {
-    Ok(Template {
-        name: row.get(0)?,
-        description: row.get(1)?,
-        rootfs: row.get(2)?,
-        builtin: row.get::<_, i64>(3)? != 0,
-    })
 }
 
 /// SQLite integers are signed; times and deadlines in ms fit comfortably.

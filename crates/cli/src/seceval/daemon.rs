@@ -29,10 +29,16 @@ pub struct Daemon {
     /// Sandbox A (where probes run), B (another tenant) and C (for attacks that may wedge
     /// its agent), with their access tokens.
     sandboxes: Vec<(String, String)>,
+    /// On the container tier, the probe's path inside the test image (the host's is not
+    /// visible there).
+    image_probe: Option<&'static str>,
 }
 
 impl Daemon {
-    pub fn start(airlock: &Path) -> anyhow::Result<Daemon> {
+    /// Starts the daemon and its three sandboxes: on the process tier, or, given the
+    /// container tier's test image layer, on that image (imported into the daemon's store
+    /// through `POST /v1/images/import`, as a rootfs tarball).
+    pub fn start(airlock: &Path, image_layer: Option<&Path>) -> anyhow::Result<Daemon> {
         let state = PathBuf::from(format!(
             "/var/tmp/airlock-seceval-{}-daemon",
             std::process::id()
@@ -90,13 +96,19 @@ impl Daemon {
             key,
             judge0: url_in(&judge0_line),
             sandboxes: Vec::new(),
+            image_probe: image_layer.map(|_| super::fixtures::IMAGE_PROBE),
         };
         if address.is_none() {
             bail!("airlock serve did not start: {}", line.trim());
         }
+        let image = match image_layer {
+            Some(layer) => Some(daemon.import_image(layer)?),
+            None => None,
+        };
         for _ in 0..3 {
             let request = CreateSandboxRequest {
                 timeout_ms: Some(30 * 60 * 1000),
+                image: image.clone(),
                 ..CreateSandboxRequest::default()
             };
             let created = daemon.runtime.block_on(daemon.client.create(&request))?;
@@ -105,6 +117,39 @@ impl Daemon {
                 .push((created.sandbox.id, created.access_token));
         }
         Ok(daemon)
+    }
+
+    /// The test image's layer as a rootfs tarball (ids and modes kept), imported under a
+    /// tag of its own; returns that tag.
+    fn import_image(&self, layer: &Path) -> anyhow::Result<String> {
+        let archive = self.state.join("seceval-image.tar");
+        let tar = Command::new("tar")
+            .args(["--numeric-owner", "-C"])
+            .arg(layer)
+            .arg("-cf")
+            .arg(&archive)
+            .arg(".")
+            .stdin(Stdio::null())
+            .output()
+            .context("running tar")?;
+        if !tar.status.success() {
+            bail!(
+                "tar of the test image: {}",
+                String::from_utf8_lossy(&tar.stderr).trim()
+            );
+        }
+        let tag = "seceval/probe:latest";
+        self.runtime
+            .block_on(self.client.import_image(&archive, Some(tag)))
+            .context("importing the test image into the daemon")?;
+        let _ = std::fs::remove_file(&archive);
+        Ok(tag.to_owned())
+    }
+
+    /// The probe's path inside the daemon's sandboxes.
+    fn probe_path(&self, host: &Path) -> String {
+        self.image_probe
+            .map_or_else(|| host.display().to_string(), str::to_owned)
     }
 
     pub(super) fn key(&self) -> &str {
@@ -156,7 +201,7 @@ impl Daemon {
 
     /// Runs the probe in sandbox A and reads its verdict.
     pub fn exec_probe(&self, probe: &Path, args: &[String]) -> anyhow::Result<Outcome> {
-        let mut argv = vec![probe.display().to_string()];
+        let mut argv = vec![self.probe_path(probe)];
         argv.extend(args.iter().cloned());
         self.exec(0, argv)
             .map(|(stdout, code)| Outcome::from_probe(&stdout, Some(code), None))
@@ -179,15 +224,16 @@ impl Daemon {
 
     /// A host-side attack on the daemon or the agent's file API.
     pub fn scenario(&self, name: &str, env: &Env) -> anyhow::Result<Outcome> {
-        let probe = env.probe.display().to_string();
+        let probe = self.probe_path(&env.probe);
         let a = self.id(0).to_owned();
         match name {
             "token-cross" => {
                 let anonymous = Client::new(&self.client.base_url(), None)?;
                 let token_a = self.sandboxes.first().map(|(_, t)| t.clone());
                 let with_a = anonymous.with_access_token(token_a);
+                // The probe: an image has no `true` of the host's.
                 let echo = ExecRequest {
-                    argv: Some(vec!["true".into()]),
+                    argv: Some(vec![probe.clone(), "getenv".into(), "PATH".into()]),
                     ..ExecRequest::default()
                 };
                 // Control: the token opens its own sandbox.
@@ -218,7 +264,7 @@ impl Daemon {
                         anonymous
                             .raw(
                                 hyper::Method::GET,
-                                "/files?path=%2Fetc%2Fhostname",
+                                "/files?path=%2Fetc%2Fpasswd",
                                 &headers,
                                 Vec::new(),
                             )
@@ -313,8 +359,13 @@ impl Daemon {
             "file-rename-race" => self.rename_race(env, &probe),
             "file-fifo-swap" => self.fifo_swap(&probe),
             "kill-agent" => {
-                let (out, _) = self.exec(0, vec![probe, "kill".into(), "1".into(), "9".into()])?;
-                let alive = self.exec(0, vec!["true".into()]).is_ok();
+                let (out, _) = self.exec(
+                    0,
+                    vec![probe.clone(), "kill".into(), "1".into(), "9".into()],
+                )?;
+                let alive = self
+                    .exec(0, vec![probe, "getenv".into(), "PATH".into()])
+                    .is_ok();
                 Ok(Outcome::Ok(if alive {
                     "alive".into()
                 } else {

@@ -274,6 +274,11 @@ impl Fixtures {
         Ok(())
     }
 
+    /// The container tier's test image layer, once [`Fixtures::build_image`] made it.
+    pub fn image_layer_dir(&self) -> Option<&Path> {
+        self.image_layer.as_ref().map(|(dir, _)| dir.as_path())
+    }
+
     /// Whether the test image's layer is as [`Fixtures::build_image`] left it.
     pub fn image_layer_untouched(&self) -> bool {
         self.image_layer

@@ -297,7 +297,8 @@ fn run_tier(
             Need::Setuid => env.fixtures.plant_setuid(&env.probe),
             Need::Fakenet => fakenet::FakeNet::start(&env.probe, &env.fixtures.scratch)
                 .map(|f| env.fakenet = Some(f)),
-            Need::Daemon => daemon::Daemon::start(&env.airlock).map(|d| env.daemon = Some(d)),
+            Need::Daemon => daemon::Daemon::start(&env.airlock, env.fixtures.image_layer_dir())
+                .map(|d| env.daemon = Some(d)),
         };
         if let Err(err) = result {
             let reason = format!("setup failed: {}", crate::one_line(&err));

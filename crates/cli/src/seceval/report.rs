@@ -423,8 +423,11 @@ hidden by a mask there but absent (`ENOENT`, with a control showing the host has
 unchanged with Landlock and the masks taken away); a write to the image's own files succeeds
 and lands in the sandbox's upper directory, never in the shared layer directory (checked after
 the attempt); `/proc` is read-only (`EROFS`), since Landlock grants writes on the whole root;
-and the process tier's host-socket gap does not exist. Cases through the daemon are n/a there
-until the daemon's create call takes an image.
+and the process tier's host-socket gap does not exist. Cases through the daemon run there too:
+the suite imports the same image into its daemon's store (`POST /v1/images/import`) and creates
+the daemon's three sandboxes with `image`, so the daemon's state directory, a host credential
+behind a planted symlink and `/etc/shadow` are absent from them (`ENOENT`, or the file API's
+404) rather than masked.
 
 ## Baseline
 

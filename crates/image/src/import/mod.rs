@@ -578,7 +578,7 @@ impl Importer<'_> {
 }
 
 /// An OCI manifest for images that arrive without one (docker save, rootfs tarballs).
-fn synthesized_manifest(config: &[u8], layers: Vec<serde_json::Value>) -> Vec<u8> {
+pub(crate) fn synthesized_manifest(config: &[u8], layers: Vec<serde_json::Value>) -> Vec<u8> {
     let manifest = serde_json::json!({
         "schemaVersion": 2,
         "mediaType": oci::OCI_MANIFEST,

@@ -305,6 +305,11 @@ pub(crate) fn lease(conn: &Connection, holder: &str, digest: &str) -> rusqlite::
     Ok(())
 }
 
+pub(crate) fn holders(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut statement = conn.prepare("SELECT DISTINCT holder FROM leases ORDER BY holder")?;
+    statement.query_map([], |r| r.get(0))?.collect()
+}
+
 pub(crate) fn release(conn: &Connection, holder: &str) -> rusqlite::Result<u64> {
     Ok(conn.execute("DELETE FROM leases WHERE holder = ?1", [holder])? as u64)
 }

@@ -295,7 +295,7 @@ impl ImageStore {
 
     /// The manifest digest a reference names: `sha256:…`, `name@sha256:…` (content-addressed:
     /// any name) or `name[:tag]`.
-    fn find(&self, conn: &Connection, text: &str) -> Result<String, StoreError> {
+    pub(crate) fn find(&self, conn: &Connection, text: &str) -> Result<String, StoreError> {
         let found = if let Ok(digest) = Digest::parse(text) {
             db::find_digest(conn, &digest)
         } else {
@@ -343,7 +343,7 @@ impl ImageStore {
         })
     }
 
-    fn load(
+    pub(crate) fn load(
         &self,
         conn: &Connection,
         digest: &str,

@@ -150,6 +150,9 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, E2bError> {
     }
     let no_auth = ctx.daemon.config.no_auth;
     access::check_key(&ctx.daemon.store, &ctx.parts.headers, no_auth)?;
+    if let Some(answer) = super::templates::route(ctx).await {
+        return answer;
+    }
     let (endpoint, id) = endpoint(&ctx.parts.method, &path)?;
     ctx.id = id;
     match endpoint {
@@ -314,13 +317,7 @@ async fn create(ctx: &mut Ctx, v2: bool) -> Result<Response<Body>, E2bError> {
         .map_err(ApiError::from)?
         .is_some();
     let template = if is_snapshot { snapshot } else { template };
-    if !is_snapshot
-        && daemon
-            .store
-            .get_template(template)
-            .map_err(ApiError::from)?
-            .is_none()
-    {
+    if !is_snapshot && daemon.find_template(template)?.is_none() {
         return Err(E2bError::new(
             StatusCode::NOT_FOUND,
             format!("template '{template}' not found"),

@@ -30,8 +30,9 @@
 //! A create whose metadata has `airlock.git.url` (with `airlock.git.ref` and
 //! `airlock.git.branch`) gets a repository workspace (`lifecycle::git`): E2B's create body has
 //! no workspace, and its metadata is the one field the SDKs pass through as given.
-//! Templates name the daemon's templates; `base` is the process tier with the host's root,
-//! read-only. An unknown template is E2B's 404 `template '<name>' not found`. Pause is not
+//! Templates name the daemon's templates (`NAME`, `NAME:TAG`, a snapshot); `base` is the
+//! process tier with the host's root, read-only (or the daemon's `--base-image`). An unknown
+//! template is E2B's 404 `template '<name>' not found`. `Template.build` is [`templates`]. Pause is not
 //! implemented: it answers what E2B answers when a pause fails, `500 Error pausing sandbox`,
 //! and the sandbox keeps running. Errors are E2B's `{"code": <status>, "message"}`.
 //!
@@ -64,6 +65,7 @@ pub mod access;
 pub mod control;
 pub mod data;
 pub mod persistence;
+pub mod templates;
 pub mod time;
 pub mod tunnel;
 pub mod wire;
@@ -110,12 +112,19 @@ pub struct Target {
 
 /// E2B's control-plane paths: with an API key they win over routing headers.
 pub fn is_control_path(path: &str) -> bool {
-    ["/sandboxes", "/v2/sandboxes", "/templates", "/snapshots"]
-        .iter()
-        .any(|prefix| {
-            path.strip_prefix(prefix)
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-        })
+    [
+        "/sandboxes",
+        "/v2/sandboxes",
+        "/templates",
+        "/v2/templates",
+        "/v3/templates",
+        "/snapshots",
+    ]
+    .iter()
+    .any(|prefix| {
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    })
 }
 
 fn has_api_key(headers: &HeaderMap) -> bool {

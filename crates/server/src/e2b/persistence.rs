@@ -172,10 +172,17 @@ pub fn list_snapshots(ctx: &Ctx) -> Result<Response<Body>, E2bError> {
     Ok(json_response(StatusCode::OK, &list))
 }
 
-/// `DELETE /templates/{id}`: a snapshot (`name:tag` names it too); 404 when unknown.
+/// `DELETE /templates/{id}`: a snapshot (`name:tag` names it too), or a built template
+/// (every tag of its name, or the one `name:tag` names); 404 when unknown.
 pub fn delete_template(ctx: &Ctx) -> Result<Response<Body>, E2bError> {
-    let bare = ctx.id.split_once(':').map_or(ctx.id.as_str(), |(n, _)| n);
+    let id = crate::http::path_decode(&ctx.id);
+    let bare = id.split_once(':').map_or(id.as_str(), |(n, _)| n);
     if ctx.daemon.delete_snapshot(bare)? {
+        return Ok(no_content());
+    }
+    let built = ctx.daemon.find_template(&id)?.is_some_and(|t| !t.builtin);
+    if built {
+        ctx.daemon.delete_template(&id)?;
         Ok(no_content())
     } else {
         Err(E2bError::new(

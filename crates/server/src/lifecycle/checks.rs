@@ -55,6 +55,11 @@ impl Daemon {
     }
 }
 
+/// Limits alone, as `api/openapi.json` states them (a template's defaults).
+pub fn check_resources(r: &Resources) -> Result<(), ApiError> {
+    check_limits(r, &BTreeMap::new(), &BTreeMap::new())
+}
+
 /// A create request's limits and maps, as `api/openapi.json` states them.
 pub(super) fn check_limits(
     r: &Resources,

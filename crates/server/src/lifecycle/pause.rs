@@ -222,7 +222,7 @@ impl Daemon {
                 .thaw(id, &live, deadline_ms)
                 .await
                 .map(|()| live.clone()),
-            PauseMode::Filesystem => self.restart(row, deadline_ms).await,
+            PauseMode::Filesystem => self.restart(row.clone(), deadline_ms).await,
         };
         match resumed {
             Ok(live) => {
@@ -230,6 +230,17 @@ impl Daemon {
                 let (record, egress) = (live.record.clone(), live.egress.clone());
                 self.install_running(id, &token, record, egress, deadline_ms);
                 self.audit.lifecycle(Some(id), "resumed", mode.as_str());
+                // Started again on its files: the template's start command runs again.
+                if mode == PauseMode::Filesystem
+                    && let Some(name) = &row.request.template
+                    && let Some(template) = self.find_template(name)?
+                {
+                    let cwd = self.sandbox_cwd(&row.request);
+                    if let Err(err) = self.start_template(id, &template, &cwd).await {
+                        self.end(id, "resume_failed", &err.message).await;
+                        return Err(err);
+                    }
+                }
                 Ok((self.get(id)?, true))
             }
             Err(err) => {
@@ -274,7 +285,12 @@ impl Daemon {
         deadline_ms: u64,
     ) -> Result<Arc<Live>, ApiError> {
         let id = row.id.clone();
-        let (_, config, _) = self.normalize(row.request.clone())?;
+        let super::Normalized {
+            mut config, user, ..
+        } = self.normalize(row.request.clone())?;
+        if let Some(digest) = &row.request.image {
+            self.attach_image(&mut config, digest, user, &id)?;
+        }
         let egress = self.restart_egress(&row);
         let spec = LiveSpec {
             id: id.clone(),
@@ -644,6 +660,10 @@ impl Daemon {
         };
         let source = snapshot.request;
         request.template = source.template.clone();
+        // The snapshot's files include the root's upper directory: the same layers below.
+        if request.image.is_none() {
+            request.image = source.image.clone();
+        }
         let r = &mut request.resources;
         r.memory_bytes = r.memory_bytes.or(source.resources.memory_bytes);
         r.pids_max = r.pids_max.or(source.resources.pids_max);

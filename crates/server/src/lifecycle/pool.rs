@@ -157,6 +157,20 @@ fn bare_request(template: &str) -> CreateSandboxRequest {
     }
 }
 
+/// Why a template's sandboxes cannot wait in a warm pool, if they cannot: a member is started
+/// without the image attachment and the start command of a create (`Normalized`'s image and
+/// template), so templates built from an image are refused rather than started on the host.
+fn unpoolable(normalized: &super::Normalized) -> Option<String> {
+    let template = &normalized.template;
+    (normalized.request.image.is_some() || template.start_cmd.is_some() || template.ready_cmd.is_some())
+        .then(|| {
+            format!(
+                "template {:?} runs on an image (or has a start command): warm pools hold process-tier templates only",
+                template.name
+            )
+        })
+}
+
 /// What a normalized request must share with a pool's to be served from it: all but what a
 /// claim applies.
 fn pool_key(request: &CreateSandboxRequest) -> String {
@@ -203,7 +217,7 @@ impl Daemon {
 
     /// Whether `template` may have a pool of `size`.
     fn check_pool(&self, template: &str, size: u32) -> Result<(), ApiError> {
-        if self.store.get_template(template)?.is_none() {
+        if self.find_template(template)?.is_none() {
             return Err(ApiError::new(
                 ErrorCode::NotFound,
                 format!("no template {template:?} (GET /v1/templates lists them)"),
@@ -217,14 +231,17 @@ impl Daemon {
         }
         if size > 0 {
             // The template must start as it is: refuse now what every fill would fail on.
-            self.normalize(bare_request(template))?;
+            let normalized = self.normalize(bare_request(template))?;
+            if let Some(problem) = unpoolable(&normalized) {
+                return Err(ApiError::unprocessable(problem));
+            }
         }
         Ok(())
     }
 
     /// `GET /v1/templates/{name}/pool`.
     pub fn pool_status(&self, template: &str) -> Result<PoolStatus, ApiError> {
-        if self.store.get_template(template)?.is_none() {
+        if self.find_template(template)?.is_none() {
             return Err(ApiError::new(
                 ErrorCode::NotFound,
                 format!("no template {template:?} (GET /v1/templates lists them)"),
@@ -570,7 +587,16 @@ impl Daemon {
 
     /// Starts a member of `template`'s pool.
     async fn start_member(self: &Arc<Self>, template: &str) -> Result<Member, ApiError> {
-        let (request, config, volume) = self.normalize(bare_request(template))?;
+        let normalized = self.normalize(bare_request(template))?;
+        if let Some(problem) = unpoolable(&normalized) {
+            return Err(ApiError::unprocessable(problem));
+        }
+        let super::Normalized {
+            request,
+            config,
+            volume,
+            ..
+        } = normalized;
         if !matches!(volume, VolumeSource::Empty) {
             return Err(ApiError::unprocessable(format!(
                 "{template:?} names a snapshot too; warm pools hold templates only"

@@ -63,7 +63,14 @@ pub async fn put_policy(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
             }
         }
     }
-    let document: PolicyDocument = ctx.json().await?;
+    let value: serde_json::Value = ctx.json().await?;
+    if !airlock_api::whole::policy_shape_ok(&value) {
+        return Err(ApiError::invalid(
+            "invalid JSON body: a policy document's sections, rules and credentials must be objects",
+        ));
+    }
+    let document: PolicyDocument = serde_json::from_value(value)
+        .map_err(|err| ApiError::invalid(format!("invalid JSON body: {err}")))?;
     let applied = ctx.daemon.apply_policy(&ctx.id, document, approve).await?;
     Ok(json_response(StatusCode::OK, &applied))
 }

@@ -9,575 +9,29 @@ mod egress;
 pub(crate) mod exec;
 mod files;
 mod git;
+mod images;
 mod lsp;
 mod persistence;
 mod sandboxes;
+mod table;
+mod templates;
 
 pub use persistence::valid_name as valid_snapshot_name;
 
 use std::sync::Arc;
 
-use airlock_api::v1::{self, ErrorCode};
+use airlock_api::v1::ErrorCode;
 use hyper::body::Incoming;
 use hyper::header::{ALLOW, CONNECTION, HeaderValue, RETRY_AFTER};
 use hyper::http::request::Parts;
 use hyper::{Method, Request, Response};
-use schemars::{JsonSchema, Schema, SchemaGenerator};
 
 use crate::auth;
 use crate::error::{ApiError, CAPACITY_RETRY_AFTER_SECONDS};
 use crate::http::{Body, error_response, linger};
 use crate::lifecycle::Daemon;
 
-/// Who may call a route.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// Anyone (health).
-    Public,
-    /// An API key.
-    ApiKey,
-    /// An API key or the access token of the sandbox named by `{id}`.
-    Sandbox,
-}
-
-/// What travels in a request or response body, for the OpenAPI document.
-#[derive(Debug, Clone, Copy)]
-pub enum Payload {
-    None,
-    Json(fn(&mut SchemaGenerator) -> Schema),
-    /// A JSON body that may be left out (an empty body reads as `{}`).
-    OptionalJson(fn(&mut SchemaGenerator) -> Schema),
-    /// Newline-delimited JSON, one value of this schema per line.
-    Ndjson(fn(&mut SchemaGenerator) -> Schema),
-    Octets,
-    /// Prometheus's text format (or OpenMetrics, by `Accept`).
-    Metrics,
-    /// Whatever the agent speaks (the envd pass-through).
-    Any,
-}
-
-/// What a query parameter's value must be, as the handler checks it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QueryValue {
-    /// A path inside the sandbox: non-empty, no NUL.
-    Path,
-    /// Any string.
-    Text,
-    /// `true` or `false`.
-    Bool,
-    /// A non-negative integer of at most `max`.
-    Integer { min: u64, max: u64 },
-    /// Comma-separated sandbox states.
-    States,
-}
-
-/// A query parameter: name, required, description, value.
-pub type QueryDoc = (&'static str, bool, &'static str, QueryValue);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Handler {
-    Health,
-    Metrics,
-    ListTemplates,
-    GetPool,
-    SetPool,
-    CreateSandbox,
-    ListSandboxes,
-    GetSandbox,
-    DeleteSandbox,
-    SetTimeout,
-    PauseSandbox,
-    ResumeSandbox,
-    CreateSnapshot,
-    ForkSandbox,
-    ListSnapshots,
-    DeleteSnapshot,
-    Logs,
-    Events,
-    PutPolicy,
-    ListApprovals,
-    DecideApproval,
-    GitPush,
-    PullRequest,
-    StartLsp,
-    LspSocket,
-    Exec,
-    FileGet,
-    FilePut,
-    FileRemove,
-    FileList,
-    FileStat,
-    FileMkdir,
-    FileMove,
-    Envd,
-}
-
-#[derive(Debug)]
-pub struct Route {
-    /// `None` matches every method (the envd pass-through).
-    pub method: Option<Method>,
-    /// Segments in braces are parameters; `{rest}` at the end takes the remaining path.
-    pub path: &'static str,
-    pub handler: Handler,
-    pub access: Access,
-    pub summary: &'static str,
-    pub query: &'static [QueryDoc],
-    pub request: Payload,
-    pub success: u16,
-    pub response: Payload,
-    /// Error statuses this route can answer besides 401 (and 500/502).
-    pub errors: &'static [u16],
-}
-
-fn schema<T: JsonSchema>(generator: &mut SchemaGenerator) -> Schema {
-    generator.subschema_for::<T>()
-}
-
-const PATH_Q: &[QueryDoc] = &[("path", true, "Path inside the sandbox.", QueryValue::Path)];
-
-macro_rules! route {
-    ($method:expr, $path:expr, $handler:ident, $access:ident, $summary:expr, $query:expr, $request:expr, $success:expr, $response:expr, $errors:expr) => {
-        Route {
-            method: $method,
-            path: $path,
-            handler: Handler::$handler,
-            access: Access::$access,
-            summary: $summary,
-            query: $query,
-            request: $request,
-            success: $success,
-            response: $response,
-            errors: $errors,
-        }
-    };
-}
-
-/// Every endpoint of the daemon.
-pub static ROUTES: [Route; 34] = [
-    route!(
-        Some(Method::GET),
-        "/v1/health",
-        Health,
-        Public,
-        "Liveness of the daemon.",
-        &[],
-        Payload::None,
-        200,
-        Payload::Json(schema::<v1::Health>),
-        &[]
-    ),
-    route!(
-        Some(Method::GET),
-        "/metrics",
-        Metrics,
-        ApiKey,
-        "The daemon's metrics in Prometheus's text format (OpenMetrics when Accept asks for application/openmetrics-text): sandboxes by state, creates and their latency, warm pools, execs, egress decisions, errors by code.",
-        &[],
-        Payload::None,
-        200,
-        Payload::Metrics,
-        &[]
-    ),
-    route!(
-        Some(Method::GET),
-        "/v1/templates",
-        ListTemplates,
-        ApiKey,
-        "List templates.",
-        &[],
-        Payload::None,
-        200,
-        Payload::Json(schema::<v1::TemplateList>),
-        &[]
-    ),
-    route!(
-        Some(Method::GET),
-        "/v1/templates/{id}/pool",
-        GetPool,
-        ApiKey,
-        "A template's warm pool: its size, members ready and starting, claims.",
-        &[],
-        Payload::None,
-        200,
-        Payload::Json(schema::<v1::PoolStatus>),
-        &[404]
-    ),
-    route!(
-        Some(Method::PUT),
-        "/v1/templates/{id}/pool",
-        SetPool,
-        ApiKey,
-        "Keep `size` sandboxes of the template started and ready (0 removes the pool); creates for it that ask for nothing else claim one. Kept across restarts.",
-        &[],
-        Payload::Json(schema::<v1::PoolRequest>),
-        200,
-        Payload::Json(schema::<v1::PoolStatus>),
-        &[400, 404, 413, 422]
-    ),
-    route!(
-        Some(Method::POST),
-        "/v1/sandboxes",
-        CreateSandbox,
-        ApiKey,
-        "Create a sandbox; returns once it is usable, with its access token.",
-        &[],
-        Payload::OptionalJson(schema::<v1::CreateSandboxRequest>),
-        201,
-        Payload::Json(schema::<v1::CreateSandboxResponse>),
-        &[400, 403, 404, 413, 422, 503]
-    ),
-    route!(
-        Some(Method::GET),
-        "/v1/sandboxes",
-        ListSandboxes,
-        ApiKey,
-        "List sandboxes.",
-        &[
-            (
-                "state",
-                false,
-                "Comma-separated states to keep (creating, running, paused).",
-                QueryValue::States
-            ),
-            (
-                "metadata.{key}",
-                false,
-                "Keep sandboxes whose metadata has key = value; repeatable.",
-                QueryValue::Text
-            ),
-            (
-                "include",
-                false,
-                "`pool`: also list the unclaimed members of warm pools (`pool: true`).",
-                QueryValue::Text
-            )
-        ],
-        Payload::None,
-        200,
-        Payload::Json(schema::<v1::SandboxList>),
-        &[400]
-    ),
-    route!(
-        Some(Method::GET),
-        "/v1/sandboxes/{id}",
-        GetSandbox,
-        ApiKey,
-        "Get a sandbox.",
-        &[],
-        Payload::None,
-        200,
-        Payload::Json(schema::<v1::Sandbox>),
-        &[404]
-    ),
-    route!(
-        Some(Method::DELETE),
-        "/v1/sandboxes/{id}",
-        DeleteSandbox,
-        ApiKey,
-        "Destroy a sandbox and everything it owned; 409 while it is still starting or already being removed.",
-        &[],
-        Payload::None,
-        204,
-        Payload::None,
-        &[404, 409]
-    ),
-    route!(
-        Some(Method::POST),
-        "/v1/sandboxes/{id}/timeout",
-        SetTimeout,
-        ApiKey,
-        "Make the sandbox end timeout_ms from now.",
-        &[],
-        Payload::Json(schema::<v1::SetTimeoutRequest>),
-        200,
-        Payload::Json(schema::<v1::Sandbox>),
-        &[400, 404, 409, 413, 422]
-    ),
-    route!(
-        Some(Method::POST),
-        "/v1/sandboxes/{id}/pause",
-        PauseSandbox,
-        ApiKey,
-        "Pause a running sandbox: frozen (its processes keep their memory; the default) or filesystem (they end, its files stay). Its timeout clock stops. 409 sandbox_paused if it already is; 422 for a filesystem pause of a sandbox whose files live in memory.",
-        &[],
-        Payload::OptionalJson(schema::<v1::PauseRequest>),
-        200,
-        Payload::Json(schema::<v1::Sandbox>),
-        &[400, 404, 409, 413, 422]
-    ),
-    route!(
-        Some(Method::POST),
-        "/v1/sandboxes/{id}/resume",
-        ResumeSandbox,
-        ApiKey,
-        "Resume a paused sandbox (a running one only gets its deadline extended): it lives what it had left, or timeout_ms from now if that is later.",
-        &[],
-        Payload::OptionalJson(schema::<v1::ResumeRequest>),
-        200,
-        Payload::Json(schema::<v1::Sandbox>),
-        &[400, 404, 409, 413, 422]
-    ),
-    route!(
-        Some(Method::POST),
-        "/v1/sandboxes/{id}/snapshots",
-        CreateSnapshot,
-        ApiKey,
-        "Snapshot a sandbox's files (/workspace and /tmp; processes are not captured), freezing it only for the copy. Create from it with template = its id or name. 409 if the name is taken; 422 without disk scratch.",
-        &[],
-        Payload::OptionalJson(schema::<v1::CreateSnapshotRequest>),
-        201,
-        Payload::Json(schema::<v1::Snapshot>),
-        &[400, 404, 409, 413, 422]
-    ),
-    route!(
-        Some(Method::POST),
-        "/v1/sandboxes/{id}/fork",
-        ForkSandbox,
-        ApiKey,
-        "count (1 to 20) new sandboxes from a consistent copy of the sandbox's files; each fork succeeds or fails on its own. Processes are not carried over.",
-        &[],
-        Payload::OptionalJson(schema::<v1::ForkRequest>),
-        201,
-        Payload::Json(schema::<v1::ForkResponse>),
-        &[400, 404, 409, 413, 422]
-    ),
-    route!(
-        Some(Method::GET),
-        "/v1/snapshots",
-        ListSnapshots,
-        ApiKey,
-        "List snapshots.",
-        &[],
-        Payload::None,
-        200,
-        Payload::Json(schema::<v1::SnapshotList>),
-        &[]
-    ),
-    route!(
-        Some(Method::DELETE),
-        "/v1/snapshots/{id}",
-        DeleteSnapshot,
-        ApiKey,
-        "Delete a snapshot by id or name; the sandboxes made from it keep their files.",
-        &[],
-        Payload::None,
-        204,
-        Payload::None,
-        &[404]
-    ),
-    route!(
-        Some(Method::GET),
-        "/v1/sandboxes/{id}/logs",
-        Logs,
-        ApiKey,
-        "The sandbox's events and the tail of its agent's log.",
-        &[],
-        Payload::None,
-        200,
-        Payload::Json(schema::<v1::SandboxLogs>),
-        &[404]
-    ),
-    route!(
-        Some(Method::GET),
-        "/v1/sandboxes/{id}/events",
-        Events,
-        ApiKey,
-        "The sandbox's audit lines (egress, credentials, approvals, policy, files) and lifecycle events, oldest first; secrets and placeholders are redacted.",
-        &[
-            (
-                "since_ms",
-                false,
-                "Only events at or after this Unix time in ms (the previous answer's next_since_ms).",
-                QueryValue::Integer {
-                    min: 0,
-                    max: u64::MAX
-                }
-            ),
-            (
-                "limit",
-                false,
-                "At most this many events (default 1000, at most 10000).",
-                QueryValue::Integer {
-                    min: 1,
-                    max: crate::audit::MAX_EVENTS_PER_PAGE as u64
-                }
-            )
-        ],
-        Payload::None,
-        200,
-        Payload::Json(schema::<v1::SandboxEvents>),
-        &[400, 404]
-    ),
-    route!(
-        Some(Method::PUT),
-        "/v1/sandboxes/{id}/policy",
-        PutPolicy,
-        ApiKey,
-        "Replace a proxy-mode sandbox's network, credentials and approvals at once; 409 if the change widens access in a way that needs review and approve is not true, 422 if invalid (the old policy stays).",
-        &[(
-            "approve",
-            false,
-            "true: apply a change whose findings need review.",
-            QueryValue::Bool
-        )],
-        Payload::Json(schema::<airlock_api::policy::PolicyDocument>),
-        200,
-        Payload::Json(schema::<v1::PolicyApplied>),
-        &[400, 404, 409, 413, 422]
-    ),
-    route!(
-        Some(Method::GET),
-        "/v1/approvals",
-        ListApprovals,
-        ApiKey,
-        "Requests held under approvals: ask, waiting for a decision, oldest first.",
-        &[("sandbox", false, "Only this sandbox's.", QueryValue::Text)],
-        Payload::None,
-        200,
-        Payload::Json(schema::<v1::ApprovalList>),
-        &[400, 404]
-    ),
-    route!(
-        Some(Method::POST),
-        "/v1/approvals/{id}",
-        DecideApproval,
-        ApiKey,
-        "Answer a held request: once, always (identical requests while the sandbox lives) or deny.",
-        &[],
-        Payload::Json(schema::<v1::DecideApprovalRequest>),
-        204,
-        Payload::None,
-        &[400, 404, 413]
-    ),
-    git::PUSH,
-    git::PULL_REQUEST,
-    lsp::START,
-    lsp::SOCKET,
-    route!(
-        Some(Method::POST),
-        "/v1/sandboxes/{id}/exec",
-        Exec,
-        Sandbox,
-        "Run a command; streams start, stdout, stderr and exit events as NDJSON.",
-        &[],
-        Payload::Json(schema::<v1::ExecRequest>),
-        200,
-        Payload::Ndjson(schema::<v1::ExecEvent>),
-        &[400, 403, 404, 409, 413, 422]
-    ),
-    route!(
-        Some(Method::GET),
-        "/v1/sandboxes/{id}/files",
-        FileGet,
-        Sandbox,
-        "Download a file (streamed).",
-        PATH_Q,
-        Payload::None,
-        200,
-        Payload::Octets,
-        &[400, 403, 404, 409]
-    ),
-    route!(
-        Some(Method::PUT),
-        "/v1/sandboxes/{id}/files",
-        FilePut,
-        Sandbox,
-        "Upload a file (streamed); creates parent directories, replaces the file. A refused upload (403 read-only or denied path, 413 file-size limit, 507 disk full) is answered as soon as it fails, with Connection: close.",
-        PATH_Q,
-        Payload::Octets,
-        200,
-        Payload::Json(schema::<v1::FileEntry>),
-        &[400, 403, 404, 409, 413, 507]
-    ),
-    route!(
-        Some(Method::DELETE),
-        "/v1/sandboxes/{id}/files",
-        FileRemove,
-        Sandbox,
-        "Remove a file or a directory tree.",
-        PATH_Q,
-        Payload::None,
-        204,
-        Payload::None,
-        &[400, 403, 404, 409]
-    ),
-    route!(
-        Some(Method::GET),
-        "/v1/sandboxes/{id}/files/list",
-        FileList,
-        Sandbox,
-        "List a directory.",
-        &[
-            (
-                "path",
-                true,
-                "Directory inside the sandbox.",
-                QueryValue::Path
-            ),
-            (
-                "depth",
-                false,
-                "Levels to descend (default 1; 0 means 1).",
-                QueryValue::Integer {
-                    min: 0,
-                    max: u32::MAX as u64
-                }
-            )
-        ],
-        Payload::None,
-        200,
-        Payload::Json(schema::<v1::FileList>),
-        &[400, 403, 404, 409]
-    ),
-    route!(
-        Some(Method::GET),
-        "/v1/sandboxes/{id}/files/stat",
-        FileStat,
-        Sandbox,
-        "Describe a file.",
-        PATH_Q,
-        Payload::None,
-        200,
-        Payload::Json(schema::<v1::FileEntry>),
-        &[400, 403, 404, 409]
-    ),
-    route!(
-        Some(Method::POST),
-        "/v1/sandboxes/{id}/files/mkdir",
-        FileMkdir,
-        Sandbox,
-        "Create a directory and its parents; 409 if it exists.",
-        &[],
-        Payload::Json(schema::<v1::MkdirRequest>),
-        201,
-        Payload::Json(schema::<v1::FileEntry>),
-        &[400, 403, 404, 409, 413, 507]
-    ),
-    route!(
-        Some(Method::POST),
-        "/v1/sandboxes/{id}/files/move",
-        FileMove,
-        Sandbox,
-        "Rename or move a file.",
-        &[],
-        Payload::Json(schema::<v1::MoveRequest>),
-        200,
-        Payload::Json(schema::<v1::FileEntry>),
-        &[400, 403, 404, 409, 413, 507]
-    ),
-    route!(
-        None,
-        "/v1/sandboxes/{id}/envd/{rest}",
-        Envd,
-        Sandbox,
-        "Pass-through to the sandbox's envd-compatible agent: its Connect RPCs (POST process.Process/* and filesystem.Filesystem/*, whose errors are Connect's), POST and GET files, GET health. Any other path is 404, another method 405; errors of files and of the daemon are ErrorBody.",
-        &[],
-        Payload::Any,
-        200,
-        Payload::Any,
-        &[400, 403, 404, 405, 409, 413, 507]
-    ),
-];
+pub use table::{Access, Handler, Payload, QueryDoc, QueryValue, ROUTES, Route};
 
 /// A request being handled: the handler takes the body if it reads it.
 #[derive(Debug)]
@@ -638,9 +92,8 @@ fn match_path(pattern: &str, path: &str) -> Option<(String, String)> {
 /// The methods a path allows (for 405 and its `Allow` header); for the envd pass-through,
 /// those of the agent's route.
 fn allowed_methods(path: &str) -> Vec<&'static str> {
-    ROUTES
-        .iter()
-        .filter_map(|route| Some((route, match_path(route.path, path)?)))
+    candidates(path)
+        .into_iter()
         .flat_map(|(route, (_, rest))| match &route.method {
             Some(method) => vec![method.as_str()],
             None => crate::proxy::agent_methods(&rest)
@@ -652,11 +105,26 @@ fn allowed_methods(path: &str) -> Vec<&'static str> {
         .collect()
 }
 
+/// The routes whose path matches: those of a literal path (`/v1/images/pull`) alone when
+/// there are any, so that a parameter (`/v1/images/{rest}`) never takes them over.
+fn candidates(path: &str) -> Vec<(&'static Route, (String, String))> {
+    let matched: Vec<(&'static Route, (String, String))> = ROUTES
+        .iter()
+        .filter_map(|route| Some((route, match_path(route.path, path)?)))
+        .collect();
+    if matched.iter().any(|(route, _)| !route.path.contains('{')) {
+        matched
+            .into_iter()
+            .filter(|(route, _)| !route.path.contains('{'))
+            .collect()
+    } else {
+        matched
+    }
+}
+
 fn find(method: &Method, path: &str) -> Result<Matched, ApiError> {
-    for route in &ROUTES {
-        if let Some((id, rest)) = match_path(route.path, path)
-            && route.method.as_ref().is_none_or(|m| m == method)
-        {
+    for (route, (id, rest)) in candidates(path) {
+        if route.method.as_ref().is_none_or(|m| m == method) {
             return Ok(Matched { route, id, rest });
         }
     }
@@ -810,6 +278,20 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
         Handler::StartLsp => lsp::start(ctx).await,
         Handler::LspSocket => lsp::socket(ctx),
         Handler::Exec => exec::exec(ctx).await,
+        Handler::ListImages => images::list(ctx),
+        Handler::PullImage => images::pull(ctx).await,
+        Handler::ImportImage => images::import(ctx).await,
+        Handler::PruneImages => images::prune(ctx).await,
+        Handler::InspectImage => images::inspect(ctx),
+        Handler::DeleteImage => images::remove(ctx),
+        Handler::BuildTemplate => templates::build(ctx).await,
+        Handler::GetTemplate => templates::get(ctx),
+        Handler::DeleteTemplate => templates::delete(ctx),
+        Handler::GetBuild => templates::get_build(ctx),
+        Handler::BuildLogs => templates::logs(ctx),
+        Handler::GetTemplateFiles => templates::get_files(ctx),
+        Handler::PutTemplateFiles => templates::put_files(ctx).await,
+        Handler::UploadFiles => templates::upload(ctx).await,
         Handler::FileGet
         | Handler::FilePut
         | Handler::FileRemove
