@@ -465,10 +465,38 @@ fn test_daemon_images_then_a_template_from_a_template() {
         .to_owned();
     assert_eq!(daemon.exec(&id, "cat /two; id -u"), "one\ntwo\n0\n");
     daemon.ok(&["sandbox", "rm", &id]);
-    // A warm pool would start its members without the image: refused, with the reason.
-    let (status, refused) = daemon.curl("PUT", "/v1/templates/child/pool", Some(r#"{"size": 1}"#));
-    assert_eq!(status, 422, "{refused}");
-    assert!(refused.contains("process-tier templates only"), "{refused}");
+    // A warm pool of the image-built template: the member runs on the image, and a create of
+    // the template claims it.
+    let (status, body) = daemon.curl("PUT", "/v1/templates/child/pool", Some(r#"{"size": 1}"#));
+    assert_eq!(status, 200, "{body}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let member = loop {
+        let (_, listed) = daemon.curl("GET", "/v1/sandboxes?include=pool", None);
+        let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+        let pooled: Vec<String> = listed["sandboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["pool"] == true)
+            .map(|s| s["id"].as_str().unwrap().to_owned())
+            .collect();
+        if let [member] = pooled.as_slice() {
+            break member.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool never filled: {listed}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let id = stdout(&daemon.ok(&["sandbox", "create", "--template", "child"]))
+        .trim()
+        .to_owned();
+    assert_eq!(id, member, "the create claimed the member");
+    assert_eq!(daemon.exec(&id, "cat /two"), "one\ntwo\n");
+    daemon.ok(&["sandbox", "rm", &id]);
+    let (status, body) = daemon.curl("PUT", "/v1/templates/child/pool", Some(r#"{"size": 0}"#));
+    assert_eq!(status, 200, "{body}");
 }
 
 #[test]

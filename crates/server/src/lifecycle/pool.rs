@@ -1,8 +1,9 @@
 //! Warm pools: per template, sandboxes started ahead of time whose agents already serve, so
 //! that a create for the template only has to claim one.
 //!
-//! A member is a sandbox started exactly as a cold create of the bare template would start it,
-//! but never committed and never stored: it dies with this daemon (its helper sees the control
+//! A member is a sandbox started exactly as a cold create of the bare template would start it
+//! (its image attached, its start command run and its ready check passed), but never committed
+//! and never stored: it dies with this daemon (its helper sees the control
 //! pipe close), and the next daemon's orphan sweep removes what it left. A claim hands it to
 //! one create, once: the agent takes the create's environment for every process it starts
 //! (`POST /airlock/claim`), the row is inserted as running with the create's metadata,
@@ -35,6 +36,7 @@ use airlock_api::v1::{
 use airlock_policy::Policy;
 use airlock_runtime::{LiveSpec, Pending, VolumeSource};
 
+use super::normalize::image_holder;
 use super::{Daemon, Slot, SlotState, runtime_error};
 use crate::agent::Agent;
 use crate::auth;
@@ -157,20 +159,6 @@ fn bare_request(template: &str) -> CreateSandboxRequest {
     }
 }
 
-/// Why a template's sandboxes cannot wait in a warm pool, if they cannot: a member is started
-/// without the image attachment and the start command of a create (`Normalized`'s image and
-/// template), so templates built from an image are refused rather than started on the host.
-fn unpoolable(normalized: &super::Normalized) -> Option<String> {
-    let template = &normalized.template;
-    (normalized.request.image.is_some() || template.start_cmd.is_some() || template.ready_cmd.is_some())
-        .then(|| {
-            format!(
-                "template {:?} runs on an image (or has a start command): warm pools hold process-tier templates only",
-                template.name
-            )
-        })
-}
-
 /// What a normalized request must share with a pool's to be served from it: all but what a
 /// claim applies.
 fn pool_key(request: &CreateSandboxRequest) -> String {
@@ -194,14 +182,17 @@ impl Daemon {
             }
         };
         for (template, size) in &self.config.warm_pools {
-            if let Err(err) = self.check_pool(template, *size) {
-                tracing::warn!(template, error = %err.message, "--warm-pool ignored");
-                continue;
-            }
-            if let Err(err) = self.store.set_pool(template, *size) {
+            let template = match self.check_pool(template, *size) {
+                Ok(name) => name,
+                Err(err) => {
+                    tracing::warn!(template, error = %err.message, "--warm-pool ignored");
+                    continue;
+                }
+            };
+            if let Err(err) = self.store.set_pool(&template, *size) {
                 tracing::warn!(template, error = %err, "cannot store the warm pool");
             }
-            sizes.insert(template.clone(), *size);
+            sizes.insert(template, *size);
         }
         {
             let mut pools = self.pools.lock();
@@ -215,14 +206,21 @@ impl Daemon {
         }
     }
 
-    /// Whether `template` may have a pool of `size`.
-    fn check_pool(&self, template: &str, size: u32) -> Result<(), ApiError> {
-        if self.find_template(template)?.is_none() {
-            return Err(ApiError::new(
+    /// The name pools know `template` by: the one a create's request is normalized to
+    /// (`name` finds `name:latest`).
+    fn pool_name(&self, template: &str) -> Result<String, ApiError> {
+        match self.find_template(template)? {
+            Some(found) => Ok(found.name),
+            None => Err(ApiError::new(
                 ErrorCode::NotFound,
                 format!("no template {template:?} (GET /v1/templates lists them)"),
-            ));
+            )),
         }
+    }
+
+    /// Whether `template` may have a pool of `size`; its pool name if so.
+    fn check_pool(&self, template: &str, size: u32) -> Result<String, ApiError> {
+        let template = self.pool_name(template)?;
         let most = MAX_POOL_SIZE.min(u32::try_from(self.config.max_sandboxes).unwrap_or(u32::MAX));
         if size > most {
             return Err(ApiError::unprocessable(format!(
@@ -231,26 +229,18 @@ impl Daemon {
         }
         if size > 0 {
             // The template must start as it is: refuse now what every fill would fail on.
-            let normalized = self.normalize(bare_request(template))?;
-            if let Some(problem) = unpoolable(&normalized) {
-                return Err(ApiError::unprocessable(problem));
-            }
+            self.normalize(bare_request(&template))?;
         }
-        Ok(())
+        Ok(template)
     }
 
     /// `GET /v1/templates/{name}/pool`.
     pub fn pool_status(&self, template: &str) -> Result<PoolStatus, ApiError> {
-        if self.find_template(template)?.is_none() {
-            return Err(ApiError::new(
-                ErrorCode::NotFound,
-                format!("no template {template:?} (GET /v1/templates lists them)"),
-            ));
-        }
+        let template = self.pool_name(template)?;
         let pools = self.pools.lock();
-        let pool = pools.get(template);
+        let pool = pools.get(&template);
         Ok(PoolStatus {
-            template: template.to_owned(),
+            template: template.clone(),
             size: pool.map_or(0, |pool| pool.size),
             ready: pool.map_or(0, |pool| {
                 u32::try_from(pool.ready.len()).unwrap_or(u32::MAX)
@@ -268,7 +258,8 @@ impl Daemon {
         template: &str,
         size: u32,
     ) -> Result<PoolStatus, ApiError> {
-        self.check_pool(template, size)?;
+        let template = self.check_pool(template, size)?;
+        let template = template.as_str();
         self.store.set_pool(template, size)?;
         let extra: Vec<Member> = {
             let mut pools = self.pools.lock();
@@ -366,7 +357,13 @@ impl Daemon {
         if members.is_empty() {
             return;
         }
-        let _ = tokio::task::spawn_blocking(move || members.into_iter().for_each(destroy)).await;
+        let images = self.images.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            members
+                .into_iter()
+                .for_each(|member| destroy(&images, member));
+        })
+        .await;
     }
 
     /// A create served from the template's pool, or None (no pool, none ready, a request
@@ -587,31 +584,37 @@ impl Daemon {
 
     /// Starts a member of `template`'s pool.
     async fn start_member(self: &Arc<Self>, template: &str) -> Result<Member, ApiError> {
-        let normalized = self.normalize(bare_request(template))?;
-        if let Some(problem) = unpoolable(&normalized) {
-            return Err(ApiError::unprocessable(problem));
-        }
         let super::Normalized {
             request,
             config,
             volume,
-            ..
-        } = normalized;
+            template,
+            user,
+        } = self.normalize(bare_request(template))?;
         if !matches!(volume, VolumeSource::Empty) {
             return Err(ApiError::unprocessable(format!(
                 "{template:?} names a snapshot too; warm pools hold templates only"
             )));
         }
         let daemon = self.clone();
-        let member =
-            tokio::task::spawn_blocking(move || daemon.start_member_blocking(request, config))
-                .await
-                .unwrap_or_else(|join| {
-                    Err(ApiError::internal(format!("the fill task failed: {join}")))
-                })?;
-        if template == super::INTERPRETER_TEMPLATE {
+        let (member, cwd) = tokio::task::spawn_blocking(move || {
+            daemon.start_member_blocking(request, config, user)
+        })
+        .await
+        .unwrap_or_else(|join| Err(ApiError::internal(format!("the fill task failed: {join}"))))?;
+        // The template's start command runs as the member starts, as it would at a create; the
+        // claim's environment reaches the processes started after it.
+        let socket = member.pending.record().socket.clone();
+        if let Err(err) = self
+            .start_template_at(&member.id, &socket, &template, &cwd)
+            .await
+        {
+            self.destroy_members(vec![member]).await;
+            return Err(err);
+        }
+        if template.name == super::INTERPRETER_TEMPLATE {
             // A member's kernel is warm before any claim: the point of its pool.
-            let agent = Agent::new(&member.pending.record().socket);
+            let agent = Agent::new(&socket);
             let started = super::interpreter::start_in(&agent, &BTreeMap::new(), || true).await;
             if let Err(err) = started {
                 self.destroy_members(vec![member]).await;
@@ -629,8 +632,9 @@ impl Daemon {
     fn start_member_blocking(
         &self,
         request: CreateSandboxRequest,
-        config: SandboxConfig,
-    ) -> Result<Member, ApiError> {
+        mut config: SandboxConfig,
+        user: Option<airlock_api::UserSpec>,
+    ) -> Result<(Member, String), ApiError> {
         let key = pool_key(&request);
         let id =
             auth::new_sandbox_id().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
@@ -639,17 +643,27 @@ impl Daemon {
             .mode(0o700)
             .create(&dir)
             .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", dir.display())))?;
+        if let Some(digest) = &request.image
+            && let Err(err) = self.attach_image(&mut config, digest, user, &id)
+        {
+            let _ = self.images.release(&image_holder(&id));
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(err);
+        }
+        let cwd = config.cwd.clone();
         let egress = match config.policy.as_deref().map(Policy::from_document) {
             Some(Ok(policy)) if proxy_plan(&policy).is_some() => {
                 match self.launch_egress(&id, &dir, policy) {
                     Ok(egress) => Some(egress),
                     Err(err) => {
+                        let _ = self.images.release(&image_holder(&id));
                         let _ = std::fs::remove_dir_all(&dir);
                         return Err(err);
                     }
                 }
             }
             Some(Err(err)) => {
+                let _ = self.images.release(&image_holder(&id));
                 let _ = std::fs::remove_dir_all(&dir);
                 return Err(ApiError::unprocessable(format!("invalid policy: {err}")));
             }
@@ -662,20 +676,24 @@ impl Daemon {
             volume: VolumeSource::Empty,
         };
         match self.create_live(&spec, egress.as_deref()) {
-            Ok(pending) => Ok(Member {
-                warnings: pending.warnings().to_vec(),
-                id,
-                request,
-                key,
-                dir,
-                pending,
-                egress,
-                started_ms: now_ms(),
-            }),
+            Ok(pending) => Ok((
+                Member {
+                    warnings: pending.warnings().to_vec(),
+                    id,
+                    request,
+                    key,
+                    dir,
+                    pending,
+                    egress,
+                    started_ms: now_ms(),
+                },
+                cwd,
+            )),
             Err(err) => {
                 if let Some(egress) = &egress {
                     egress.end();
                 }
+                let _ = self.images.release(&image_holder(&id));
                 let _ = std::fs::remove_dir_all(&dir);
                 Err(runtime_error(&err))
             }
@@ -683,9 +701,10 @@ impl Daemon {
     }
 }
 
-/// Ends an unclaimed member and removes everything it had.
-fn destroy(member: Member) {
+/// Ends an unclaimed member and removes everything it had, its image lease included.
+fn destroy(images: &airlock_image::ImageStore, member: Member) {
     let Member {
+        id,
         pending,
         egress,
         dir,
@@ -695,6 +714,7 @@ fn destroy(member: Member) {
     if let Some(egress) = egress {
         egress.end();
     }
+    let _ = images.release(&image_holder(&id));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

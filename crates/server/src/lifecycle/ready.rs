@@ -131,7 +131,23 @@ impl Daemon {
         if template.start_cmd.is_none() && template.ready_cmd.is_none() {
             return Ok(());
         }
-        let agent = Agent::new(&self.running(id)?.record.socket);
+        let socket = self.running(id)?.record.socket.clone();
+        self.start_template_at(id, &socket, template, cwd).await
+    }
+
+    /// [`Daemon::start_template`] through the agent at `socket` (a warm pool's member, which
+    /// has no slot yet).
+    pub(super) async fn start_template_at(
+        &self,
+        id: &str,
+        socket: &std::path::Path,
+        template: &Template,
+        cwd: &str,
+    ) -> Result<(), ApiError> {
+        if template.start_cmd.is_none() && template.ready_cmd.is_none() {
+            return Ok(());
+        }
+        let agent = Agent::new(socket);
         let started = Arc::new(Mutex::new(Tail::default()));
         if let Some(command) = &template.start_cmd {
             let reader = start(&agent, command, cwd, None).await.map_err(|err| {
