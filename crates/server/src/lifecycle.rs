@@ -766,6 +766,19 @@ impl Daemon {
         self.get(id)
     }
 
+    /// `err`, an agent's failure during a request for sandbox `id`, or what it really was: the
+    /// sandbox being removed (409 `sandbox_stopping`) or gone (404) by the time it failed.
+    pub fn agent_failure(&self, id: &str, err: ApiError) -> ApiError {
+        match self.running(id) {
+            Err(state)
+                if matches!(state.code, ErrorCode::SandboxStopping | ErrorCode::NotFound) =>
+            {
+                state
+            }
+            _ => err,
+        }
+    }
+
     fn running(&self, id: &str) -> Result<Arc<Live>, ApiError> {
         running_in(id, self.slots().get(id).map(|slot| &slot.state))
     }

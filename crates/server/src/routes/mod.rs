@@ -159,6 +159,14 @@ pub async fn dispatch(daemon: Arc<Daemon>, request: Request<Incoming>) -> Respon
         close: false,
     };
     let result = route(&mut ctx).await;
+    // An agent that vanished under a request was most often its sandbox ending: say so.
+    let result = result.map_err(|err| {
+        if err.code == ErrorCode::AgentError && !ctx.id.is_empty() {
+            ctx.daemon.agent_failure(&ctx.id, err)
+        } else {
+            err
+        }
+    });
     if let Err(err) = &result {
         ctx.daemon
             .metrics
