@@ -94,12 +94,39 @@ fn digest_column(text: String) -> rusqlite::Result<Digest> {
 
 pub(crate) fn open(path: &std::path::Path) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
-    conn.busy_timeout(std::time::Duration::from_secs(60))?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    // Switching a new file to WAL takes an exclusive lock that SQLite's busy handler does not
+    // wait for: two processes opening a fresh store at once retry here instead of failing.
+    let started = std::time::Instant::now();
+    loop {
+        match set_up(&conn) {
+            Err(rusqlite::Error::SqliteFailure(failure, _))
+                if matches!(
+                    failure.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                ) && started.elapsed() < BUSY_TIMEOUT =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other.map(|()| conn),
+        }
+    }
+}
+
+/// How long a store waits for another process's write.
+const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+fn set_up(conn: &Connection) -> rusqlite::Result<()> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
-    conn.execute_batch(SCHEMA)?;
-    Ok(conn)
+    conn.execute_batch(SCHEMA)
+}
+
+/// A write transaction that takes the write lock at once: a deferred one that reads first
+/// cannot wait for another process's writer when it upgrades, and fails with "locked".
+fn write_transaction(conn: &mut Connection) -> rusqlite::Result<rusqlite::Transaction<'_>> {
+    conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
 }
 
 /// Records a manifest (once) and points `names` at it, in one transaction. Called only after
@@ -110,7 +137,7 @@ pub(crate) fn record_image(
     names: &[String],
     index_digest: Option<&Digest>,
 ) -> rusqlite::Result<()> {
-    let tx = conn.transaction()?;
+    let tx = write_transaction(conn)?;
     let inserted = tx.execute(
         "INSERT OR IGNORE INTO manifests (digest, media_type, manifest, config_digest, config, created_ms)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -284,7 +311,7 @@ pub(crate) fn remove_names_of(
     conn: &mut Connection,
     digest: &str,
 ) -> rusqlite::Result<Vec<String>> {
-    let tx = conn.transaction()?;
+    let tx = write_transaction(conn)?;
     let names = {
         let mut statement =
             tx.prepare("SELECT name FROM refs WHERE manifest = ?1 ORDER BY name")?;
@@ -319,7 +346,7 @@ pub(crate) fn release(conn: &Connection, holder: &str) -> rusqlite::Result<u64> 
 pub(crate) fn prune(
     conn: &mut Connection,
 ) -> rusqlite::Result<(Vec<String>, Vec<String>, Vec<String>)> {
-    let tx = conn.transaction()?;
+    let tx = write_transaction(conn)?;
     let removed = {
         let mut statement =
             tx.prepare("SELECT digest FROM manifest_refcounts WHERE refcount = 0 ORDER BY digest")?;
