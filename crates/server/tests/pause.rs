@@ -111,16 +111,20 @@ async fn test_pause_to_disk_after_frees_a_frozen_sandbox_and_keeps_its_files() {
     let id = create(&client).await;
     run(&client, &id, "echo kept > /workspace/f; sleep 1000 &").await;
     client.pause(&id, PauseMode::Frozen).await.unwrap();
+    // The row says so first (a crash midway leaves the intent), the event once it is done.
     eventually("the frozen pause to go to disk", || async {
-        client.get(&id).await.unwrap().pause_mode == Some(PauseMode::Filesystem)
+        let events = client.events(&id, None, None).await.unwrap().events;
+        events.iter().any(|e| e.outcome == "pause_to_disk")
     })
     .await;
+    assert_eq!(
+        client.get(&id).await.unwrap().pause_mode,
+        Some(PauseMode::Filesystem)
+    );
     assert!(
         common::sandbox_cgroups(&id).is_empty(),
         "its processes and cgroups are gone: the memory is free"
     );
-    let events = client.events(&id, None, None).await.unwrap().events;
-    assert!(events.iter().any(|e| e.outcome == "pause_to_disk"));
     client.resume(&id, None).await.unwrap();
     assert_eq!(run(&client, &id, "cat /workspace/f").await, "kept\n");
     assert_eq!(
