@@ -18,12 +18,7 @@ use airlock_image::{ImageStore, ImportError, ImportKind, ImportOptions, ImportRe
 use common::{Scratch, images};
 
 fn skopeo(source: &str, destination: &str) {
-    let policy = images().join("skopeo-policy.json");
-    std::fs::write(
-        &policy,
-        r#"{"default":[{"type":"insecureAcceptAnything"}]}"#,
-    )
-    .unwrap();
+    let policy = common::skopeo_policy();
     let status = Command::new("skopeo")
         .arg("--policy")
         .arg(&policy)

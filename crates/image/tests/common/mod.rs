@@ -24,6 +24,22 @@ use std::time::{Duration, Instant};
 use airlock_image::{ImageStore, StoreOptions};
 
 /// The test images (built by scripts/test-images.sh, which the test command runs first).
+/// skopeo's trust policy for the tests (accept anything), written whole before it appears:
+/// tests run in parallel, and one must never read a file another is still writing.
+pub fn skopeo_policy() -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let policy = images().join("skopeo-policy.json");
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let partial = images().join(format!(".skopeo-policy.{}.{n}", std::process::id()));
+    std::fs::write(
+        &partial,
+        r#"{"default":[{"type":"insecureAcceptAnything"}]}"#,
+    )
+    .unwrap();
+    std::fs::rename(&partial, &policy).unwrap();
+    policy
+}
+
 pub fn images() -> PathBuf {
     let dir = std::env::var_os("AIRLOCK_TEST_IMAGES")
         .map(PathBuf::from)
@@ -121,12 +137,7 @@ impl Registry {
 
     /// `skopeo copy` of `layout:tag` to `<registry>/<repo>` (`--all` for an index).
     pub fn push(&self, layout: &str, tag: &str, repo: &str) {
-        let policy = images().join("skopeo-policy.json");
-        std::fs::write(
-            &policy,
-            r#"{"default":[{"type":"insecureAcceptAnything"}]}"#,
-        )
-        .unwrap();
+        let policy = skopeo_policy();
         let source = format!(
             "oci:{}:{tag}",
             images().join("layouts").join(layout).display()
