@@ -515,11 +515,28 @@ impl Client {
         &self,
         id: &str,
         path: &str,
-        mut reader: R,
+        reader: R,
         length: Option<u64>,
     ) -> Result<FileEntry, ClientError>
     where
         R: AsyncRead + Send + Unpin + 'static,
+    {
+        self.put_stream(Method::PUT, &Self::file_path(id, "", path), reader, length)
+            .await
+    }
+
+    /// Streams `reader` as the body of `method uri` (Content-Length when `length` is known);
+    /// decodes the JSON answer.
+    pub(crate) async fn put_stream<R, T>(
+        &self,
+        method: Method,
+        uri: &str,
+        mut reader: R,
+        length: Option<u64>,
+    ) -> Result<T, ClientError>
+    where
+        R: AsyncRead + Send + Unpin + 'static,
+        T: DeserializeOwned,
     {
         let (tx, body) = ChannelBody::new(4);
         tokio::spawn(async move {
@@ -540,8 +557,8 @@ impl Client {
             }
         });
         let mut builder = Request::builder()
-            .method(Method::PUT)
-            .uri(Self::file_path(id, "", path))
+            .method(method)
+            .uri(uri)
             .header(CONTENT_TYPE, "application/octet-stream");
         if let Some(length) = length {
             builder = builder.header(CONTENT_LENGTH, length);

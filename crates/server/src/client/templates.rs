@@ -11,14 +11,12 @@ use airlock_api::v1::{
 };
 use bytes::BytesMut;
 use http_body_util::BodyExt;
+use hyper::Method;
 use hyper::body::Incoming;
-use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE};
-use hyper::{Method, Request};
 use serde::de::DeserializeOwned;
-use tokio::io::AsyncReadExt;
 
-use super::{Client, ClientError, checked};
-use crate::http::{ChannelBody, encode_query_value, path_encode};
+use super::{Client, ClientError};
+use crate::http::{encode_query_value, path_encode};
 
 /// An NDJSON answer, one value at a time (a pull's progress, a build's log).
 #[derive(Debug)]
@@ -174,40 +172,8 @@ impl Client {
         uri: &str,
         path: &Path,
     ) -> Result<T, ClientError> {
-        let mut file = tokio::fs::File::open(path).await.map_err(ClientError::Io)?;
+        let file = tokio::fs::File::open(path).await.map_err(ClientError::Io)?;
         let length = file.metadata().await.map_err(ClientError::Io)?.len();
-        let (tx, body) = ChannelBody::new(4);
-        tokio::spawn(async move {
-            loop {
-                let mut chunk = BytesMut::with_capacity(256 << 10);
-                match file.read_buf(&mut chunk).await {
-                    Ok(0) => return,
-                    Ok(_) => {
-                        if tx.send(Ok(chunk.freeze())).await.is_err() {
-                            return;
-                        }
-                    }
-                    Err(err) => {
-                        let _ = tx.send(Err(err.into())).await;
-                        return;
-                    }
-                }
-            }
-        });
-        let request = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(CONTENT_TYPE, "application/octet-stream")
-            .header(CONTENT_LENGTH, length)
-            .body(body.boxed_unsync())
-            .map_err(|e| ClientError::Protocol(format!("bad request: {e}")))?;
-        let response = checked(self.send(request).await?).await?;
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(ClientError::Http)?
-            .to_bytes();
-        serde_json::from_slice(&bytes).map_err(|e| ClientError::Protocol(e.to_string()))
+        self.put_stream(method, uri, file, Some(length)).await
     }
 }

@@ -643,29 +643,29 @@ impl Daemon {
             .mode(0o700)
             .create(&dir)
             .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", dir.display())))?;
+        // Whatever fails from here leaves nothing: no lease, no directory, no proxy.
+        let abandon = |err: ApiError, egress: Option<&SandboxEgress>| {
+            if let Some(egress) = egress {
+                egress.end();
+            }
+            let _ = self.images.release(&image_holder(&id));
+            let _ = std::fs::remove_dir_all(&dir);
+            err
+        };
         if let Some(digest) = &request.image
             && let Err(err) = self.attach_image(&mut config, digest, user, &id)
         {
-            let _ = self.images.release(&image_holder(&id));
-            let _ = std::fs::remove_dir_all(&dir);
-            return Err(err);
+            return Err(abandon(err, None));
         }
         let cwd = config.cwd.clone();
         let egress = match config.policy.as_deref().map(Policy::from_document) {
-            Some(Ok(policy)) if proxy_plan(&policy).is_some() => {
-                match self.launch_egress(&id, &dir, policy) {
-                    Ok(egress) => Some(egress),
-                    Err(err) => {
-                        let _ = self.images.release(&image_holder(&id));
-                        let _ = std::fs::remove_dir_all(&dir);
-                        return Err(err);
-                    }
-                }
-            }
+            Some(Ok(policy)) if proxy_plan(&policy).is_some() => Some(
+                self.launch_egress(&id, &dir, policy)
+                    .map_err(|e| abandon(e, None))?,
+            ),
             Some(Err(err)) => {
-                let _ = self.images.release(&image_holder(&id));
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(ApiError::unprocessable(format!("invalid policy: {err}")));
+                let err = ApiError::unprocessable(format!("invalid policy: {err}"));
+                return Err(abandon(err, None));
             }
             _ => None,
         };
@@ -675,29 +675,20 @@ impl Daemon {
             config,
             volume: VolumeSource::Empty,
         };
-        match self.create_live(&spec, egress.as_deref()) {
-            Ok(pending) => Ok((
-                Member {
-                    warnings: pending.warnings().to_vec(),
-                    id,
-                    request,
-                    key,
-                    dir,
-                    pending,
-                    egress,
-                    started_ms: now_ms(),
-                },
-                cwd,
-            )),
-            Err(err) => {
-                if let Some(egress) = &egress {
-                    egress.end();
-                }
-                let _ = self.images.release(&image_holder(&id));
-                let _ = std::fs::remove_dir_all(&dir);
-                Err(runtime_error(&err))
-            }
-        }
+        let pending = self
+            .create_live(&spec, egress.as_deref())
+            .map_err(|err| abandon(runtime_error(&err), egress.as_deref()))?;
+        let member = Member {
+            warnings: pending.warnings().to_vec(),
+            id: id.clone(),
+            request,
+            key,
+            dir: dir.clone(),
+            pending,
+            egress,
+            started_ms: now_ms(),
+        };
+        Ok((member, cwd))
     }
 }
 
