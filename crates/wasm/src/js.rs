@@ -1,0 +1,166 @@
+//! JavaScript in QuickJS-NG, one fresh runtime and context per evaluation.
+//!
+//! The context has QuickJS's standard objects and a `console` that writes to capped buffers;
+//! nothing else: no `std`/`os` modules, no filesystem, no network.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use rquickjs::function::Rest;
+use rquickjs::{CaughtError, Coerced, Context, Ctx, Function, Object, Runtime, Value};
+
+use crate::wire::{EvalErrorKind, EvalOutcome};
+
+/// The QuickJS stack limit: deep recursion becomes a RangeError, not a host stack overflow.
+const MAX_STACK_BYTES: usize = 1 << 20;
+
+/// Evaluates JavaScript snippets under a memory limit and an output cap.
+#[derive(Debug, Clone)]
+pub struct JsEngine {
+    memory_bytes: u64,
+    output_cap: usize,
+}
+
+#[derive(Default)]
+struct Output {
+    stdout: String,
+    stderr: String,
+    overflowed: bool,
+}
+
+impl Output {
+    fn push(&mut self, to_stderr: bool, line: &str, cap: usize) {
+        let buffer = if to_stderr {
+            &mut self.stderr
+        } else {
+            &mut self.stdout
+        };
+        if buffer.len() + line.len() + 1 > cap {
+            self.overflowed = true;
+            return;
+        }
+        buffer.push_str(line);
+        buffer.push('\n');
+    }
+}
+
+impl JsEngine {
+    pub fn new(memory_bytes: u64, output_cap: usize) -> JsEngine {
+        JsEngine {
+            memory_bytes,
+            output_cap,
+        }
+    }
+
+    /// Runs `code` in a fresh runtime; the completion value of the script is the result.
+    pub fn eval(&self, code: &str, timeout: Duration) -> EvalOutcome {
+        let started = Instant::now();
+        let mut outcome = self.eval_inner(code, started + timeout);
+        outcome.duration_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        outcome
+    }
+
+    fn eval_inner(&self, code: &str, deadline: Instant) -> EvalOutcome {
+        let runtime = match Runtime::new() {
+            Ok(runtime) => runtime,
+            Err(err) => return EvalOutcome::failed(EvalErrorKind::Engine, err.to_string()),
+        };
+        runtime.set_memory_limit(usize::try_from(self.memory_bytes).unwrap_or(usize::MAX));
+        runtime.set_max_stack_size(MAX_STACK_BYTES);
+        let timed_out = Rc::new(RefCell::new(false));
+        let flag = timed_out.clone();
+        runtime.set_interrupt_handler(Some(Box::new(move || {
+            let late = Instant::now() >= deadline;
+            if late {
+                *flag.borrow_mut() = true;
+            }
+            late
+        })));
+        let context = match Context::full(&runtime) {
+            Ok(context) => context,
+            Err(err) => return EvalOutcome::failed(EvalErrorKind::Engine, err.to_string()),
+        };
+        let output = Rc::new(RefCell::new(Output::default()));
+        let mut outcome = context.with(|ctx| {
+            if let Err(err) = install_console(&ctx, &output, self.output_cap) {
+                return EvalOutcome::failed(EvalErrorKind::Engine, err.to_string());
+            }
+            let evaluated: rquickjs::Result<Value> = ctx.eval(code);
+            let value = match CaughtError::catch(&ctx, evaluated) {
+                Ok(value) => value,
+                Err(caught) => {
+                    return EvalOutcome::failed(EvalErrorKind::Exception, caught.to_string());
+                }
+            };
+            match ctx.json_stringify(value) {
+                // `undefined` and functions have no JSON form: no result.
+                Ok(None) => EvalOutcome::ok(None),
+                Ok(Some(json)) => match json.to_string() {
+                    Ok(text) => EvalOutcome::ok(serde_json::from_str(&text).ok()),
+                    Err(err) => EvalOutcome::failed(EvalErrorKind::Engine, err.to_string()),
+                },
+                Err(err) => {
+                    let caught = CaughtError::from_error(&ctx, err);
+                    EvalOutcome::failed(EvalErrorKind::Exception, caught.to_string())
+                }
+            }
+        });
+        if let Some(error) = outcome.error.as_mut() {
+            if *timed_out.borrow() {
+                error.kind = EvalErrorKind::Timeout;
+                error.message = "the timeout passed; the script was interrupted".into();
+            } else if error.message.contains("out of memory") || self.near_limit(&runtime) {
+                error.kind = EvalErrorKind::MemoryLimit;
+                error.message = format!(
+                    "the memory limit of {} bytes was reached",
+                    self.memory_bytes
+                );
+            }
+        }
+        let output = output.take();
+        if output.overflowed && outcome.error.is_none() {
+            outcome.result = None;
+            outcome.error = Some(crate::wire::EvalError {
+                kind: EvalErrorKind::OutputLimit,
+                message: format!("output past {} bytes was dropped", self.output_cap),
+            });
+        }
+        outcome.stdout = output.stdout;
+        outcome.stderr = output.stderr;
+        outcome
+    }
+}
+
+impl JsEngine {
+    /// QuickJS throws `null` when it cannot even allocate the out-of-memory error; the heap's
+    /// size then tells a refused allocation from a script's own `throw null`.
+    fn near_limit(&self, runtime: &Runtime) -> bool {
+        let used = u64::try_from(runtime.memory_usage().malloc_size).unwrap_or(0);
+        used.saturating_mul(2) >= self.memory_bytes
+    }
+}
+
+/// `console.log/info/debug` to stdout, `console.error/warn` to stderr; arguments joined by spaces.
+fn install_console<'js>(
+    ctx: &Ctx<'js>,
+    output: &Rc<RefCell<Output>>,
+    cap: usize,
+) -> rquickjs::Result<()> {
+    let console = Object::new(ctx.clone())?;
+    for (name, to_stderr) in [
+        ("log", false),
+        ("info", false),
+        ("debug", false),
+        ("error", true),
+        ("warn", true),
+    ] {
+        let output = output.clone();
+        let function = Function::new(ctx.clone(), move |args: Rest<Coerced<String>>| {
+            let line: Vec<String> = args.0.into_iter().map(|arg| arg.0).collect();
+            output.borrow_mut().push(to_stderr, &line.join(" "), cap);
+        })?;
+        console.set(name, function)?;
+    }
+    ctx.globals().set("console", console)
+}
