@@ -15,11 +15,38 @@ use crate::wire::{EvalErrorKind, EvalOutcome};
 /// The QuickJS stack limit: deep recursion becomes a RangeError, not a host stack overflow.
 const MAX_STACK_BYTES: usize = 1 << 20;
 
+/// `fetch(url, {method, headers, body})` as a Promise of a small Response (`status`, `ok`,
+/// `headers.get`, `text()`, `json()`), over the host's `__airlock_http`.
+const FETCH_GLUE: &str = r#"
+(() => {
+  const http = globalThis.__airlock_http;
+  delete globalThis.__airlock_http;
+  globalThis.fetch = (url, init = {}) => {
+    try {
+      const [status, headers, body] = http(String(init.method || "GET").toUpperCase(), String(url),
+        JSON.stringify(init.headers || {}), init.body == null ? null : String(init.body));
+      const names = JSON.parse(headers);
+      const code = Number(status);
+      return Promise.resolve({
+        status: code, ok: code >= 200 && code < 300, url: String(url),
+        headers: { get: (name) => names[String(name).toLowerCase()] ?? null },
+        text: () => Promise.resolve(body),
+        json: () => Promise.resolve(JSON.parse(body)),
+      });
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  };
+})();
+"#;
+
 /// Evaluates JavaScript snippets under a memory limit and an output cap.
 #[derive(Debug, Clone)]
 pub struct JsEngine {
     memory_bytes: u64,
     output_cap: usize,
+    /// The egress proxy's `host:port`; `None`: no network.
+    proxy: Option<String>,
 }
 
 #[derive(Default)]
@@ -46,10 +73,11 @@ impl Output {
 }
 
 impl JsEngine {
-    pub fn new(memory_bytes: u64, output_cap: usize) -> JsEngine {
+    pub fn new(memory_bytes: u64, output_cap: usize, proxy: Option<String>) -> JsEngine {
         JsEngine {
             memory_bytes,
             output_cap,
+            proxy,
         }
     }
 
@@ -86,7 +114,16 @@ impl JsEngine {
             if let Err(err) = install_console(&ctx, &output, self.output_cap) {
                 return EvalOutcome::failed(EvalErrorKind::Engine, err.to_string());
             }
-            let evaluated: rquickjs::Result<Value> = ctx.eval(code);
+            if let Err(err) = install_fetch(&ctx, self.proxy.clone(), deadline) {
+                return EvalOutcome::failed(EvalErrorKind::Engine, err.to_string());
+            }
+            // A script whose value is a promise (an async function's) is run to its end.
+            let evaluated: rquickjs::Result<Value> =
+                ctx.eval(code)
+                    .and_then(|value: Value| match value.as_promise() {
+                        Some(promise) => promise.finish::<Value>(),
+                        None => Ok(value),
+                    });
             let value = match CaughtError::catch(&ctx, evaluated) {
                 Ok(value) => value,
                 Err(caught) => {
@@ -139,6 +176,42 @@ impl JsEngine {
         let used = u64::try_from(runtime.memory_usage().malloc_size).unwrap_or(0);
         used.saturating_mul(2) >= self.memory_bytes
     }
+}
+
+/// The host half of `fetch`: one HTTP request through the egress proxy, or a TypeError.
+fn install_fetch<'js>(
+    ctx: &Ctx<'js>,
+    proxy: Option<String>,
+    deadline: Instant,
+) -> rquickjs::Result<()> {
+    let http = Function::new(
+        ctx.clone(),
+        move |ctx: Ctx<'js>,
+              method: String,
+              url: String,
+              headers: String,
+              body: Option<String>|
+              -> rquickjs::Result<Vec<String>> {
+            let Some(proxy) = &proxy else {
+                return Err(rquickjs::Exception::throw_type(
+                    &ctx,
+                    "fetch: this sandbox has no network (its policy needs `network: proxy` and egress rules)",
+                ));
+            };
+            let headers: std::collections::BTreeMap<String, String> =
+                serde_json::from_str(&headers).unwrap_or_default();
+            match crate::fetch::fetch(proxy, &method, &url, &headers, body.as_deref(), deadline) {
+                Ok(fetched) => Ok(vec![
+                    fetched.status.to_string(),
+                    serde_json::to_string(&fetched.headers).unwrap_or_default(),
+                    fetched.body,
+                ]),
+                Err(message) => Err(rquickjs::Exception::throw_type(&ctx, &message)),
+            }
+        },
+    )?;
+    ctx.globals().set("__airlock_http", http)?;
+    ctx.eval::<(), _>(FETCH_GLUE)
 }
 
 /// `console.log/info/debug` to stdout, `console.error/warn` to stderr; arguments joined by spaces.

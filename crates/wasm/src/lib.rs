@@ -11,11 +11,13 @@
 //! sandbox's one command), so an engine escape lands in a jail with the guest's policy.
 //! `serve` answers one JSON request line per connection with one JSON outcome line.
 
+mod fetch;
 mod guests;
 mod js;
 mod python;
 mod wire;
 
+pub use fetch::proxy_from_env;
 pub use guests::{GuestError, Guests, PYTHON_WASM_SHA256};
 pub use js::JsEngine;
 pub use python::{Preopen, PythonEngine, PythonError, precompile};
@@ -26,6 +28,6 @@ pub const DEFAULT_OUTPUT_CAP_BYTES: usize = 1 << 20;
 /// Memory one evaluation may use unless the worker was started with another limit.
 pub const DEFAULT_MEMORY_BYTES: u64 = 256 << 20;
 /// An evaluation's timeout unless the request names one.
-pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+pub const DEFAULT_TIMEOUT_MS: u64 = airlock_api::v1::DEFAULT_EVAL_TIMEOUT_MS;
 /// The longest timeout a request may ask for.
-pub const MAX_TIMEOUT_MS: u64 = 600_000;
+pub const MAX_TIMEOUT_MS: u64 = airlock_api::v1::MAX_EVAL_TIMEOUT_MS;

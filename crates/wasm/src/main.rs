@@ -88,7 +88,11 @@ struct Engines {
 
 impl Engines {
     fn start(args: &EngineArgs) -> anyhow::Result<Engines> {
-        let js = JsEngine::new(args.memory_bytes, args.output_cap_bytes);
+        let js = JsEngine::new(
+            args.memory_bytes,
+            args.output_cap_bytes,
+            airlock_wasm::proxy_from_env(),
+        );
         let python = if args.no_python {
             None
         } else {

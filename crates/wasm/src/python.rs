@@ -191,6 +191,9 @@ pub fn precompile(guests: &Guests, cache_dir: &Path) -> Result<PathBuf, PythonEr
     let engine = Engine::new(&engine_config()).map_err(engine_error("start wasmtime"))?;
     let (bytes, hash) = guests.python()?;
     let path = cache_path(cache_dir, &hash);
+    if load_cached(&engine, &path).is_some() {
+        return Ok(path);
+    }
     let compiled = engine
         .precompile_module(&bytes)
         .map_err(engine_error("compile the CPython module"))?;

@@ -24,6 +24,8 @@ fn worker(args: &[&str]) -> Worker {
     let mut child = Command::new(env!("CARGO_BIN_EXE_airlock-wasm"))
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(args)
+        .env_remove("HTTP_PROXY")
+        .env_remove("http_proxy")
         .stdout(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start the worker: {e}"));
@@ -87,10 +89,42 @@ fn test_worker_javascript_snippet_returns_result_and_console() {
 #[test]
 fn test_worker_javascript_has_no_ambient_authority() {
     let worker = worker(&["--no-python"]);
-    for name in ["require", "process", "std", "os", "fetch", "XMLHttpRequest"] {
+    for name in [
+        "require",
+        "process",
+        "std",
+        "os",
+        "XMLHttpRequest",
+        "__airlock_http",
+    ] {
         let outcome = worker.eval("javascript", &format!("typeof {name}"));
         assert_eq!(outcome["result"], "undefined", "{name}: {outcome}");
     }
+    // `fetch` exists but, with no egress proxy in the environment, reaches nothing.
+    let outcome = worker.eval(
+        "javascript",
+        "(async () => (await fetch('http://example.com/')).status)()",
+    );
+    assert_eq!(error_kind(&outcome), "exception", "{outcome}");
+    assert!(
+        outcome["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no network"),
+        "{outcome}"
+    );
+}
+
+#[test]
+fn test_worker_javascript_async_result_is_awaited() {
+    let worker = worker(&["--no-python"]);
+    let outcome = worker.eval(
+        "javascript",
+        "(async () => { await null; return {done: true}; })()",
+    );
+    assert_eq!(outcome["result"], json!({"done": true}), "{outcome}");
+    let rejected = worker.eval("javascript", "Promise.reject(new Error('later'))");
+    assert_eq!(error_kind(&rejected), "exception", "{rejected}");
 }
 
 #[test]
