@@ -121,7 +121,7 @@ pub fn start(iterations: usize) -> anyhow::Result<ExitCode> {
             // The next Python instance initialises in the background after an evaluation; a
             // caller that waits no time at all measures that start instead (see the README).
             if *name == PY {
-                std::thread::sleep(Duration::from_millis(150));
+                std::thread::sleep(Duration::from_millis(400));
             }
         }
     }

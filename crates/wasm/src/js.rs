@@ -49,6 +49,18 @@ pub struct JsEngine {
     proxy: Option<String>,
 }
 
+/// A runtime and context no evaluation has used yet.
+pub struct Prepared {
+    runtime: Runtime,
+    context: Context,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Prepared")
+    }
+}
+
 #[derive(Default)]
 struct Output {
     stdout: String,
@@ -89,13 +101,33 @@ impl JsEngine {
         outcome
     }
 
-    fn eval_inner(&self, code: &str, deadline: Instant) -> EvalOutcome {
-        let runtime = match Runtime::new() {
-            Ok(runtime) => runtime,
-            Err(err) => return EvalOutcome::failed(EvalErrorKind::Engine, err.to_string()),
-        };
+    /// A fresh runtime and context, made ahead of the evaluation that will use it (creating
+    /// the context's standard objects is most of an evaluation's cost).
+    pub fn prepare(&self) -> Result<Prepared, String> {
+        let runtime = Runtime::new().map_err(|e| e.to_string())?;
         runtime.set_memory_limit(usize::try_from(self.memory_bytes).unwrap_or(usize::MAX));
         runtime.set_max_stack_size(MAX_STACK_BYTES);
+        let context = Context::full(&runtime).map_err(|e| e.to_string())?;
+        Ok(Prepared { runtime, context })
+    }
+
+    /// Runs `code` in `prepared` (which no other evaluation has used).
+    pub fn eval_prepared(&self, prepared: Prepared, code: &str, timeout: Duration) -> EvalOutcome {
+        let started = Instant::now();
+        let mut outcome = self.eval_in(prepared, code, started + timeout);
+        outcome.duration_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        outcome
+    }
+
+    fn eval_inner(&self, code: &str, deadline: Instant) -> EvalOutcome {
+        match self.prepare() {
+            Ok(prepared) => self.eval_in(prepared, code, deadline),
+            Err(err) => EvalOutcome::failed(EvalErrorKind::Engine, err),
+        }
+    }
+
+    fn eval_in(&self, prepared: Prepared, code: &str, deadline: Instant) -> EvalOutcome {
+        let Prepared { runtime, context } = prepared;
         let timed_out = Rc::new(RefCell::new(false));
         let flag = timed_out.clone();
         runtime.set_interrupt_handler(Some(Box::new(move || {
@@ -105,10 +137,6 @@ impl JsEngine {
             }
             late
         })));
-        let context = match Context::full(&runtime) {
-            Ok(context) => context,
-            Err(err) => return EvalOutcome::failed(EvalErrorKind::Engine, err.to_string()),
-        };
         let output = Rc::new(RefCell::new(Output::default()));
         let mut outcome = context.with(|ctx| {
             if let Err(err) = install_console(&ctx, &output, self.output_cap) {

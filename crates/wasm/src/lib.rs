@@ -19,7 +19,7 @@ mod wire;
 
 pub use fetch::proxy_from_env;
 pub use guests::{GuestError, Guests, PYTHON_WASM_SHA256};
-pub use js::JsEngine;
+pub use js::{JsEngine, Prepared};
 pub use python::{Preopen, PythonEngine, PythonError, precompile};
 pub use wire::{EvalError, EvalErrorKind, EvalOutcome, EvalRequest, Language};
 

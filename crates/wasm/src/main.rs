@@ -7,7 +7,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use airlock_wasm::{
@@ -84,6 +84,32 @@ fn parse_language(text: &str) -> Result<Language, String> {
 struct Engines {
     js: JsEngine,
     python: Option<Arc<PythonEngine>>,
+    /// `serve` only: the thread that runs JavaScript in contexts it made ahead of time.
+    js_thread: Option<std::sync::Mutex<mpsc::Sender<JsJob>>>,
+}
+
+/// One JavaScript evaluation for the JS thread, and where its outcome goes.
+type JsJob = (String, Duration, mpsc::Sender<EvalOutcome>);
+
+/// QuickJS runtimes are bound to one thread: this one keeps the next evaluation's runtime and
+/// context made, so an evaluation pays only for its own code.
+fn start_js_thread(js: JsEngine) -> anyhow::Result<mpsc::Sender<JsJob>> {
+    let (sender, jobs) = mpsc::channel::<JsJob>();
+    std::thread::Builder::new()
+        .name("javascript".into())
+        .spawn(move || {
+            let mut next = js.prepare().ok();
+            for (code, timeout, reply) in jobs {
+                let outcome = match next.take() {
+                    Some(prepared) => js.eval_prepared(prepared, &code, timeout),
+                    None => js.eval(&code, timeout),
+                };
+                let _ = reply.send(outcome);
+                next = js.prepare().ok();
+            }
+        })
+        .context("cannot start the JavaScript thread")?;
+    Ok(sender)
 }
 
 impl Engines {
@@ -107,7 +133,11 @@ impl Engines {
             .context("cannot start the Python engine")?;
             Some(python)
         };
-        Ok(Engines { js, python })
+        Ok(Engines {
+            js,
+            python,
+            js_thread: None,
+        })
     }
 
     fn eval(&self, request: &EvalRequest) -> EvalOutcome {
@@ -120,7 +150,24 @@ impl Engines {
         }
         let timeout = Duration::from_millis(timeout_ms);
         match request.language {
-            Language::Javascript => self.js.eval(&request.code, timeout),
+            Language::Javascript => match &self.js_thread {
+                Some(thread) => {
+                    let (reply, outcome) = mpsc::channel();
+                    let sent = thread.lock().unwrap_or_else(|e| e.into_inner()).send((
+                        request.code.clone(),
+                        timeout,
+                        reply,
+                    ));
+                    match sent.ok().and_then(|()| outcome.recv().ok()) {
+                        Some(outcome) => outcome,
+                        None => EvalOutcome::failed(
+                            EvalErrorKind::Engine,
+                            "the JavaScript thread ended",
+                        ),
+                    }
+                }
+                None => self.js.eval(&request.code, timeout),
+            },
             Language::Python => match &self.python {
                 Some(python) => python.eval(&request.code, timeout),
                 None => EvalOutcome::failed(
@@ -157,7 +204,9 @@ fn main() -> anyhow::Result<()> {
         Command::Serve { listen, engines } => {
             let listener =
                 TcpListener::bind(&listen).with_context(|| format!("cannot listen on {listen}"))?;
-            let engines = Arc::new(Engines::start(&engines)?);
+            let mut engines = Engines::start(&engines)?;
+            engines.js_thread = Some(std::sync::Mutex::new(start_js_thread(engines.js.clone())?));
+            let engines = Arc::new(engines);
             // Ready: the engines are loaded (a test or a supervisor waits for this line).
             println!("listening {}", listener.local_addr()?);
             for stream in listener.incoming() {

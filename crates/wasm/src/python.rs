@@ -36,7 +36,7 @@ const RESULT_MARK: char = '\u{1e}';
 /// Runs in every instance: imports first (the waiting part), then the snippet from stdin. A
 /// trailing expression is the result, as in a notebook cell.
 const PRELUDE: &str = r#"
-import ast, json, sys
+import ast, json, os, sys, traceback
 def _airlock_eval(source):
     tree = ast.parse(source, "<eval>", "exec")
     last = None
@@ -48,7 +48,22 @@ def _airlock_eval(source):
     sys.stdout.flush()
     sys.stdout.write("\x1e" + json.dumps(value, default=repr) + "\n")
     sys.stdout.flush()
-_airlock_eval(sys.stdin.read())
+try:
+    _airlock_eval(sys.stdin.read())
+    _airlock_status = 0
+except SystemExit as stop:
+    if stop.code is None or isinstance(stop.code, int):
+        _airlock_status = stop.code or 0
+    else:
+        print(stop.code, file=sys.stderr)
+        _airlock_status = 1
+except BaseException:
+    traceback.print_exc()
+    _airlock_status = 1
+# The instance is thrown away: skip the interpreter's finalisation (tens of milliseconds).
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(_airlock_status)
 "#;
 
 /// A directory the guest sees (a WASI preopen); nothing else of the host is reachable.
