@@ -11,12 +11,14 @@
 //! sandbox's one command), so an engine escape lands in a jail with the guest's policy.
 //! `serve` answers one JSON request line per connection with one JSON outcome line.
 
+mod confine;
 mod fetch;
 mod guests;
 mod js;
 mod python;
 mod wire;
 
+pub use confine::{ConfineError, confine, seccomp_rules};
 pub use fetch::proxy_from_env;
 pub use guests::{GuestError, Guests, PYTHON_WASM_SHA256};
 pub use js::{JsEngine, Prepared};

@@ -44,6 +44,9 @@ struct EngineArgs {
     /// Do not load CPython (a JavaScript-only worker starts in milliseconds).
     #[arg(long)]
     no_python: bool,
+    /// `serve` only: skip the worker's own Landlock and seccomp (a host without Landlock).
+    #[arg(long)]
+    unconfined: bool,
 }
 
 #[derive(Subcommand)]
@@ -204,6 +207,11 @@ fn main() -> anyhow::Result<()> {
         Command::Serve { listen, engines } => {
             let listener =
                 TcpListener::bind(&listen).with_context(|| format!("cannot listen on {listen}"))?;
+            if !engines.unconfined {
+                let guests = guests_dir(engines.guests.clone())?;
+                airlock_wasm::confine(&guests, &engines.preopens)
+                    .context("cannot confine the worker")?;
+            }
             let mut engines = Engines::start(&engines)?;
             engines.js_thread = Some(std::sync::Mutex::new(start_js_thread(engines.js.clone())?));
             let engines = Arc::new(engines);

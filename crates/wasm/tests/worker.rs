@@ -116,6 +116,29 @@ fn test_worker_javascript_has_no_ambient_authority() {
 }
 
 #[test]
+fn test_worker_serve_confines_itself_with_seccomp() {
+    let worker = worker(&["--no-python"]);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", worker.child.id()))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(field("NoNewPrivs:"), "1", "{status}");
+    assert_eq!(
+        field("Seccomp:"),
+        "2",
+        "a seccomp filter is installed: {status}"
+    );
+    // Still serves under it (threads are created with clone, not clone3).
+    assert_eq!(worker.eval("javascript", "'ok'")["result"], "ok");
+}
+
+#[test]
 fn test_worker_javascript_async_result_is_awaited() {
     let worker = worker(&["--no-python"]);
     let outcome = worker.eval(
