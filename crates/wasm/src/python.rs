@@ -337,6 +337,15 @@ impl PythonEngine {
                 message: format!("cannot hand the code to the instance: {err}"),
             })
         });
+        // A full pipe refuses the write (CPython raises OSError EIO): the cap is the cause.
+        let full = stdout.len().max(stderr.len()) >= self.output_cap;
+        let error = match error {
+            Some(_) if full => Some(EvalError {
+                kind: EvalErrorKind::OutputLimit,
+                message: format!("output past {} bytes was refused", self.output_cap),
+            }),
+            other => other,
+        };
         EvalOutcome {
             result: if error.is_none() { result } else { None },
             stdout,

@@ -173,6 +173,9 @@ fn test_worker_javascript_memory_bomb_stops_at_limit() {
 
 #[test]
 fn test_worker_javascript_output_past_cap_is_refused() {
+    let python = worker(&["--output-cap-bytes", "1000"]);
+    let flooded = python.eval("python", "for _ in range(100): print('x' * 100)");
+    assert_eq!(error_kind(&flooded), "output_limit", "{flooded}");
     let worker = worker(&["--no-python", "--output-cap-bytes", "1000"]);
     let outcome = worker.eval(
         "javascript",
