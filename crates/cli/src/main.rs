@@ -13,6 +13,7 @@ mod bench_judge0;
 mod bench_load;
 mod bench_pause;
 mod bench_soak;
+mod bench_vm;
 mod build_context;
 mod daemon_cmds;
 mod dockerfile;

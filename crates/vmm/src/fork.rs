@@ -11,7 +11,6 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::sync::Arc;
 
-use crate::memory::GuestRam;
 use crate::snapshot::{Snapshot, VmState};
 use crate::vm::{Vm, VmError, VmShell, Vmm};
 
@@ -55,25 +54,25 @@ impl Template {
     pub fn fork(&self, vmm: &Vmm, shell: Option<VmShell>) -> Result<Vm, VmError> {
         let shell = match shell {
             Some(shell) => shell,
-            None => VmShell::create(vmm, self.virtio_devices())?,
+            None => VmShell::create(vmm, self.virtio_devices(), self.state.memory_bytes)?,
         };
-        let ram = GuestRam::new_private(self.memory.clone(), self.state.memory_bytes)
-            .map_err(VmError::Memory)?;
-        Vm::restore(vmm, shell, &self.state, ram)
+        Vm::restore(vmm, shell, &self.state, self.memory.clone())
     }
 }
 
-/// VM shells created ahead of need.
+/// VM shells created ahead of need, for one template's shape (RAM size, device count).
 #[derive(Debug)]
 pub struct ShellPool {
     virtio_devices: usize,
+    memory_bytes: u64,
     shells: VecDeque<VmShell>,
 }
 
 impl ShellPool {
-    pub fn new(virtio_devices: usize) -> ShellPool {
+    pub fn for_template(template: &Template) -> ShellPool {
         ShellPool {
-            virtio_devices,
+            virtio_devices: template.virtio_devices(),
+            memory_bytes: template.state.memory_bytes,
             shells: VecDeque::new(),
         }
     }
@@ -81,8 +80,11 @@ impl ShellPool {
     /// Tops the pool up to `count` shells.
     pub fn fill(&mut self, vmm: &Vmm, count: usize) -> Result<(), VmError> {
         while self.shells.len() < count {
-            self.shells
-                .push_back(VmShell::create(vmm, self.virtio_devices)?);
+            self.shells.push_back(VmShell::create(
+                vmm,
+                self.virtio_devices,
+                self.memory_bytes,
+            )?);
         }
         Ok(())
     }

@@ -10,7 +10,7 @@ use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::devices::{Console, IrqEvent, LegacyDevices};
-use crate::memory::{GuestRam, MemoryError};
+use crate::memory::{GuestRam, MemoryError, Reservation};
 use crate::snapshot::VmState;
 use crate::vcpu::{self, SaveSet, VcpuError};
 use crate::virtio::mmio::MmioAction;
@@ -97,18 +97,35 @@ pub struct VmShell {
     vcpu: VcpuFd,
     serial_irq: EventFd,
     virtio_irqs: Vec<EventFd>,
+    /// Last: unmapped only after the KVM objects are closed.
+    reservation: Reservation,
 }
 
 const TSS_ADDRESS: usize = 0xfffb_d000;
 const SERIAL_GSI: u32 = 4;
 
 impl VmShell {
-    /// A shell for a VM with `virtio_devices` virtio-mmio devices.
-    pub fn create(vmm: &Vmm, virtio_devices: usize) -> Result<VmShell, VmError> {
+    /// A shell for a VM of `memory_bytes` of RAM with `virtio_devices` virtio-mmio devices.
+    pub fn create(vmm: &Vmm, virtio_devices: usize, memory_bytes: u64) -> Result<VmShell, VmError> {
+        let reservation = Reservation::new(memory_bytes).map_err(VmError::Memory)?;
         let vm = vmm
             .kvm
             .create_vm()
             .map_err(|e| VmError::Kvm("KVM_CREATE_VM", e))?;
+        let region = kvm_userspace_memory_region {
+            slot: 0,
+            guest_phys_addr: 0,
+            memory_size: reservation.size_bytes(),
+            userspace_addr: reservation.host_address(),
+            flags: 0,
+        };
+        // SAFETY: the region is the reservation's own address range, which the shell (and
+        // then the Vm's GuestRam) keeps mapped until after the VM fd is closed (field order),
+        // so KVM never sees an unmapped range. What is mapped there changes later
+        // (memory.rs); KVM follows through its MMU notifier. The slot is set before the
+        // irqchip exists, where the ioctl is cheap.
+        unsafe { vm.set_user_memory_region(region) }
+            .map_err(|e| VmError::Kvm("KVM_SET_USER_MEMORY_REGION", e))?;
         vm.set_tss_address(TSS_ADDRESS)
             .map_err(|e| VmError::Kvm("KVM_SET_TSS_ADDR", e))?;
         vm.create_irq_chip()
@@ -136,7 +153,51 @@ impl VmShell {
             vcpu,
             serial_irq,
             virtio_irqs,
+            reservation,
         })
+    }
+
+    pub fn memory_bytes(&self) -> u64 {
+        self.reservation.size_bytes()
+    }
+
+    fn check_memory(&self, wanted: u64) -> Result<(), VmError> {
+        if self.memory_bytes() == wanted {
+            return Ok(());
+        }
+        Err(VmError::Memory(MemoryError::ShellSize {
+            shell: self.memory_bytes(),
+            wanted,
+        }))
+    }
+}
+
+/// A shell without its reservation (which has become the VM's RAM).
+struct ShellParts {
+    vm: VmFd,
+    vcpu: VcpuFd,
+    serial_irq: EventFd,
+    virtio_irqs: Vec<EventFd>,
+}
+
+impl VmShell {
+    fn split(self) -> (ShellParts, Reservation) {
+        let VmShell {
+            vm,
+            vcpu,
+            serial_irq,
+            virtio_irqs,
+            reservation,
+        } = self;
+        (
+            ShellParts {
+                vm,
+                vcpu,
+                serial_irq,
+                virtio_irqs,
+            },
+            reservation,
+        )
     }
 }
 
@@ -173,7 +234,9 @@ pub struct Vm {
 impl Vm {
     /// Builds a VM in `shell` with fresh RAM and `config`'s image, ready to run from its entry.
     pub fn boot(vmm: &Vmm, shell: VmShell, config: &VmConfig) -> Result<Vm, VmError> {
-        let ram = GuestRam::new_shared(config.memory_bytes).map_err(VmError::Memory)?;
+        shell.check_memory(config.memory_bytes)?;
+        let (shell, reservation) = shell.split();
+        let ram = GuestRam::new_shared(reservation).map_err(VmError::Memory)?;
         for (address, bytes) in &config.image {
             ram.memory
                 .write_slice(bytes, GuestAddress(*address))
@@ -192,20 +255,17 @@ impl Vm {
         Ok(vm)
     }
 
-    /// Builds a VM in `shell` from a snapshot's state over `ram` (its memory, usually a
-    /// private mapping of the snapshot's file): the fork path.
+    /// Builds a VM in `shell` from a snapshot's state, its RAM a private (copy-on-write)
+    /// mapping of the snapshot's `memory`: the fork path.
     pub fn restore(
         vmm: &Vmm,
         shell: VmShell,
         state: &VmState,
-        ram: GuestRam,
+        memory: std::sync::Arc<std::fs::File>,
     ) -> Result<Vm, VmError> {
-        if ram.size_bytes != state.memory_bytes {
-            return Err(VmError::Memory(MemoryError::FileSize {
-                expected: state.memory_bytes,
-                actual: ram.size_bytes,
-            }));
-        }
+        shell.check_memory(state.memory_bytes)?;
+        let (shell, reservation) = shell.split();
+        let ram = GuestRam::new_private(reservation, memory).map_err(VmError::Memory)?;
         let virtio = state
             .virtio
             .iter()
@@ -234,7 +294,7 @@ impl Vm {
 
     fn assemble(
         vmm: &Vmm,
-        shell: VmShell,
+        shell: ShellParts,
         ram: GuestRam,
         legacy: Option<&crate::devices::LegacyState>,
         virtio: Vec<MmioTransport>,
@@ -245,18 +305,6 @@ impl Vm {
                 actual: shell.virtio_irqs.len(),
             });
         }
-        let region = kvm_userspace_memory_region {
-            slot: 0,
-            guest_phys_addr: 0,
-            memory_size: ram.size_bytes,
-            userspace_addr: ram.host_address,
-            flags: 0,
-        };
-        // SAFETY: the region is `ram`'s mapping, which the returned Vm owns and keeps mapped
-        // for as long as it holds the VM fd (fields drop in declaration order: `vm` before
-        // `ram`), so KVM never sees an unmapped range.
-        unsafe { shell.vm.set_user_memory_region(region) }
-            .map_err(|e| VmError::Kvm("KVM_SET_USER_MEMORY_REGION", e))?;
         let console = Console::default();
         let serial_irq = IrqEvent(shell.serial_irq);
         let legacy = match legacy {

@@ -25,7 +25,7 @@ fn boot(vmm: &Vmm, code: Vec<u8>, entropy_device: bool) -> Vm {
         image: vec![(CODE_ADDRESS, code)],
         entropy_device,
     };
-    let shell = VmShell::create(vmm, usize::from(entropy_device))
+    let shell = VmShell::create(vmm, usize::from(entropy_device), MEMORY_BYTES)
         .unwrap_or_else(|e| panic!("{}", error_chain(&e)));
     Vm::boot(vmm, shell, &config).unwrap_or_else(|e| panic!("{}", error_chain(&e)))
 }
@@ -176,7 +176,7 @@ fn test_forks_diverge_without_touching_the_snapshot_or_each_other() {
     assert_eq!(vm.run(Some(4)).unwrap(), VmExit::Paused);
     let template = Template::from_vm(vm).unwrap();
 
-    let mut pool = ShellPool::new(template.virtio_devices());
+    let mut pool = ShellPool::for_template(&template);
     pool.fill(&vmm, 2).unwrap();
     let mut a = template.fork(&vmm, pool.take()).unwrap();
     let mut b = template.fork(&vmm, pool.take()).unwrap();
