@@ -205,6 +205,10 @@ fn probe() -> anyhow::Result<ExitCode> {
             ""
         }
     );
+    println!(
+        "kvm:              {}",
+        airlock_vmm::host::detect().describe()
+    );
     for backend in runtime.backends() {
         let state = match &backend.unavailable {
             None if backend.degraded.is_empty() => "available".to_owned(),
