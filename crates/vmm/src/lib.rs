@@ -24,6 +24,7 @@ pub mod fuzzing;
 pub mod guest_code;
 pub mod host;
 pub mod memory;
+pub mod seccomp;
 pub mod snapshot;
 pub mod vcpu;
 pub mod virtio;
