@@ -10,6 +10,10 @@
 //! - `airlock-vmm fork ... --then-open PATH`: the same, then tries to open PATH, which the
 //!   allow-list answers by killing the process (the proof that the filter is in force).
 //!
+//! `--kvm-fd N` takes `/dev/kvm` from inherited descriptor N instead of opening it: how the
+//! VMM runs inside the process tier's jail, whose view has no `/dev/kvm` and whose user could
+//! not open it (the caller opens it; Landlock's device-ioctl right follows the opener).
+//!
 //! Exit status 0 when the run did what was asked; an error is printed on one line, 1.
 
 use std::path::PathBuf;
@@ -27,6 +31,7 @@ struct Args {
     steps: u64,
     identity: u64,
     then_open: Option<PathBuf>,
+    kvm_fd: Option<i32>,
 }
 
 fn parse() -> anyhow::Result<Args> {
@@ -40,6 +45,7 @@ fn parse() -> anyhow::Result<Args> {
         steps: 3,
         identity: 1,
         then_open: None,
+        kvm_fd: None,
     };
     while let Some(flag) = args.next() {
         let value = args
@@ -50,6 +56,7 @@ fn parse() -> anyhow::Result<Args> {
             "--steps" => parsed.steps = value.parse().context("--steps")?,
             "--identity" => parsed.identity = value.parse().context("--identity")?,
             "--then-open" => parsed.then_open = Some(PathBuf::from(value)),
+            "--kvm-fd" => parsed.kvm_fd = Some(value.parse().context("--kvm-fd")?),
             other => bail!("unknown flag {other}"),
         }
     }
@@ -68,7 +75,10 @@ fn run_steps(vm: &mut Vm, steps: u64) -> anyhow::Result<()> {
 
 fn main_inner() -> anyhow::Result<()> {
     let args = parse()?;
-    let vmm = Vmm::new()?;
+    let vmm = match args.kvm_fd {
+        Some(fd) => Vmm::from_inherited_fd(fd)?,
+        None => Vmm::new()?,
+    };
     match args.mode.as_str() {
         "template" => {
             let config = VmConfig {

@@ -20,6 +20,8 @@ use crate::virtio::{self, Device, MmioTransport, TransportError};
 /// carries on.
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
+    #[error("descriptor {0} is not /dev/kvm")]
+    NotKvm(i32),
     #[error("opening /dev/kvm failed")]
     OpenKvm(#[source] kvm_ioctls::Error),
     #[error("{0} failed")]
@@ -77,7 +79,33 @@ pub struct Vmm {
 
 impl Vmm {
     pub fn new() -> Result<Vmm, VmError> {
-        let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+        Self::with(Kvm::new().map_err(VmError::OpenKvm)?)
+    }
+
+    /// Uses `/dev/kvm` opened by someone else and inherited as descriptor `fd` (a jailed VMM
+    /// sees no `/dev/kvm`, and its user could not open it). The descriptor must be this
+    /// process's to own, as an inherited one is at start-up; it is checked to be the KVM
+    /// device (character device 10:232, KVM API version 12).
+    pub fn from_inherited_fd(fd: i32) -> Result<Vmm, VmError> {
+        // SAFETY: fstat writes into a zeroed stat of the right type; the result is checked.
+        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; an invalid descriptor makes fstat fail, which is checked.
+        if unsafe { libc::fstat(fd, &mut stat) } != 0
+            || stat.st_mode & libc::S_IFMT != libc::S_IFCHR
+            || (libc::major(stat.st_rdev), libc::minor(stat.st_rdev)) != (10, 232)
+        {
+            return Err(VmError::NotKvm(fd));
+        }
+        // SAFETY: the descriptor is open (fstat succeeded), is the KVM device, and the caller
+        // hands over its ownership (see above), so the Kvm handle may close it.
+        let kvm = unsafe { <Kvm as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        if kvm.get_api_version() != 12 {
+            return Err(VmError::NotKvm(fd));
+        }
+        Self::with(kvm)
+    }
+
+    fn with(kvm: Kvm) -> Result<Vmm, VmError> {
         let save_set = SaveSet::probe(&kvm);
         let cpuid = vcpu::supported_cpuid(&kvm).map_err(VmError::Vcpu)?;
         Ok(Vmm {
