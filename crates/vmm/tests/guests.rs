@@ -212,3 +212,41 @@ fn test_forks_diverge_without_touching_the_snapshot_or_each_other() {
     assert_eq!(read_guest(&b, 0x8000, 4).unwrap(), [0; 4]);
     assert_eq!(read_guest(&c, 0x8000, 4).unwrap(), [0; 4]);
 }
+
+#[test]
+fn test_snapshot_keeps_device_state_of_console_and_virtio_queue() {
+    use queue_layout::*;
+    let Some(vmm) = vmm() else { return };
+    // The serial scratch register and the driven virtio queue are state a restore must keep.
+    let mut code = guest_code::Asm::new();
+    code.mov_edx(0x3ff).mov_al(0x5a).out_dx_al();
+    let mut code = code.finish();
+    code.extend(guest_code::entropy_driver(
+        MMIO_BASE as u32,
+        BUFFER,
+        BUFFER_LEN,
+    ));
+    let mut vm = boot(&vmm, code, true);
+    assert_eq!(vm.run(Some(10_000)).unwrap(), VmExit::Reset);
+    let before = vm.save_state().unwrap();
+    let dir = scratch("devices");
+    snapshot::save(&mut vm, &dir).unwrap();
+    let restored = Template::from_snapshot(snapshot::load(&dir).unwrap())
+        .fork(&vmm, None)
+        .unwrap();
+    let transport = restored.virtio()[0].state();
+    assert_eq!(transport, before.virtio[0]);
+    assert_eq!(
+        (
+            transport.status,
+            transport.queues[0].next_used,
+            transport.queues[0].desc_table
+        ),
+        (0xf, 1, u64::from(DESC_TABLE))
+    );
+    let mut after = restored;
+    let legacy = after.save_state().unwrap().legacy;
+    assert_eq!(legacy, before.legacy);
+    assert_eq!(legacy.serial.scratch, 0x5a);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
