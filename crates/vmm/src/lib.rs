@@ -5,7 +5,8 @@
 //! irqchip and PIT, an 8250 console, i8042 reset, a CMOS clock, and virtio-mmio with an entropy
 //! device ([`virtio`]). [`snapshot`] saves and restores memory, vCPU and device state;
 //! [`fork`] makes copy-on-write forks from one snapshot, optionally into pre-created
-//! [`vm::VmShell`]s. [`host`] says what kind of `/dev/kvm` this host has.
+//! [`vm::VmShell`]s. [`host`] says what kind of `/dev/kvm` this host has. [`seccomp`] is the
+//! VMM's own allow-list; the `airlock-vmm` binary (`main.rs`) runs one VM per process, under it.
 //!
 //! What does not exist yet: loading a Linux kernel, vsock and block devices, the guest agent
 //! over vsock. The tier is therefore not offered to sandboxes (see `airlock probe`).
