@@ -81,4 +81,26 @@ mod tests {
             "{kind:?}"
         );
     }
+
+    #[test]
+    fn test_detect_names_the_loaded_kvm_module() {
+        let dir = std::env::temp_dir().join(format!("airlock-kvm-kind-{}", std::process::id()));
+        let modules = dir.join("module");
+        std::fs::create_dir_all(&modules).unwrap();
+        let device = dir.join("kvm");
+        std::fs::write(&device, b"").unwrap();
+        let none = detect_at(&device, &modules);
+        assert!(
+            matches!(&none, KvmKind::None { reason } if reason.contains("none of")),
+            "{none:?}"
+        );
+        std::fs::create_dir(modules.join("kvm_amd")).unwrap();
+        assert_eq!(
+            detect_at(&device, &modules),
+            KvmKind::Hardware { module: "kvm_amd" }
+        );
+        std::fs::create_dir(modules.join("kvm_pvm")).unwrap();
+        assert_eq!(detect_at(&device, &modules), KvmKind::Pvm);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
