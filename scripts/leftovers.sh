@@ -8,7 +8,7 @@
 set -euo pipefail
 
 list() {
-    find /sys/fs/cgroup -mindepth 1 -maxdepth 3 -type d -name 'airlock-*' -printf 'cgroup %p\n' 2>/dev/null || true
+    find /sys/fs/cgroup -mindepth 1 -maxdepth 6 -type d -name 'airlock-*' -printf 'cgroup %p\n' 2>/dev/null || true
     awk '$0 ~ /airlock/ { print "mount " $2 }' /proc/self/mounts
     losetup --list --noheadings --output NAME,BACK-FILE 2>/dev/null | awk '$2 ~ /airlock/ { print "loop " $1 " " $2 }' || true
     for comm in /proc/[0-9]*/comm; do

@@ -82,16 +82,10 @@ def image_daemon():
     relay = Relay(mirror)
     resolve = ",".join(f"{name}=127.0.0.1:{relay.port}" for name in MIRRORS)
     daemon = Daemon.start(["--test-egress-resolve", resolve])
-    saved = {name: os.environ.get(name) for name in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
-    daemon.export_env()
     try:
-        yield daemon
+        with daemon.exported():
+            yield daemon
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         daemon.stop_and_check()
         relay.close()
 
