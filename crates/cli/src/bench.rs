@@ -20,7 +20,8 @@ pub enum BenchCommand {
         #[arg(long)]
         phases: bool,
         /// `container`: the container tier beside the process tier, `crun run` of a bundle
-        /// over the same rootfs and `podman run --rm` of the same image.
+        /// over the same rootfs and `podman run --rm` of the same image. `wasm`: JavaScript
+        /// and Python isolates of the wasm worker beside the process tier's cycle.
         #[arg(long, value_enum, default_value = "process")]
         tier: BenchTier,
         /// The container tier's image (as `airlock run --image` takes it; default: a busybox
@@ -185,6 +186,8 @@ const BWRAP_ARGS: &[&str] = &[
 pub enum BenchTier {
     Process,
     Container,
+    /// The wasm worker's JavaScript and Python isolates beside the process tier.
+    Wasm,
 }
 
 pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
@@ -205,6 +208,16 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             tier: BenchTier::Container,
             ..
         } => crate::bench_container::start(iterations, image),
+        BenchCommand::Start {
+            iterations,
+            tier: BenchTier::Wasm,
+            image: None,
+            ..
+        } => crate::bench_wasm::start(iterations),
+        BenchCommand::Start {
+            tier: BenchTier::Wasm,
+            ..
+        } => anyhow::bail!("--image needs --tier container"),
         BenchCommand::Api {
             url,
             iterations,

@@ -14,6 +14,7 @@ mod bench_load;
 mod bench_pause;
 mod bench_soak;
 mod bench_vm;
+mod bench_wasm;
 mod build_context;
 mod daemon_cmds;
 mod dockerfile;

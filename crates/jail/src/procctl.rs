@@ -56,6 +56,11 @@ pub fn set_non_dumpable() -> io::Result<()> {
     crate::sys::prctl(libc::PR_SET_DUMPABLE, 0).map(drop)
 }
 
+/// Sets `no_new_privs` (a seccomp filter needs it without `CAP_SYS_ADMIN`); exec keeps it.
+pub fn set_no_new_privs() -> io::Result<()> {
+    crate::sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).map(drop)
+}
+
 /// Caps glibc's malloc arenas for this process (`mallopt(M_ARENA_MAX)`): glibc otherwise gives
 /// each new thread an arena of its own, up to 8 per core. Call before starting threads.
 /// Returns whether the allocator took the setting (never, on other C libraries).

@@ -208,6 +208,15 @@ impl Audit {
         self.write(&record);
     }
 
+    /// One wasm-tier evaluation (a host call into the sandbox's isolate): the language as
+    /// `method`, the code's SHA-256 (never the code) and the outcome's error kind, if any.
+    pub fn eval(&self, sandbox_id: &str, language: &str, code_sha256: &str, outcome: &str) {
+        let mut record = record(sandbox_id, "eval", outcome);
+        record.method = Some(language.to_owned());
+        record.detail = Some(format!("code sha256:{code_sha256}"));
+        self.write(&record);
+    }
+
     /// A file-API call that the sandbox refused.
     pub fn file_denied(&self, sandbox_id: &str, method: &str, path: Option<&str>, why: &str) {
         let mut record = record(sandbox_id, "file", "denied");

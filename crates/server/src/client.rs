@@ -296,6 +296,16 @@ impl Client {
         .await
     }
 
+    /// Evaluates a snippet in a wasm-tier sandbox (templates `wasm-js`, `wasm-python`).
+    pub async fn eval(
+        &self,
+        id: &str,
+        request: &airlock_api::v1::EvalRequest,
+    ) -> Result<airlock_api::v1::EvalResponse, ClientError> {
+        let path = format!("/v1/sandboxes/{id}/eval");
+        self.call(Method::POST, &path, Some(request)).await
+    }
+
     /// Pauses a running sandbox (409 `sandbox_paused` if it already is).
     pub async fn pause(&self, id: &str, mode: PauseMode) -> Result<Sandbox, ClientError> {
         let path = format!("/v1/sandboxes/{id}/pause");

@@ -32,6 +32,7 @@ mod pause;
 mod pool;
 mod ready;
 mod scratch;
+mod wasm;
 mod watcher;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -60,6 +61,10 @@ pub use checks::{check_map, check_resources, env_key_ok};
 pub use git::{GitState, META_BRANCH, META_REF, META_URL, workspace_from_metadata};
 pub use interpreter::{INTERPRETER_PORT, INTERPRETER_TEMPLATE};
 pub(crate) use normalize::{Normalized, image_holder};
+pub use wasm::{
+    WASM_JS_DESCRIPTION, WASM_JS_TEMPLATE, WASM_PYTHON_DESCRIPTION, WASM_PYTHON_TEMPLATE,
+    is_wasm_template,
+};
 
 use crate::store::{BASE_TEMPLATE, RowState, SandboxRow, Store, StoreError, now_ms};
 
@@ -508,6 +513,12 @@ impl Daemon {
             template,
             user,
         } = normalized;
+        // The wasm tier refuses what it cannot honour before anything starts.
+        let wasm_preopens = if wasm::is_wasm_template(&template.name) {
+            Some(wasm::preopens(request.policy.as_deref()).map_err(ApiError::unprocessable)?)
+        } else {
+            None
+        };
         let id =
             auth::new_sandbox_id().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
         let git = self.prepare_git(&id, &mut request, &mut config, &volume)?;
@@ -556,6 +567,9 @@ impl Daemon {
                 let started = match self.start_template(&id, &template, &cwd).await {
                     Ok(()) if template.name == INTERPRETER_TEMPLATE => {
                         self.start_interpreter(&id).await
+                    }
+                    Ok(()) if let Some(preopens) = &wasm_preopens => {
+                        self.start_wasm_worker(&id, &template.name, preopens).await
                     }
                     other => other,
                 };

@@ -124,6 +124,9 @@ const TRIM_BATCH: i64 = 1000;
 pub const BASE_TEMPLATE: &str = "base";
 /// The other built-in one: `base` with E2B's code interpreter serving port 49999.
 pub use crate::lifecycle::INTERPRETER_TEMPLATE;
+use crate::lifecycle::{
+    WASM_JS_DESCRIPTION, WASM_JS_TEMPLATE, WASM_PYTHON_DESCRIPTION, WASM_PYTHON_TEMPLATE,
+};
 const INTERPRETER_DESCRIPTION: &str = "The host root, read-only, with E2B's code interpreter on port 49999 (the host's kernels: python by ipykernel, bash, javascript and typescript by Deno when installed)";
 
 #[derive(Debug, thiserror::Error)]
@@ -323,6 +326,16 @@ impl Store {
              VALUES (?1, ?2, NULL, 1, ?1)",
             params![INTERPRETER_TEMPLATE, INTERPRETER_DESCRIPTION],
         )?;
+        for (name, description) in [
+            (WASM_JS_TEMPLATE, WASM_JS_DESCRIPTION),
+            (WASM_PYTHON_TEMPLATE, WASM_PYTHON_DESCRIPTION),
+        ] {
+            conn.execute(
+                "INSERT OR IGNORE INTO templates (name, description, rootfs, builtin, family)
+                 VALUES (?1, ?2, NULL, 1, ?1)",
+                params![name, description],
+            )?;
+        }
         Ok(Store {
             conn: Mutex::new(conn),
             path: path.to_owned(),
@@ -821,7 +834,15 @@ mod tests {
             .into_iter()
             .map(|t| t.name)
             .collect();
-        assert_eq!(names, [BASE_TEMPLATE, INTERPRETER_TEMPLATE]);
+        assert_eq!(
+            names,
+            [
+                BASE_TEMPLATE,
+                INTERPRETER_TEMPLATE,
+                WASM_JS_TEMPLATE,
+                WASM_PYTHON_TEMPLATE
+            ]
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -376,7 +376,11 @@ fn test_insecure_no_auth_only_on_loopback() {
         .build()
         .unwrap();
     let templates = runtime.block_on(daemon.anonymous().templates()).unwrap();
-    assert_eq!(templates.templates.len(), 2);
+    assert_eq!(
+        templates.templates.len(),
+        4,
+        "base, code-interpreter-v1, wasm-js, wasm-python"
+    );
 }
 
 #[tokio::test]

@@ -16,6 +16,7 @@ mod judge0;
 mod report;
 mod runner;
 mod scenarios;
+mod wasm;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -35,6 +36,8 @@ pub enum TierChoice {
     Process,
     Container,
     Microvm,
+    /// Guest snippets in the wasm worker (`wasm.rs`); `all` includes it.
+    Wasm,
     All,
 }
 
@@ -169,7 +172,15 @@ pub fn seceval(args: SecevalArgs) -> anyhow::Result<ExitCode> {
     if cases.is_empty() {
         bail!("no case id starts with {:?}", args.only);
     }
+    if args.tier == TierChoice::Wasm {
+        return Ok(if wasm::run(cases.len())? {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
     let tiers: Vec<airlock_api::Tier> = match args.tier {
+        TierChoice::Wasm => Vec::new(),
         TierChoice::Process => vec![airlock_api::Tier::Process],
         TierChoice::Container => vec![airlock_api::Tier::Container],
         TierChoice::Microvm => vec![airlock_api::Tier::Microvm],
@@ -205,7 +216,10 @@ pub fn seceval(args: SecevalArgs) -> anyhow::Result<ExitCode> {
         let json = serde_json::to_vec_pretty(&report::json(&all))?;
         std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
     }
-    let failed = all.iter().flat_map(|t| &t.cases).any(|c| c.airlock.fails());
+    let mut failed = all.iter().flat_map(|t| &t.cases).any(|c| c.airlock.fails());
+    if args.tier == TierChoice::All {
+        failed |= !wasm::run(cases.len())?;
+    }
     Ok(if failed {
         ExitCode::FAILURE
     } else {

@@ -93,6 +93,9 @@ async fn route(
         .to_owned();
     if parts.uri.path() == "/process.Process/Start" {
         daemon.metrics.exec(crate::metrics::Surface::E2b);
+        if daemon.is_wasm_sandbox(id) {
+            return super::wasm_commands::start(daemon, &agent, id, parts, body).await;
+        }
     }
     forward_to_agent(daemon, &agent, parts, body, &path, id).await
 }

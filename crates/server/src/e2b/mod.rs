@@ -68,6 +68,7 @@ pub mod persistence;
 pub mod templates;
 pub mod time;
 pub mod tunnel;
+mod wasm_commands;
 pub mod wire;
 
 use std::sync::Arc;

@@ -377,6 +377,10 @@ impl Daemon {
         if template == super::INTERPRETER_TEMPLATE && !request.env.is_empty() {
             return None;
         }
+        // A wasm sandbox's worker starts with the create's policy mapped to preopens: cold.
+        if super::is_wasm_template(template) {
+            return None;
+        }
         let key = pool_key(request);
         // No refill competes with the claim for the CPU; the guard wakes the fillers after.
         let _claiming = self.pools.create_in_flight();

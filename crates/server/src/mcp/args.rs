@@ -173,3 +173,17 @@ pub struct UrlArgs {
     /// A port a server in the sandbox listens on (its loopback).
     pub port: u16,
 }
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EvalArgs {
+    /// A wasm-tier sandbox (template wasm-js or wasm-python); without it a fresh one is made
+    /// for this call and removed after it.
+    pub sandbox_id: Option<String>,
+    /// `javascript` (QuickJS) or `python` (CPython 3.12 for WASI).
+    pub language: airlock_api::v1::EvalLanguage,
+    /// The snippet; its last expression (Python) or completion value (JavaScript) is the result.
+    pub code: String,
+    /// Wall-clock budget in milliseconds (10 000 when absent).
+    pub timeout_ms: Option<u64>,
+}

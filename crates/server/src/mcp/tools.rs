@@ -211,6 +211,42 @@ impl AirlockMcp {
     }
 
     #[tool(
+        description = "Evaluate a JavaScript or Python snippet in a fresh wasm-tier isolate (no shell, no processes): result as JSON, stdout, stderr, error."
+    )]
+    async fn eval(
+        &self,
+        Parameters(args): Parameters<EvalArgs>,
+        context: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        use airlock_api::v1::{EvalLanguage, EvalRequest};
+        let client = self.client_for(&context);
+        let (id, fresh) = match &args.sandbox_id {
+            Some(id) => (id.clone(), false),
+            None => {
+                let template = match args.language {
+                    EvalLanguage::Javascript => crate::lifecycle::WASM_JS_TEMPLATE,
+                    EvalLanguage::Python => crate::lifecycle::WASM_PYTHON_TEMPLATE,
+                };
+                let request = CreateSandboxRequest {
+                    template: Some(template.to_owned()),
+                    ..CreateSandboxRequest::default()
+                };
+                (attempt!(client.create(&request).await).sandbox.id, true)
+            }
+        };
+        let request = EvalRequest {
+            language: args.language,
+            code: args.code,
+            timeout_ms: args.timeout_ms,
+        };
+        let answer = client.eval(&id, &request).await;
+        if fresh {
+            let _ = client.delete(&id).await;
+        }
+        ok(to_value(&attempt!(answer)))
+    }
+
+    #[tool(
         description = "Run code in a Jupyter kernel (E2B's run_code): stdout, stderr, results (images as image content), error with traceback."
     )]
     async fn run_code(

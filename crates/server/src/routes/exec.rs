@@ -28,6 +28,12 @@ const DEFAULT_CWD: &str = "/workspace";
 
 pub async fn exec(ctx: &mut Ctx) -> Result<Response<crate::http::Body>, ApiError> {
     let request: ExecRequest = ctx.json().await?;
+    if ctx.daemon.is_wasm_sandbox(&ctx.id) {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            "exec is not available on the wasm tier (no processes): use POST /v1/sandboxes/{id}/eval, or the process tier",
+        ));
+    }
     let agent = ctx.daemon.agent(&ctx.id).await?;
     ctx.daemon.metrics.exec(crate::metrics::Surface::V1);
     let oom_kills_before = ctx.daemon.oom_kills(&ctx.id)?;

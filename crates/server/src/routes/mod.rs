@@ -6,6 +6,7 @@
 //! (an early error) is read in the background while the answer goes out (`http::linger`).
 
 mod egress;
+mod eval;
 pub(crate) mod exec;
 mod files;
 mod git;
@@ -286,6 +287,7 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
         Handler::StartLsp => lsp::start(ctx).await,
         Handler::LspSocket => lsp::socket(ctx),
         Handler::Exec => exec::exec(ctx).await,
+        Handler::Eval => eval::eval(ctx).await,
         Handler::ListImages => images::list(ctx),
         Handler::PullImage => images::pull(ctx).await,
         Handler::ImportImage => images::import(ctx).await,

@@ -83,6 +83,7 @@ pub enum Handler {
     StartLsp,
     LspSocket,
     Exec,
+    Eval,
     FileGet,
     FilePut,
     FileRemove,
@@ -148,7 +149,7 @@ macro_rules! route {
 }
 
 /// Every endpoint of the daemon.
-pub static ROUTES: [Route; 48] = [
+pub static ROUTES: [Route; 49] = [
     route!(
         Some(Method::GET),
         "/v1/health",
@@ -459,6 +460,18 @@ pub static ROUTES: [Route; 48] = [
         200,
         Payload::Ndjson(schema::<v1::ExecEvent>),
         &[400, 403, 404, 409, 413, 422]
+    ),
+    route!(
+        Some(Method::POST),
+        "/v1/sandboxes/{id}/eval",
+        Eval,
+        Sandbox,
+        "Evaluate a JavaScript or Python snippet in a fresh isolate (templates wasm-js and wasm-python); an error of the code is a 200 with `error`.",
+        &[],
+        Payload::Json(schema::<v1::EvalRequest>),
+        200,
+        Payload::Json(schema::<v1::EvalResponse>),
+        &[400, 403, 404, 409, 413, 502]
     ),
     route!(
         Some(Method::GET),

@@ -1,0 +1,309 @@
+//! The wasm tier (templates `wasm-js` and `wasm-python`): a process-tier sandbox whose one
+//! command is the wasm worker (`airlock-wasm serve`, crates/wasm), started through the agent
+//! once the agent serves, exactly like the code interpreter. The worker runs inside the
+//! sandbox's jail (its namespaces, view, Landlock, seccomp and cgroup), so an engine escape
+//! lands in a jail with the guest's policy. Evaluations reach it through the agent's TCP
+//! tunnel on loopback, one JSON line each way.
+//!
+//! The policy is mapped, not weakened: filesystem rules become WASI preopens; a rule the
+//! worker cannot express, and anything that needs processes, sockets or the host's network, is
+//! refused at create with the reason.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use airlock_api::policy::{NetworkMode, PathAccess, PolicyDocument};
+use airlock_api::v1::{ErrorCode, EvalRequest, EvalResponse};
+use hyper::header::CONTENT_TYPE;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::Daemon;
+use crate::agent::{EnvelopeReader, connect_error, envelope};
+use crate::e2b::tunnel::{self, TunnelError};
+use crate::error::ApiError;
+use crate::http::full;
+
+/// JavaScript only (QuickJS): the worker starts in milliseconds.
+pub const WASM_JS_TEMPLATE: &str = "wasm-js";
+/// JavaScript and Python (CPython 3.12 for WASI on wasmtime).
+pub const WASM_PYTHON_TEMPLATE: &str = "wasm-python";
+pub const WASM_JS_DESCRIPTION: &str = "The wasm tier: JavaScript snippets in QuickJS isolates (POST /v1/sandboxes/{id}/eval), no processes";
+pub const WASM_PYTHON_DESCRIPTION: &str = "The wasm tier: Python (CPython 3.12 for WASI on wasmtime) and JavaScript snippets in isolates, no processes";
+/// The worker's loopback port inside the sandbox.
+pub const WASM_PORT: u16 = 49998;
+/// The agent's process tag for the worker.
+const TAG: &str = "wasm-worker";
+/// The workspace, always preopened read-write.
+const WORKSPACE: &str = "/workspace";
+/// How long the worker may take to load its engines on a loaded machine.
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+const POLL: Duration = Duration::from_millis(10);
+/// The most of a worker's answer read (its output caps are 1 MiB each, JSON-escaped).
+const MAX_ANSWER_BYTES: u64 = 16 << 20;
+
+pub fn is_wasm_template(name: &str) -> bool {
+    name == WASM_JS_TEMPLATE || name == WASM_PYTHON_TEMPLATE
+}
+
+/// The worker's `--preopen` arguments for `policy`, or why the wasm tier cannot honour it.
+pub fn preopens(policy: Option<&PolicyDocument>) -> Result<Vec<String>, String> {
+    let mut preopens = vec![format!("{WORKSPACE}:{WORKSPACE}:rw")];
+    let Some(policy) = policy else {
+        return Ok(preopens);
+    };
+    let refuse = |what: &str| Err(format!("the wasm tier cannot honour this policy: {what}"));
+    if let Some(tier) = policy.tier
+        && tier != airlock_api::Tier::Process
+    {
+        return refuse(&format!(
+            "it asks for the {} tier (a wasm template runs on the wasm tier)",
+            tier.as_str()
+        ));
+    }
+    if policy.network.mode == Some(NetworkMode::Full) {
+        return refuse(
+            "network mode `full` needs sockets; a wasm guest has none (use `proxy` rules for a host fetch, or the process tier)",
+        );
+    }
+    if !policy.process.syscalls.allow_extra.is_empty() {
+        return refuse(
+            "process.syscalls.allow_extra: a wasm guest makes no system calls and starts no processes",
+        );
+    }
+    if policy.process.user.is_some() {
+        return refuse("process.user: a wasm guest runs no process to run as a user");
+    }
+    for (path, access) in &policy.filesystem.rules {
+        let guest = match path.as_str() {
+            ":workspace" => WORKSPACE.to_owned(),
+            other if other.starts_with(":workspace/") => {
+                format!("{WORKSPACE}{}", &other[":workspace".len()..])
+            }
+            other if other.starts_with('/') && !other.contains('*') => other.to_owned(),
+            other => {
+                return refuse(&format!(
+                    "filesystem rule {other:?}: only absolute directories and :workspace become WASI preopens"
+                ));
+            }
+        };
+        match access {
+            PathAccess::Ro if guest != WORKSPACE => preopens.push(format!("{guest}:{guest}:ro")),
+            PathAccess::Ro => {
+                return refuse(":workspace ro: the workspace is the guest's one writable preopen");
+            }
+            PathAccess::Rw if guest == WORKSPACE => {}
+            PathAccess::Rw => {
+                return refuse(&format!(
+                    "filesystem rule {guest:?} rw: a writable path outside the workspace preopen"
+                ));
+            }
+            // Nothing outside the preopens is visible, so a deny outside them holds already;
+            // one inside a preopen cannot be cut out of it.
+            PathAccess::Deny
+                if guest == WORKSPACE || guest.starts_with(&format!("{WORKSPACE}/")) =>
+            {
+                return refuse(&format!(
+                    "filesystem rule {guest:?} deny: a hole inside the workspace preopen"
+                ));
+            }
+            PathAccess::Deny => {}
+        }
+    }
+    Ok(preopens)
+}
+
+/// The worker binary: `$AIRLOCK_WASM_BIN`, else `airlock-wasm` beside the daemon's binary.
+fn worker_binary() -> Result<String, ApiError> {
+    if let Some(path) = std::env::var_os("AIRLOCK_WASM_BIN") {
+        return Ok(path.to_string_lossy().into_owned());
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| ApiError::internal(format!("cannot find the daemon's own path: {e}")))?;
+    let candidate = exe.with_file_name("airlock-wasm");
+    if !candidate.is_file() {
+        return Err(ApiError::new(
+            ErrorCode::Unprocessable,
+            format!(
+                "the wasm tier is not installed: no {} (build the airlock-wasm crate, or set AIRLOCK_WASM_BIN)",
+                candidate.display()
+            ),
+        ));
+    }
+    Ok(candidate.to_string_lossy().into_owned())
+}
+
+impl Daemon {
+    /// Starts the worker in running sandbox `id` and waits until it answers an evaluation.
+    pub(super) async fn start_wasm_worker(
+        self: &Arc<Self>,
+        id: &str,
+        template: &str,
+        preopens: &[String],
+    ) -> Result<(), ApiError> {
+        let agent = self.agent(id).await?;
+        // The proxy variables of `network: proxy` are how the worker's `fetch` finds the proxy.
+        let env = self.sandbox_env(id)?;
+        let mut args = vec![
+            "serve".to_owned(),
+            "--listen".to_owned(),
+            format!("127.0.0.1:{WASM_PORT}"),
+        ];
+        for preopen in preopens {
+            args.push("--preopen".to_owned());
+            args.push(preopen.clone());
+        }
+        if template == WASM_JS_TEMPLATE {
+            args.push("--no-python".to_owned());
+        }
+        let process = json!({
+            "cmd": worker_binary()?,
+            "args": args,
+            "envs": env,
+            "cwd": WORKSPACE,
+        });
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri("/process.Process/Start")
+            .header(CONTENT_TYPE, "application/connect+json")
+            .header("connect-protocol-version", "1")
+            .body(full(envelope(&json!({ "process": process, "tag": TAG }))))
+            .map_err(|e| ApiError::internal(format!("cannot build the agent request: {e}")))?;
+        let response = agent.send(request).await?;
+        if response.status() != StatusCode::OK {
+            let status = response.status();
+            let body = http_body_util::BodyExt::collect(response.into_body())
+                .await
+                .map(|c| c.to_bytes())
+                .unwrap_or_default();
+            return Err(connect_error(status, None, &body));
+        }
+        let mut reader = EnvelopeReader::new(response.into_body());
+        crate::routes::exec::first_event(&mut reader).await?;
+        drop(reader);
+        let started = Instant::now();
+        let probe = EvalRequest {
+            language: airlock_api::v1::EvalLanguage::Javascript,
+            code: "1".into(),
+            timeout_ms: Some(1_000),
+        };
+        loop {
+            match ask(agent.socket(), &probe).await {
+                Ok(answer) if answer.error.is_none() => return Ok(()),
+                Ok(answer) => {
+                    return Err(ApiError::internal(format!(
+                        "the wasm worker answered its probe with an error: {:?}",
+                        answer.error
+                    )));
+                }
+                Err(Ask::NotListening) if started.elapsed() < READY_TIMEOUT => {
+                    if !self.is_running(id) {
+                        return Err(ApiError::no_sandbox(id));
+                    }
+                    tokio::time::sleep(POLL).await;
+                }
+                Err(Ask::NotListening) => {
+                    return Err(ApiError::internal(format!(
+                        "the wasm worker was not ready after {} s (see the sandbox's logs)",
+                        READY_TIMEOUT.as_secs()
+                    )));
+                }
+                Err(Ask::Failed(err)) => return Err(err),
+            }
+        }
+    }
+
+    /// Whether sandbox `id` is on the wasm tier (its template is `wasm-js` or `wasm-python`).
+    pub fn is_wasm_sandbox(&self, id: &str) -> bool {
+        self.store
+            .get_sandbox(id)
+            .ok()
+            .flatten()
+            .and_then(|row| row.request.template)
+            .is_some_and(|name| is_wasm_template(&name))
+    }
+
+    /// Writes the audit line of one evaluation.
+    pub fn audit_eval(&self, id: &str, request: &EvalRequest, answer: &EvalResponse) {
+        let language = match request.language {
+            airlock_api::v1::EvalLanguage::Javascript => "javascript",
+            airlock_api::v1::EvalLanguage::Python => "python",
+        };
+        let outcome = match &answer.error {
+            None => "ok".to_owned(),
+            Some(error) => serde_json::to_value(error.kind)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_else(|| "error".to_owned()),
+        };
+        let digest = crate::auth::hash_secret(&request.code);
+        self.audit.eval(id, language, &digest, &outcome);
+    }
+
+    /// Evaluates one snippet in wasm sandbox `id`.
+    pub async fn eval(
+        self: &Arc<Self>,
+        id: &str,
+        request: &EvalRequest,
+    ) -> Result<EvalResponse, ApiError> {
+        let template = self
+            .store
+            .get_sandbox(id)?
+            .and_then(|row| row.request.template)
+            .unwrap_or_default();
+        if !is_wasm_template(&template) {
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!(
+                    "sandbox {id} is on template {template:?}, not the wasm tier (create it with template wasm-js or wasm-python; use exec on the process tier)"
+                ),
+            ));
+        }
+        let agent = self.agent(id).await?;
+        match ask(agent.socket(), request).await {
+            Ok(answer) => Ok(answer),
+            Err(Ask::NotListening) => Err(ApiError::new(
+                ErrorCode::AgentError,
+                "the sandbox's wasm worker is not running",
+            )),
+            Err(Ask::Failed(err)) => Err(err),
+        }
+    }
+}
+
+enum Ask {
+    NotListening,
+    Failed(ApiError),
+}
+
+/// One request line to the worker through the agent's tunnel, one answer line back.
+async fn ask(socket: &std::path::Path, request: &EvalRequest) -> Result<EvalResponse, Ask> {
+    let agent_error = |what: String| Ask::Failed(ApiError::new(ErrorCode::AgentError, what));
+    let upgraded = match tunnel::open(socket, WASM_PORT).await {
+        Ok(upgraded) => upgraded,
+        Err(TunnelError::PortClosed(_)) => return Err(Ask::NotListening),
+        Err(err) => return Err(agent_error(err.to_string())),
+    };
+    let mut stream = TokioIo::new(upgraded);
+    let mut line = serde_json::to_vec(request)
+        .map_err(|e| Ask::Failed(ApiError::internal(format!("cannot encode: {e}"))))?;
+    line.push(b'\n');
+    stream
+        .write_all(&line)
+        .await
+        .map_err(|e| agent_error(format!("cannot send to the wasm worker: {e}")))?;
+    let mut answer = Vec::new();
+    (&mut stream)
+        .take(MAX_ANSWER_BYTES)
+        .read_to_end(&mut answer)
+        .await
+        .map_err(|e| agent_error(format!("the wasm worker's answer broke: {e}")))?;
+    if answer.is_empty() {
+        // Accepted and closed before the engines were up: still starting.
+        return Err(Ask::NotListening);
+    }
+    serde_json::from_slice(&answer)
+        .map_err(|e| agent_error(format!("the wasm worker answered nonsense: {e}")))
+}

@@ -1,0 +1,267 @@
+//! JavaScript in QuickJS-NG, one fresh runtime and context per evaluation.
+//!
+//! The context has QuickJS's standard objects and a `console` that writes to capped buffers;
+//! nothing else: no `std`/`os` modules, no filesystem, no network.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use rquickjs::function::Rest;
+use rquickjs::{CaughtError, Coerced, Context, Ctx, Function, Object, Runtime, Value};
+
+use crate::wire::{EvalErrorKind, EvalOutcome};
+
+/// The QuickJS stack limit: deep recursion becomes a RangeError, not a host stack overflow.
+const MAX_STACK_BYTES: usize = 1 << 20;
+
+/// `fetch(url, {method, headers, body})` as a Promise of a small Response (`status`, `ok`,
+/// `headers.get`, `text()`, `json()`), over the host's `__airlock_http`.
+const FETCH_GLUE: &str = r#"
+(() => {
+  const http = globalThis.__airlock_http;
+  delete globalThis.__airlock_http;
+  globalThis.fetch = (url, init = {}) => {
+    try {
+      const [status, headers, body] = http(String(init.method || "GET").toUpperCase(), String(url),
+        JSON.stringify(init.headers || {}), init.body == null ? null : String(init.body));
+      const names = JSON.parse(headers);
+      const code = Number(status);
+      return Promise.resolve({
+        status: code, ok: code >= 200 && code < 300, url: String(url),
+        headers: { get: (name) => names[String(name).toLowerCase()] ?? null },
+        text: () => Promise.resolve(body),
+        json: () => Promise.resolve(JSON.parse(body)),
+      });
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  };
+})();
+"#;
+
+/// Evaluates JavaScript snippets under a memory limit and an output cap.
+#[derive(Debug, Clone)]
+pub struct JsEngine {
+    memory_bytes: u64,
+    output_cap: usize,
+    /// The egress proxy's `host:port`; `None`: no network.
+    proxy: Option<String>,
+}
+
+/// A runtime and context no evaluation has used yet.
+pub struct Prepared {
+    runtime: Runtime,
+    context: Context,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Prepared")
+    }
+}
+
+#[derive(Default)]
+struct Output {
+    stdout: String,
+    stderr: String,
+    overflowed: bool,
+}
+
+impl Output {
+    fn push(&mut self, to_stderr: bool, line: &str, cap: usize) {
+        let buffer = if to_stderr {
+            &mut self.stderr
+        } else {
+            &mut self.stdout
+        };
+        if buffer.len() + line.len() + 1 > cap {
+            self.overflowed = true;
+            return;
+        }
+        buffer.push_str(line);
+        buffer.push('\n');
+    }
+}
+
+impl JsEngine {
+    pub fn new(memory_bytes: u64, output_cap: usize, proxy: Option<String>) -> JsEngine {
+        JsEngine {
+            memory_bytes,
+            output_cap,
+            proxy,
+        }
+    }
+
+    /// Runs `code` in a fresh runtime; the completion value of the script is the result.
+    pub fn eval(&self, code: &str, timeout: Duration) -> EvalOutcome {
+        let started = Instant::now();
+        let mut outcome = self.eval_inner(code, started + timeout);
+        outcome.duration_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        outcome
+    }
+
+    /// A fresh runtime and context, made ahead of the evaluation that will use it (creating
+    /// the context's standard objects is most of an evaluation's cost).
+    pub fn prepare(&self) -> Result<Prepared, String> {
+        let runtime = Runtime::new().map_err(|e| e.to_string())?;
+        runtime.set_memory_limit(usize::try_from(self.memory_bytes).unwrap_or(usize::MAX));
+        runtime.set_max_stack_size(MAX_STACK_BYTES);
+        let context = Context::full(&runtime).map_err(|e| e.to_string())?;
+        Ok(Prepared { runtime, context })
+    }
+
+    /// Runs `code` in `prepared` (which no other evaluation has used).
+    pub fn eval_prepared(&self, prepared: Prepared, code: &str, timeout: Duration) -> EvalOutcome {
+        let started = Instant::now();
+        let mut outcome = self.eval_in(prepared, code, started + timeout);
+        outcome.duration_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        outcome
+    }
+
+    fn eval_inner(&self, code: &str, deadline: Instant) -> EvalOutcome {
+        match self.prepare() {
+            Ok(prepared) => self.eval_in(prepared, code, deadline),
+            Err(err) => EvalOutcome::failed(EvalErrorKind::Engine, err),
+        }
+    }
+
+    fn eval_in(&self, prepared: Prepared, code: &str, deadline: Instant) -> EvalOutcome {
+        let Prepared { runtime, context } = prepared;
+        let timed_out = Rc::new(RefCell::new(false));
+        let flag = timed_out.clone();
+        runtime.set_interrupt_handler(Some(Box::new(move || {
+            let late = Instant::now() >= deadline;
+            if late {
+                *flag.borrow_mut() = true;
+            }
+            late
+        })));
+        let output = Rc::new(RefCell::new(Output::default()));
+        let mut outcome = context.with(|ctx| {
+            if let Err(err) = install_console(&ctx, &output, self.output_cap) {
+                return EvalOutcome::failed(EvalErrorKind::Engine, err.to_string());
+            }
+            if let Err(err) = install_fetch(&ctx, self.proxy.clone(), deadline) {
+                return EvalOutcome::failed(EvalErrorKind::Engine, err.to_string());
+            }
+            // A script whose value is a promise (an async function's) is run to its end.
+            let evaluated: rquickjs::Result<Value> =
+                ctx.eval(code)
+                    .and_then(|value: Value| match value.as_promise() {
+                        Some(promise) => promise.finish::<Value>(),
+                        None => Ok(value),
+                    });
+            let value = match CaughtError::catch(&ctx, evaluated) {
+                Ok(value) => value,
+                Err(caught) => {
+                    return EvalOutcome::failed(EvalErrorKind::Exception, caught.to_string());
+                }
+            };
+            match ctx.json_stringify(value) {
+                // `undefined` and functions have no JSON form: no result.
+                Ok(None) => EvalOutcome::ok(None),
+                Ok(Some(json)) => match json.to_string() {
+                    Ok(text) => EvalOutcome::ok(serde_json::from_str(&text).ok()),
+                    Err(err) => EvalOutcome::failed(EvalErrorKind::Engine, err.to_string()),
+                },
+                Err(err) => {
+                    let caught = CaughtError::from_error(&ctx, err);
+                    EvalOutcome::failed(EvalErrorKind::Exception, caught.to_string())
+                }
+            }
+        });
+        if let Some(error) = outcome.error.as_mut() {
+            if *timed_out.borrow() {
+                error.kind = EvalErrorKind::Timeout;
+                error.message = "the timeout passed; the script was interrupted".into();
+            } else if error.message.contains("out of memory") || self.near_limit(&runtime) {
+                error.kind = EvalErrorKind::MemoryLimit;
+                error.message = format!(
+                    "the memory limit of {} bytes was reached",
+                    self.memory_bytes
+                );
+            }
+        }
+        let output = output.take();
+        if output.overflowed && outcome.error.is_none() {
+            outcome.result = None;
+            outcome.error = Some(crate::wire::EvalError {
+                kind: EvalErrorKind::OutputLimit,
+                message: format!("output past {} bytes was dropped", self.output_cap),
+            });
+        }
+        outcome.stdout = output.stdout;
+        outcome.stderr = output.stderr;
+        outcome
+    }
+}
+
+impl JsEngine {
+    /// QuickJS throws `null` when it cannot even allocate the out-of-memory error; the heap's
+    /// size then tells a refused allocation from a script's own `throw null`.
+    fn near_limit(&self, runtime: &Runtime) -> bool {
+        let used = u64::try_from(runtime.memory_usage().malloc_size).unwrap_or(0);
+        used.saturating_mul(2) >= self.memory_bytes
+    }
+}
+
+/// The host half of `fetch`: one HTTP request through the egress proxy, or a TypeError.
+fn install_fetch<'js>(
+    ctx: &Ctx<'js>,
+    proxy: Option<String>,
+    deadline: Instant,
+) -> rquickjs::Result<()> {
+    let http = Function::new(
+        ctx.clone(),
+        move |ctx: Ctx<'js>,
+              method: String,
+              url: String,
+              headers: String,
+              body: Option<String>|
+              -> rquickjs::Result<Vec<String>> {
+            let Some(proxy) = &proxy else {
+                return Err(rquickjs::Exception::throw_type(
+                    &ctx,
+                    "fetch: this sandbox has no network (its policy needs `network: proxy` and egress rules)",
+                ));
+            };
+            let headers: std::collections::BTreeMap<String, String> =
+                serde_json::from_str(&headers).unwrap_or_default();
+            match crate::fetch::fetch(proxy, &method, &url, &headers, body.as_deref(), deadline) {
+                Ok(fetched) => Ok(vec![
+                    fetched.status.to_string(),
+                    serde_json::to_string(&fetched.headers).unwrap_or_default(),
+                    fetched.body,
+                ]),
+                Err(message) => Err(rquickjs::Exception::throw_type(&ctx, &message)),
+            }
+        },
+    )?;
+    ctx.globals().set("__airlock_http", http)?;
+    ctx.eval::<(), _>(FETCH_GLUE)
+}
+
+/// `console.log/info/debug` to stdout, `console.error/warn` to stderr; arguments joined by spaces.
+fn install_console<'js>(
+    ctx: &Ctx<'js>,
+    output: &Rc<RefCell<Output>>,
+    cap: usize,
+) -> rquickjs::Result<()> {
+    let console = Object::new(ctx.clone())?;
+    for (name, to_stderr) in [
+        ("log", false),
+        ("info", false),
+        ("debug", false),
+        ("error", true),
+        ("warn", true),
+    ] {
+        let output = output.clone();
+        let function = Function::new(ctx.clone(), move |args: Rest<Coerced<String>>| {
+            let line: Vec<String> = args.0.into_iter().map(|arg| arg.0).collect();
+            output.borrow_mut().push(to_stderr, &line.join(" "), cap);
+        })?;
+        console.set(name, function)?;
+    }
+    ctx.globals().set("console", console)
+}

@@ -1,0 +1,269 @@
+//! `airlock-wasm`: the wasm tier's worker (see the library's documentation).
+//!
+//!   airlock-wasm serve --listen 127.0.0.1:49998 [--preopen HOST:GUEST:rw]...
+//!   airlock-wasm eval --language python --code 'sum(range(10))'
+//!   airlock-wasm precompile        (the install step: the CPython module's `.cwasm`)
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+use airlock_wasm::{
+    DEFAULT_MEMORY_BYTES, DEFAULT_OUTPUT_CAP_BYTES, DEFAULT_TIMEOUT_MS, EvalErrorKind, EvalOutcome,
+    EvalRequest, Guests, JsEngine, Language, MAX_TIMEOUT_MS, Preopen, PythonEngine,
+};
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+/// The longest request line read.
+const MAX_REQUEST_BYTES: u64 = 4 << 20;
+
+#[derive(Parser)]
+#[command(name = "airlock-wasm", about = "The wasm tier's worker")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Clone)]
+struct EngineArgs {
+    /// The guest modules' directory (default: `wasm-guests` beside the binary's directory).
+    #[arg(long)]
+    guests: Option<PathBuf>,
+    /// A directory the guest sees, `HOST:GUEST:ro` or `HOST:GUEST:rw`; nothing else is visible.
+    #[arg(long = "preopen")]
+    preopens: Vec<Preopen>,
+    /// Memory one evaluation may use.
+    #[arg(long, default_value_t = DEFAULT_MEMORY_BYTES)]
+    memory_bytes: u64,
+    /// The most of stdout, and of stderr, kept per evaluation.
+    #[arg(long, default_value_t = DEFAULT_OUTPUT_CAP_BYTES)]
+    output_cap_bytes: usize,
+    /// Do not load CPython (a JavaScript-only worker starts in milliseconds).
+    #[arg(long)]
+    no_python: bool,
+    /// `serve` only: skip the worker's own Landlock and seccomp (a host without Landlock).
+    #[arg(long)]
+    unconfined: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Answers one JSON request line per TCP connection with one JSON outcome line.
+    Serve {
+        #[arg(long)]
+        listen: String,
+        #[command(flatten)]
+        engines: EngineArgs,
+    },
+    /// Evaluates one snippet and prints its outcome as JSON.
+    Eval {
+        #[arg(long, value_parser = parse_language)]
+        language: Language,
+        #[arg(long)]
+        code: String,
+        #[arg(long)]
+        timeout_ms: Option<u64>,
+        #[command(flatten)]
+        engines: EngineArgs,
+    },
+    /// Compiles the CPython module into the guests directory's cache.
+    Precompile {
+        #[arg(long)]
+        guests: Option<PathBuf>,
+    },
+}
+
+fn parse_language(text: &str) -> Result<Language, String> {
+    match text {
+        "javascript" | "js" | "node" => Ok(Language::Javascript),
+        "python" | "py" | "python3" => Ok(Language::Python),
+        other => Err(format!("unknown language {other:?} (javascript or python)")),
+    }
+}
+
+struct Engines {
+    js: JsEngine,
+    python: Option<Arc<PythonEngine>>,
+    /// `serve` only: the thread that runs JavaScript in contexts it made ahead of time.
+    js_thread: Option<std::sync::Mutex<mpsc::Sender<JsJob>>>,
+}
+
+/// One JavaScript evaluation for the JS thread, and where its outcome goes.
+type JsJob = (String, Duration, mpsc::Sender<EvalOutcome>);
+
+/// QuickJS runtimes are bound to one thread: this one keeps the next evaluation's runtime and
+/// context made, so an evaluation pays only for its own code.
+fn start_js_thread(js: JsEngine) -> anyhow::Result<mpsc::Sender<JsJob>> {
+    let (sender, jobs) = mpsc::channel::<JsJob>();
+    std::thread::Builder::new()
+        .name("javascript".into())
+        .spawn(move || {
+            let mut next = js.prepare().ok();
+            for (code, timeout, reply) in jobs {
+                let outcome = match next.take() {
+                    Some(prepared) => js.eval_prepared(prepared, &code, timeout),
+                    None => js.eval(&code, timeout),
+                };
+                let _ = reply.send(outcome);
+                next = js.prepare().ok();
+            }
+        })
+        .context("cannot start the JavaScript thread")?;
+    Ok(sender)
+}
+
+impl Engines {
+    fn start(args: &EngineArgs) -> anyhow::Result<Engines> {
+        let js = JsEngine::new(
+            args.memory_bytes,
+            args.output_cap_bytes,
+            airlock_wasm::proxy_from_env(),
+        );
+        let python = if args.no_python {
+            None
+        } else {
+            let guests = Guests::new(guests_dir(args.guests.clone())?);
+            let python = PythonEngine::new(
+                &guests,
+                guests.dir(),
+                args.preopens.clone(),
+                args.memory_bytes,
+                args.output_cap_bytes,
+            )
+            .context("cannot start the Python engine")?;
+            Some(python)
+        };
+        Ok(Engines {
+            js,
+            python,
+            js_thread: None,
+        })
+    }
+
+    fn eval(&self, request: &EvalRequest) -> EvalOutcome {
+        let timeout_ms = request.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
+        if timeout_ms == 0 || timeout_ms > MAX_TIMEOUT_MS {
+            return EvalOutcome::failed(
+                EvalErrorKind::Invalid,
+                format!("timeout_ms must be 1..={MAX_TIMEOUT_MS}, not {timeout_ms}"),
+            );
+        }
+        let timeout = Duration::from_millis(timeout_ms);
+        match request.language {
+            Language::Javascript => match &self.js_thread {
+                Some(thread) => {
+                    let (reply, outcome) = mpsc::channel();
+                    let sent = thread.lock().unwrap_or_else(|e| e.into_inner()).send((
+                        request.code.clone(),
+                        timeout,
+                        reply,
+                    ));
+                    match sent.ok().and_then(|()| outcome.recv().ok()) {
+                        Some(outcome) => outcome,
+                        None => EvalOutcome::failed(
+                            EvalErrorKind::Engine,
+                            "the JavaScript thread ended",
+                        ),
+                    }
+                }
+                None => self.js.eval(&request.code, timeout),
+            },
+            Language::Python => match &self.python {
+                Some(python) => python.eval(&request.code, timeout),
+                None => EvalOutcome::failed(
+                    EvalErrorKind::Invalid,
+                    "this worker has no Python engine (template wasm-js)",
+                ),
+            },
+        }
+    }
+}
+
+/// The flag's directory, or the first `wasm-guests` in the binary's ancestors (the install step
+/// puts it in `target/`, and the binary is in `target/<triple>/<profile>/`).
+fn guests_dir(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = flag {
+        return Ok(dir);
+    }
+    let exe = std::env::current_exe().context("cannot find the worker's own path")?;
+    exe.ancestors()
+        .skip(1)
+        .take(4)
+        .map(|dir| dir.join("wasm-guests"))
+        .find(|dir| dir.is_dir())
+        .with_context(|| {
+            format!(
+                "no wasm-guests directory near {} (run scripts/wasm-guests.sh, or pass --guests)",
+                exe.display()
+            )
+        })
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Serve { listen, engines } => {
+            let listener =
+                TcpListener::bind(&listen).with_context(|| format!("cannot listen on {listen}"))?;
+            if !engines.unconfined {
+                let guests = guests_dir(engines.guests.clone())?;
+                airlock_wasm::confine(&guests, &engines.preopens)
+                    .context("cannot confine the worker")?;
+            }
+            let mut engines = Engines::start(&engines)?;
+            engines.js_thread = Some(std::sync::Mutex::new(start_js_thread(engines.js.clone())?));
+            let engines = Arc::new(engines);
+            // Ready: the engines are loaded (a test or a supervisor waits for this line).
+            println!("listening {}", listener.local_addr()?);
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let engines = engines.clone();
+                std::thread::Builder::new()
+                    .name("connection".into())
+                    .spawn(move || serve_one(&engines, stream))
+                    .context("cannot start a connection thread")?;
+            }
+            Ok(())
+        }
+        Command::Eval {
+            language,
+            code,
+            timeout_ms,
+            engines,
+        } => {
+            let engines = Engines::start(&engines)?;
+            let outcome = engines.eval(&EvalRequest {
+                language,
+                code,
+                timeout_ms,
+            });
+            println!("{}", serde_json::to_string(&outcome)?);
+            Ok(())
+        }
+        Command::Precompile { guests } => {
+            let guests = Guests::new(guests_dir(guests)?);
+            let path = airlock_wasm::precompile(&guests, guests.dir())?;
+            println!("{}", path.display());
+            Ok(())
+        }
+    }
+}
+
+fn serve_one(engines: &Engines, stream: TcpStream) {
+    let mut line = String::new();
+    let read = BufReader::new((&stream).take(MAX_REQUEST_BYTES)).read_line(&mut line);
+    let outcome = match read {
+        Ok(_) => match serde_json::from_str::<EvalRequest>(&line) {
+            Ok(request) => engines.eval(&request),
+            Err(err) => EvalOutcome::failed(EvalErrorKind::Invalid, format!("bad request: {err}")),
+        },
+        Err(err) => EvalOutcome::failed(EvalErrorKind::Invalid, format!("cannot read: {err}")),
+    };
+    let Ok(mut answer) = serde_json::to_vec(&outcome) else {
+        return;
+    };
+    answer.push(b'\n');
+    let _ = (&stream).write_all(&answer);
+}
