@@ -124,6 +124,8 @@ const TRIM_BATCH: i64 = 1000;
 pub const BASE_TEMPLATE: &str = "base";
 /// The other built-in one: `base` with E2B's code interpreter serving port 49999.
 pub use crate::lifecycle::INTERPRETER_TEMPLATE;
+/// The third: `base` with a virtual desktop and a browser (`lifecycle::desktop`).
+use crate::lifecycle::{DESKTOP_DESCRIPTION, DESKTOP_TEMPLATE};
 const INTERPRETER_DESCRIPTION: &str = "The host root, read-only, with E2B's code interpreter on port 49999 (the host's kernels: python by ipykernel, bash, javascript and typescript by Deno when installed)";
 
 #[derive(Debug, thiserror::Error)]
@@ -322,6 +324,11 @@ impl Store {
             "INSERT OR IGNORE INTO templates (name, description, rootfs, builtin, family)
              VALUES (?1, ?2, NULL, 1, ?1)",
             params![INTERPRETER_TEMPLATE, INTERPRETER_DESCRIPTION],
+        )?;
+        conn.execute(
+            "INSERT OR IGNORE INTO templates (name, description, rootfs, builtin, family)
+             VALUES (?1, ?2, NULL, 1, ?1)",
+            params![DESKTOP_TEMPLATE, DESKTOP_DESCRIPTION],
         )?;
         Ok(Store {
             conn: Mutex::new(conn),
@@ -821,7 +828,10 @@ mod tests {
             .into_iter()
             .map(|t| t.name)
             .collect();
-        assert_eq!(names, [BASE_TEMPLATE, INTERPRETER_TEMPLATE]);
+        assert_eq!(
+            names,
+            [BASE_TEMPLATE, INTERPRETER_TEMPLATE, DESKTOP_TEMPLATE]
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 
