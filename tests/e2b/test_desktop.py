@@ -8,7 +8,11 @@ The template runs the host's packages on the process tier (scripts/desktop-host.
 scripts/e2b-tests.sh runs it)."""
 
 import json
+import os
+import shutil
 import struct
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +22,7 @@ from e2b_desktop import Sandbox  # noqa: E402
 from airlock_harness import wait_for  # noqa: E402
 
 TEMPLATE = "desktop"
+JS = Path(__file__).parent / "js"
 
 # A button over the top 60 % of the viewport and a text field under it, whatever the browser's
 # own bars take: the page reports every event in its title.
@@ -167,3 +172,49 @@ def test_desktop_commands_see_writable_home_and_xdg_dirs(desktop):
     assert seen.stdout.count(" ok") == 4, seen.stdout
     assert desktop.commands.run("echo $DISPLAY").stdout.strip() == ":0"
     assert desktop.commands.run("xdpyinfo -display :0 >/dev/null").exit_code == 0
+
+
+@pytest.fixture(scope="session")
+def browser_home(daemon, tmp_path_factory):
+    """A HOME whose NSS database trusts the daemon's local CA, for the test's own Chromium."""
+    if shutil.which("certutil") is None or not (JS / "node_modules" / "playwright-core").is_dir():
+        pytest.skip("needs certutil (libnss3-tools) and playwright-core (scripts/e2b-tests.sh)")
+    ca = daemon.state_dir / "tls" / "local-ca.pem"
+    assert ca.is_file(), f"airlockd on loopback made no local CA at {ca}"
+    home = tmp_path_factory.mktemp("browser-home")
+    nssdb = home / ".pki" / "nssdb"
+    nssdb.mkdir(parents=True)
+    subprocess.run(["certutil", "-d", f"sql:{nssdb}", "-N", "--empty-password"], check=True)
+    subprocess.run(["certutil", "-d", f"sql:{nssdb}", "-A", "-t", "C,,", "-n", "airlock-local-ca",
+                    "-i", str(ca)], check=True)
+    return home
+
+
+def open_stream(browser_home, url: str) -> dict:
+    """What headless Chromium (playwright-core) saw of the stream page at `url`."""
+    ran = subprocess.run(["node", str(JS / "stream.mjs"), url], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "HOME": str(browser_home)})
+    assert ran.returncode == 0, ran.stderr
+    return json.loads(ran.stdout.strip().splitlines()[-1])
+
+
+def test_desktop_stream_url_loads_over_tls_and_its_websocket_connects(desktop, browser_home, daemon):
+    desktop.stream.start()
+    url = desktop.stream.get_url()
+    # As the SDK builds it: https, host routing on the daemon's loopback domain.
+    assert url.startswith(f"https://6080-{desktop.sandbox_id}.localhost:{daemon.port}/vnc.html?"), url
+    seen = open_stream(browser_home, url)
+    assert seen["status"] == 200, seen
+    assert seen["websocket"].startswith(f"wss://6080-{desktop.sandbox_id}.localhost:"), seen
+    assert seen["connected"], seen
+    assert seen["framesReceived"] > 0, seen
+
+
+def test_desktop_stream_with_auth_needs_its_password(desktop, browser_home):
+    desktop.stream.start(require_auth=True)
+    key = desktop.stream.get_auth_key()
+    seen = open_stream(browser_home, desktop.stream.get_url(auth_key=key))
+    assert seen["connected"], seen
+    wrong = "x" if key[0] != "x" else "y"
+    seen = open_stream(browser_home, desktop.stream.get_url(auth_key=wrong * len(key)))
+    assert not seen["connected"], seen

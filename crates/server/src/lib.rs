@@ -99,6 +99,7 @@ pub mod server;
 pub mod store;
 pub mod templates;
 pub mod testing;
+pub mod tls;
 pub mod websocket;
 
 pub use config::ServeArgs;
