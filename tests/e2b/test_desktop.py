@@ -218,3 +218,66 @@ def test_desktop_stream_with_auth_needs_its_password(desktop, browser_home):
     wrong = "x" if key[0] != "x" else "y"
     seen = open_stream(browser_home, desktop.stream.get_url(auth_key=wrong * len(key)))
     assert not seen["connected"], seen
+
+
+def test_desktop_playwright_drives_the_sandbox_browser_over_cdp(desktop, daemon):
+    if not (JS / "node_modules" / "playwright-core").is_dir():
+        pytest.skip("needs playwright-core (scripts/e2b-tests.sh)")
+    open_page(desktop, "/tmp/page.html", PAGE, "ready")
+    # Header routing, as the reference's CI recipe: Node does not resolve *.localhost.
+    headers = {"E2b-Sandbox-Id": desktop.sandbox_id, "E2b-Sandbox-Port": "9222"}
+    ran = subprocess.run(["node", str(JS / "cdp.mjs"), daemon.url, json.dumps(headers),
+                          "file:///tmp/page.html"], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    seen = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert seen["before"] == "ready", seen
+    assert seen["clicks"] == "clicks 1 doubles 0", seen
+    assert seen["screenshotMagic"] == "89504e470d0a1a0a", seen
+    # The click happened in the sandbox's own browser: its DevTools list there shows it.
+    assert "clicks 1 doubles 0" in page_titles(desktop)
+
+
+def cdp_get(daemon, host: str, path: str, context, origin: str | None = None,
+            upgrade: bool = False) -> tuple[int, bytes]:
+    """One request over TLS to the daemon for `host` (host routing)."""
+    import socket
+    import ssl  # noqa: F401 - the context's module
+
+    lines = [f"GET {path} HTTP/1.1", f"Host: {host}", "Connection: close"]
+    if upgrade:
+        lines[-1] = "Connection: Upgrade"
+        lines += ["Upgrade: websocket", "Sec-WebSocket-Version: 13",
+                  "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="]
+    if origin:
+        lines.append(f"Origin: {origin}")
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=30) as raw:
+        with context.wrap_socket(raw, server_hostname=host.split(":")[0]) as tls:
+            tls.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+            answer = b""
+            while b"\r\n\r\n" not in answer or not upgrade:
+                chunk = tls.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_desktop_cdp_discovery_by_host_names_the_clients_origin(desktop, daemon):
+    import ssl
+
+    open_page(desktop, "/tmp/page.html", PAGE, "ready")
+    context = ssl.create_default_context(cafile=str(daemon.state_dir / "tls" / "local-ca.pem"))
+    host = f"9222-{desktop.sandbox_id}.localhost:{daemon.port}"
+    status, body = cdp_get(daemon, host, "/json/version", context)
+    assert status == 200, body
+    ws_url = json.loads(body)["webSocketDebuggerUrl"]
+    # Chrome saw a loopback Host (else a 500) and named it; the daemon put the client's back.
+    assert ws_url.startswith(f"wss://{host}/devtools/browser/"), ws_url
+    status, body = cdp_get(daemon, host, "/json/list", context)
+    pages = json.loads(body)
+    assert any(p["webSocketDebuggerUrl"].startswith(f"wss://{host}/devtools/page/") for p in pages)
+    # A browser-style client sends an Origin, which Chrome refuses (403) unless it is dropped.
+    path = ws_url.split(host, 1)[1]
+    status, _ = cdp_get(daemon, host, path, context, origin="https://example.com", upgrade=True)
+    assert status == 101

@@ -216,17 +216,17 @@ async fn connection(
     stop: watch::Receiver<bool>,
     done: mpsc::Sender<()>,
 ) {
-    match tls {
-        Some(acceptor) if crate::tls::starts_tls(&stream, HEADER_TIMEOUT).await => {
-            let Ok(Ok(stream)) =
-                tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(stream)).await
-            else {
-                return;
-            };
-            serve_connection(daemon, TokioIo::new(stream), true, stop, done).await;
-        }
-        _ => serve_connection(daemon, TokioIo::new(stream), false, stop, done).await,
+    let Some(acceptor) = tls else {
+        return serve_connection(daemon, TokioIo::new(stream), false, stop, done).await;
+    };
+    let (stream, over_tls) = crate::tls::starts_tls(stream, HEADER_TIMEOUT).await;
+    if !over_tls {
+        return serve_connection(daemon, TokioIo::new(stream), false, stop, done).await;
     }
+    let Ok(Ok(stream)) = tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(stream)).await else {
+        return;
+    };
+    serve_connection(daemon, TokioIo::new(stream), true, stop, done).await;
 }
 
 async fn serve_connection<I>(

@@ -161,12 +161,11 @@ impl Listener {
 
 /// Whether the client's first byte opens a TLS handshake (without consuming it). A client
 /// that sends nothing within `wait` is served as plain HTTP, whose header timeout ends it.
-pub async fn starts_tls(stream: &TcpStream, wait: Duration) -> bool {
+pub async fn starts_tls(stream: TcpStream, wait: Duration) -> (TcpStream, bool) {
     let mut first = [0u8; 1];
-    matches!(
-        tokio::time::timeout(wait, stream.peek(&mut first)).await,
-        Ok(Ok(1)) if first[0] == HANDSHAKE_RECORD
-    )
+    let peeked = tokio::time::timeout(wait, stream.peek(&mut first)).await;
+    let tls = matches!(peeked, Ok(Ok(1))) && first[0] == HANDSHAKE_RECORD;
+    (stream, tls)
 }
 
 fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
