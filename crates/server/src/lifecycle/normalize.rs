@@ -86,6 +86,9 @@ impl Daemon {
         if template.builtin && template.name == super::DESKTOP_TEMPLATE {
             super::desktop::check_root(Path::new("/"))?;
             super::desktop::apply_env(&mut request.env);
+            if let Some(resolution) = request.metadata.get(super::RESOLUTION_KEY) {
+                super::parse_resolution(resolution).map_err(ApiError::unprocessable)?;
+            }
         }
         // The template's limits and policy fill in what the request leaves out.
         let r = &mut request.resources;

@@ -1,0 +1,142 @@
+"""The native computer API (`POST /v1/sandboxes/{id}/computer`) on a desktop sandbox made by the
+native API, with no SDK: the first action starts Xvfb at `metadata.resolution`; a page opened in
+the sandbox's Chromium sees the clicks, the typing, the keys, the drag and the wheel (checked
+from the page's own title, in Chromium's DevTools list inside the sandbox); the clipboard round
+trips; files the browser downloads land in the template's download directory, which the files
+API reads."""
+
+import base64
+import json
+import urllib.parse
+
+import pytest
+
+from airlock_harness import wait_for
+from test_desktop import DRAG_PAGE, PAGE, png_size
+
+
+class Native:
+    def __init__(self, daemon):
+        self.daemon = daemon
+
+    def call(self, method, path, body=None, raw: bytes | None = None, expect=200):
+        headers = {"X-API-Key": self.daemon.key}
+        data = raw
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+            data = json.dumps(body).encode()
+        answer = self.daemon.request(method, path, headers, data, timeout=120)
+        assert answer.status == expect, (answer.status, answer.body[:500])
+        return answer
+
+
+@pytest.fixture
+def native(daemon):
+    return Native(daemon)
+
+
+@pytest.fixture
+def computer(native, daemon):
+    created = native.call("POST", "/v1/sandboxes", {
+        "template": "desktop", "timeout_ms": 600_000, "metadata": {"resolution": "800x600"},
+    }, expect=201).json()
+    sandbox_id = daemon.track(created["sandbox"]["id"])
+
+    class Computer:
+        id = sandbox_id
+
+        def act(self, action, expect=200, **fields):
+            return native.call("POST", f"/v1/sandboxes/{sandbox_id}/computer",
+                               {"action": action, **fields}, expect=expect).json()
+
+        def shell(self, command):
+            answer = native.call("POST", f"/v1/sandboxes/{sandbox_id}/exec",
+                                 {"shell": command, "env": {"DISPLAY": ":0"}})
+            events = [json.loads(line) for line in answer.body.splitlines() if line.strip()]
+            out = b"".join(base64.b64decode(e["data_base64"]) for e in events if e["type"] == "stdout")
+            code = next(e["exit_code"] for e in events if e["type"] == "exit")
+            return code, out.decode(errors="replace")
+
+        def put(self, path, data: bytes):
+            native.call("PUT", f"/v1/sandboxes/{sandbox_id}/files?path={urllib.parse.quote(path)}",
+                        raw=data)
+
+        def get(self, path) -> bytes:
+            return native.call("GET", f"/v1/sandboxes/{sandbox_id}/files?path={urllib.parse.quote(path)}").body
+
+        def titles(self):
+            code, out = self.shell("curl -sf http://127.0.0.1:9222/json/list")
+            if code != 0:
+                return []
+            return [t["title"] for t in json.loads(out) if t["type"] == "page"]
+
+        def wait_title(self, title):
+            wait_for(lambda: title in self.titles(), f"a page titled {title!r}", timeout=120,
+                     interval=0.25)
+
+        def browse(self, path, page, title):
+            self.put(path, page.encode())
+            # The first action starts the display the browser needs.
+            self.act("screen_size")
+            # No session, only XFCE's window manager: the window's size comes from its flags.
+            self.shell(f"chromium --window-size=800,600 file://{path} >/dev/null 2>&1 &")
+            self.wait_title(title)
+
+    yield Computer()
+    native.call("DELETE", f"/v1/sandboxes/{sandbox_id}", expect=204)
+
+
+def test_computer_screen_has_the_resolution_from_metadata(computer):
+    assert computer.act("screen_size") == {"result": "size", "width_px": 800, "height_px": 600}
+    shot = computer.act("screenshot")
+    assert shot["result"] == "screenshot"
+    png = base64.b64decode(shot["png_base64"])
+    assert png_size(png) == (800, 600) == (shot["width_px"], shot["height_px"])
+    assert computer.act("move", x_px=123, y_px=45) == {"result": "done"}
+    assert computer.act("cursor_position") == {"result": "position", "x_px": 123, "y_px": 45}
+
+
+def test_computer_page_sees_clicks_typing_and_keys(computer):
+    computer.browse("/tmp/page.html", PAGE, "ready")
+    # The window starts at the top-left; its page begins under the browser's bars.
+    computer.act("click", x_px=400, y_px=250)
+    computer.wait_title("clicks 1 doubles 0")
+    computer.act("double_click", x_px=400, y_px=250)
+    computer.wait_title("clicks 3 doubles 1")
+    computer.act("click", x_px=400, y_px=250, button="right")
+    computer.wait_title("context menu")
+    computer.act("click", x_px=300, y_px=520)
+    computer.act("type", text="hello native")
+    computer.wait_title("typed:hello native")
+    computer.act("key", keys="ctrl+a")
+    computer.act("key", keys="backspace")
+    computer.wait_title("typed:")
+
+
+def test_computer_drag_and_scroll_reach_the_page(computer):
+    computer.browse("/tmp/drag.html", DRAG_PAGE, "drag ready")
+    computer.act("drag", from_x_px=200, from_y_px=300, to_x_px=350, to_y_px=400)
+    computer.wait_title("drag 150,100")
+    computer.act("scroll", direction="down", clicks=3, x_px=400, y_px=300)
+    wait_for(lambda: any(t.startswith("scrolled ") and t != "scrolled 0" for t in computer.titles()),
+             "the page to scroll down", timeout=60, interval=0.25)
+
+
+def test_computer_clipboard_round_trips(computer):
+    assert computer.act("clipboard_set", text="copied ✓ text") == {"result": "done"}
+    assert computer.act("clipboard_get") == {"result": "clipboard", "text": "copied ✓ text"}
+    # What the sandbox's own tools see is the same clipboard.
+    code, out = computer.shell("xclip -selection clipboard -o")
+    assert (code, out) == (0, "copied ✓ text")
+
+
+def test_computer_rejects_bad_actions_by_name(computer, native):
+    bad = computer.act("scroll", expect=400, direction="down", clicks=0)
+    assert "clicks must be 1 to 100" in bad["message"]
+    bad = computer.act("key", expect=400, keys="ctrl+")
+    assert "keys must be" in bad["message"]
+    bad = computer.act("teleport", expect=400)
+    assert "teleport" in bad["message"]
+    refused = native.call("POST", "/v1/sandboxes", {
+        "template": "desktop", "metadata": {"resolution": "huge"}}, expect=422).json()
+    assert "metadata.resolution must be WIDTHxHEIGHT" in refused["message"]
