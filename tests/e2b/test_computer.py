@@ -122,6 +122,32 @@ def test_computer_drag_and_scroll_reach_the_page(computer):
              "the page to scroll down", timeout=60, interval=0.25)
 
 
+DOWNLOAD_PAGE = """<!doctype html><html><head><title>download ready</title><style>
+html, body { margin: 0; height: 100% }
+a { display: block; width: 100%; height: 60vh; font-size: 40px }
+</style></head><body>
+<a download="report.txt" href="data:text/plain,downloaded%20by%20chromium">download</a>
+</body></html>"""
+
+
+def test_computer_browser_downloads_land_where_the_files_api_reads(computer, native):
+    computer.browse("/tmp/download.html", DOWNLOAD_PAGE, "download ready")
+    computer.act("click", x_px=400, y_px=250)
+    path = urllib.parse.quote("/tmp/Downloads/report.txt")
+
+    def downloaded():
+        answer = computer_file(native, computer.id, path)
+        return answer if answer is not None and answer.status == 200 else None
+
+    answer = wait_for(downloaded, "the browser's download in /tmp/Downloads", timeout=120, interval=0.25)
+    assert answer.body == b"downloaded by chromium"
+
+
+def computer_file(native, sandbox_id, quoted_path):
+    return native.daemon.request("GET", f"/v1/sandboxes/{sandbox_id}/files?path={quoted_path}",
+                                 {"X-API-Key": native.daemon.key})
+
+
 def test_computer_clipboard_round_trips(computer):
     assert computer.act("clipboard_set", text="copied ✓ text") == {"result": "done"}
     assert computer.act("clipboard_get") == {"result": "clipboard", "text": "copied ✓ text"}
@@ -140,3 +166,40 @@ def test_computer_rejects_bad_actions_by_name(computer, native):
     refused = native.call("POST", "/v1/sandboxes", {
         "template": "desktop", "metadata": {"resolution": "huge"}}, expect=422).json()
     assert "metadata.resolution must be WIDTHxHEIGHT" in refused["message"]
+
+
+def test_computer_mcp_tool_does_the_same_steps(computer, daemon):
+    from test_mcp import run, session, structured
+
+    computer.browse("/tmp/page.html", PAGE, "ready")
+
+    async def scenario():
+        async with session(daemon, "http") as s:
+            names = {t.name for t in (await s.list_tools()).tools}
+            assert "computer" in names
+            call = lambda **args: s.call_tool("computer", {"sandbox_id": computer.id, **args})  # noqa: E731
+            shot = await call(action="screenshot")
+            assert structured(shot)["width_px"] == 800
+            images = [c for c in shot.content if c.type == "image"]
+            assert len(images) == 1 and images[0].mime_type == "image/png"
+            assert png_size(base64.b64decode(images[0].data)) == (800, 600)
+            assert structured(await call(action="click", x_px=400, y_px=250)) == {"result": "done"}
+            await anyio_wait(lambda: "clicks 1 doubles 0" in computer.titles())
+            structured(await call(action="click", x_px=300, y_px=520))
+            structured(await call(action="type", text="via mcp"))
+            await anyio_wait(lambda: "typed:via mcp" in computer.titles())
+            assert structured(await call(action="screen_size")) == {
+                "result": "size", "width_px": 800, "height_px": 600}
+            bad = await call(action="click", x_px=1)
+            assert bad.is_error and "y_px" in bad.structured_content["message"]
+
+    async def anyio_wait(check):
+        import anyio
+
+        for _ in range(480):
+            if check():
+                return
+            await anyio.sleep(0.25)
+        raise AssertionError("gave up waiting for the page")
+
+    run(scenario)
