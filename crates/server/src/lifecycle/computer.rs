@@ -62,6 +62,19 @@ pub fn parse_resolution(value: &str) -> Result<(u32, u32), String> {
     }
 }
 
+/// Sandboxes whose display answered once: their actions skip the probe (a process start
+/// each). An action that fails drops its sandbox from it, so a display that died is probed,
+/// and restarted, at the next action. Ids of ended sandboxes are forgotten in bulk.
+static DISPLAY_UP: std::sync::Mutex<std::collections::BTreeSet<String>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+const DISPLAY_UP_MAX: usize = 4096;
+
+fn display_up() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<String>> {
+    DISPLAY_UP
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// What one command printed, and how it ended.
 struct Output {
     code: i32,
@@ -260,7 +273,28 @@ impl Daemon {
         let mut env = self.sandbox_env(id)?;
         env.entry("DISPLAY".to_owned())
             .or_insert_with(|| DEFAULT_DISPLAY.to_owned());
-        self.ensure_display(id, &agent, &env).await?;
+        if !display_up().contains(id) {
+            self.ensure_display(id, &agent, &env).await?;
+            let mut up = display_up();
+            if up.len() >= DISPLAY_UP_MAX {
+                up.clear();
+            }
+            up.insert(id.to_owned());
+        }
+        let result = self.act(&agent, &env, action).await;
+        if result.is_err() {
+            display_up().remove(id);
+        }
+        result
+    }
+
+    async fn act(
+        &self,
+        agent: &Agent,
+        env: &BTreeMap<String, String>,
+        action: &ComputerAction,
+    ) -> Result<ComputerResult, ApiError> {
+        let (agent, env) = (agent.clone(), env.clone());
         let xy = |x: u32, y: u32| [x.to_string(), y.to_string()];
         let done = |out: Output, what: &str| out.checked(what).map(|_| ComputerResult::Done);
         match action {
