@@ -68,6 +68,7 @@ cargo run --quiet --locked --bin airlock -- bench soak --cycles 3 --sandboxes 20
 cargo run --quiet --locked --bin airlock -- bench start --tier container --iterations 10
 cargo run --quiet --locked --bin airlock -- bench pause --iterations 5 --snapshots 3
 cargo run --quiet --locked --bin airlock -- bench interpreter --creates 2 --iterations 20
+cargo run --quiet --locked --bin airlock -- bench desktop --creates 2 --iterations 10
 cargo run --quiet --locked --bin airlock -- bench judge0 --iterations 5 --submissions 40
 # The start-up floor the README compares against must keep building and running.
 target/startup-floor 20
@@ -77,6 +78,8 @@ cargo test --workspace --locked
 # The security evaluation (docs/seceval.md) on every tier this machine has, beside bwrap: fails on
 # any case allowed or stopped by the wrong layer.
 cargo run --quiet --locked --bin airlock -- seceval --tier all --baseline bwrap
+# The control-plane cases again, against desktop sandboxes with their X servers and browsers up.
+cargo run --quiet --locked --bin airlock -- seceval --tier process --template desktop --only ctl. --only tier.
 # Fuzzing, bounded: deterministic mutation runs on stable that replay the kept regression inputs
 # first (the same invariants as the cargo-fuzz targets), then every cargo-fuzz target under
 # libFuzzer for a few seconds each (scripts/fuzz.sh; installs cargo-fuzz when missing).
