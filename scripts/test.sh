@@ -40,6 +40,10 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
 fi
 
+# What is on the host before the suite, so that anything a test leaves behind fails it at the end.
+mkdir -p target
+scripts/leftovers.sh record target/leftovers-before.txt
+
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # Integration tests run the airlock, airlock-jail and airlock-probe binaries: build them all.
@@ -87,3 +91,5 @@ AIRLOCK_FUZZ_ITERATIONS=50000 cargo test --locked -p airlock-agent -p airlock-se
 AIRLOCK_FUZZ_ITERATIONS=50000 cargo test --locked -p airlock-policy --test fuzz_policy
 AIRLOCK_FUZZ_ITERATIONS=20000 cargo test --locked -p airlock-image --test fuzz_layers
 scripts/fuzz.sh 10
+# Nothing outlives a sandbox: no cgroup, mount, loop device or process of any test is left.
+scripts/leftovers.sh check target/leftovers-before.txt

@@ -3,6 +3,7 @@ what sandboxes leave on the host. Standard library only, so it imports under any
 
 import http.client
 import json
+import contextlib
 import os
 import re
 import shutil
@@ -258,6 +259,22 @@ class Daemon:
         os.environ["E2B_API_KEY"] = self.key
         os.environ["NO_PROXY"] = "127.0.0.1,localhost"
         os.environ["no_proxy"] = "127.0.0.1,localhost"
+
+    @contextlib.contextmanager
+    def exported(self):
+        """The E2B variables point at this daemon inside the block (a module's own daemon
+        beside the session's), and are put back after it."""
+        names = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "NO_PROXY", "no_proxy")
+        saved = {name: os.environ.get(name) for name in names}
+        self.export_env()
+        try:
+            yield self
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
     def _listed_ids(self) -> set[str]:
         ids = set()

@@ -9,7 +9,6 @@ repository alone, and refuses a push to another branch."""
 
 import base64
 import json
-import os
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -132,17 +131,10 @@ def forge(tmp_path_factory):
         "--forge-git-host", "git.test",
         "--forge-token-file", str(token_file),
     ))
-    saved = {name: os.environ.get(name) for name in
-             ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "NO_PROXY", "no_proxy")}
-    daemon.export_env()
     try:
-        yield {"daemon": daemon, "root": root, "seen": seen, "calls": calls}
+        with daemon.exported():
+            yield {"daemon": daemon, "root": root, "seen": seen, "calls": calls}
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         git_server.shutdown()
         forge_server.shutdown()
         daemon.stop_and_check()

@@ -292,8 +292,8 @@ fn test_container_keeps_every_denial_of_the_process_tier() {
         let run = in_image(&image, &[], &[action]);
         assert_eq!(run.verdict(), expect, "{action}: {run:?}");
     }
-    // No privileges.
-    let status = in_image(&image, &[], &["status"]);
+    // No privileges but root's own file capabilities (test_container_root_keeps_only_...).
+    let status = in_image(&image, &["--user", "1000"], &["status"]);
     assert_eq!(
         status.verdict(),
         "ok CapEff=0 CapPrm=0 CapBnd=0 CapAmb=0 NoNewPrivs=1 Seccomp=2",
@@ -323,6 +323,54 @@ fn test_container_keeps_every_denial_of_the_process_tier() {
         "init (a host binary) cannot be rewritten through /proc (CVE-2019-5736)"
     );
     assert_eq!(in_image(&image, &[], &["fds"]).verdict(), "ok 0,1,2");
+}
+
+#[test]
+fn test_container_root_keeps_only_its_file_capabilities() {
+    let scratch = Scratch::new();
+    let image = TestImage::busybox(&scratch, "img").plain();
+    // CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, NET_BIND_SERVICE: 0x4fb.
+    let status = in_image(&image, &["--user", "0"], &["status"]);
+    assert_eq!(
+        status.verdict(),
+        "ok CapEff=4fb CapPrm=4fb CapBnd=4fb CapAmb=0 NoNewPrivs=1 Seccomp=2",
+        "{status:?}"
+    );
+    // What a package manager needs: files owned by the image's users, a set-group-id
+    // directory, and another user's private directory entered.
+    let packages = sh(
+        &image,
+        &["--user", "0"],
+        "mkdir -p /srv/private && chown 1000:1000 /srv /srv/private && chmod 2775 /srv \
+         && chmod 700 /srv/private && touch /srv/private/file && stat -c '%u:%g %a' /srv",
+    );
+    assert_eq!(packages.stdout.trim(), "1000:1000 2775", "{packages:?}");
+    // Still refused to root: set-user-id files, device nodes, init's binary, mounts.
+    assert_eq!(
+        in_image(&image, &["--user", "0"], &["chmod-setuid", "/bin/busybox"]).verdict(),
+        "errno 1 EPERM"
+    );
+    assert_eq!(
+        in_image(&image, &["--user", "0"], &["mknod-char", "/tmp/null"]).verdict(),
+        "errno 13 EACCES"
+    );
+    assert_eq!(
+        in_image(&image, &["--user", "0"], &["open-write", "/proc/1/exe"]).verdict(),
+        "errno 13 EACCES"
+    );
+    assert_eq!(
+        in_image(&image, &["--user", "0"], &["mount"]).verdict(),
+        "errno 1 EPERM"
+    );
+    // Another user of the image holds nothing, and the process tier's root neither.
+    assert_eq!(
+        in_image(&image, &["--user", "1000"], &["status"]).verdict(),
+        "ok CapEff=0 CapPrm=0 CapBnd=0 CapAmb=0 NoNewPrivs=1 Seccomp=2"
+    );
+    assert_eq!(
+        airlock(&["run", "--user", "0", "--", &scratch.probe(), "status"]).verdict(),
+        "ok CapEff=0 CapPrm=0 CapBnd=0 CapAmb=0 NoNewPrivs=1 Seccomp=2"
+    );
 }
 
 #[test]

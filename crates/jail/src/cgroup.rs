@@ -571,24 +571,27 @@ impl SandboxCgroup {
     }
 
     /// Kills what is left and removes the directories. Exiting tasks can keep a cgroup busy for
-    /// a moment, so removal is retried for up to two seconds.
+    /// a while on a loaded host, so each directory is retried for up to five seconds, and one
+    /// that stays busy never keeps the others from being removed. Returns the first failure.
     pub fn remove(&self) -> Result<(), CgroupError> {
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let mut removed: Vec<&PathBuf> = Vec::new();
         let children = self
             .dirs
             .iter()
             .flat_map(|(_, dir)| [dir.join(WORKLOAD_CHILD), dir.join(AGENT_CHILD)])
             .filter(|dir| dir.is_dir())
             .collect::<Vec<_>>();
-        let parents = self.dirs.iter().map(|(_, dir)| dir);
-        for dir in children.iter().chain(parents) {
-            if removed.contains(&dir) {
-                continue;
+        let parents = self.dirs.iter().map(|(_, dir)| dir.clone());
+        let mut order: Vec<PathBuf> = Vec::new();
+        for dir in children.into_iter().chain(parents) {
+            if !order.contains(&dir) {
+                order.push(dir);
             }
-            removed.push(dir);
+        }
+        let mut first_failure = None;
+        for dir in order {
+            let deadline = Instant::now() + REMOVE_PATIENCE;
             loop {
-                match fs::remove_dir(dir) {
+                match fs::remove_dir(&dir) {
                     Ok(()) => break,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => break,
                     Err(_) if Instant::now() < deadline => {
@@ -596,17 +599,18 @@ impl SandboxCgroup {
                         sleep(Duration::from_millis(1));
                     }
                     Err(source) => {
-                        return Err(CgroupError::Remove {
-                            path: dir.clone(),
-                            source,
-                        });
+                        first_failure.get_or_insert(CgroupError::Remove { path: dir, source });
+                        break;
                     }
                 }
             }
         }
-        Ok(())
+        first_failure.map_or(Ok(()), Err)
     }
 }
+
+/// How long one cgroup directory's removal is retried while exiting tasks keep it busy.
+const REMOVE_PATIENCE: Duration = Duration::from_secs(5);
 
 /// A memory cgroup's OOM counters file: `memory.events` on v2, `memory.oom_control` on v1.
 fn oom_file(dir: &Path) -> PathBuf {

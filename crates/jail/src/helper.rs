@@ -560,9 +560,15 @@ fn with_user(plan: &Plan, user: airlock_policy::image_user::ResolvedUser) -> Pla
 }
 
 fn drop_privileges(plan: &Plan) -> Result<(), Failure> {
-    // Empty the bounding set while CAP_SETPCAP is still held, so exec can never regain anything.
+    let keep = kept_capabilities(&plan.identity);
+    // Shrink the bounding set while CAP_SETPCAP is still held, so exec can never regain
+    // anything else. PR_CAPBSET_READ fails past the kernel's last capability.
     let mut cap = 0;
-    while sys::prctl(libc::PR_CAPBSET_DROP, cap).is_ok() {
+    while sys::prctl(libc::PR_CAPBSET_READ, cap).is_ok() {
+        if keep & (1 << cap) == 0 {
+            sys::prctl(libc::PR_CAPBSET_DROP, cap)
+                .map_err(|e| with_source("emptying the bounding set", &e))?;
+        }
         cap += 1;
     }
     if plan.identity.privileged_caller {
@@ -575,7 +581,18 @@ fn drop_privileges(plan: &Plan) -> Result<(), Failure> {
         .map_err(|e| with_source(&format!("switching to uid {}", plan.identity.uid), &e))?;
     sys::prctl_cap_ambient_clear_all()
         .map_err(|e| with_source("clearing ambient capabilities", &e))?;
-    sys::clear_capabilities().map_err(|e| with_source("clearing capabilities", &e))
+    sys::set_capabilities(keep).map_err(|e| with_source("clearing capabilities", &e))
+}
+
+/// The capabilities the workload keeps, as a bit mask: none, except a container-tier root's
+/// file capabilities inside its own user namespace (see `IdentityPlan::root_file_caps`).
+fn kept_capabilities(identity: &airlock_policy::IdentityPlan) -> u64 {
+    if !(identity.root_file_caps && identity.uid == 0) {
+        return 0;
+    }
+    airlock_policy::ROOT_FILE_CAPABILITIES
+        .iter()
+        .fold(0, |mask, cap| mask | (1 << cap))
 }
 
 /// Converts strings for execve, rejecting interior NUL bytes.

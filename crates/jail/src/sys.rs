@@ -321,8 +321,9 @@ pub fn set_groups(groups: &[u32]) -> io::Result<()> {
     .map(drop)
 }
 
-/// Empties the effective, permitted and inheritable capability sets.
-pub fn clear_capabilities() -> io::Result<()> {
+/// Sets the effective and permitted capability sets to `keep` (bit n is capability n) and
+/// empties the inheritable set.
+pub fn set_capabilities(keep: u64) -> io::Result<()> {
     #[repr(C)]
     struct Header {
         version: u32,
@@ -340,11 +341,20 @@ pub fn clear_capabilities() -> io::Result<()> {
         version: LINUX_CAPABILITY_VERSION_3,
         pid: 0,
     };
-    let data = [Data {
-        effective: 0,
-        permitted: 0,
-        inheritable: 0,
-    }; 2];
+    let low = (keep & 0xffff_ffff) as u32;
+    let high = (keep >> 32) as u32;
+    let data = [
+        Data {
+            effective: low,
+            permitted: low,
+            inheritable: 0,
+        },
+        Data {
+            effective: high,
+            permitted: high,
+            inheritable: 0,
+        },
+    ];
     // SAFETY: version 3 takes a header and an array of two data structs, both valid for the call.
     check(unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) }).map(drop)
 }

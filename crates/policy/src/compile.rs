@@ -174,7 +174,11 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
         } else {
             process_landlock()
         },
-        seccomp: default_rules(),
+        seccomp: if container && host.caller_uid == 0 {
+            crate::seccomp::image_root_rules()
+        } else {
+            default_rules()
+        },
         rlimits: vec![
             Rlimit {
                 resource: RlimitResource::Core,
@@ -342,6 +346,7 @@ fn identity(config: &SandboxConfig, host: &HostFacts) -> IdentityPlan {
             uid: user.uid,
             gid: user.gid,
             privileged_caller: true,
+            root_file_caps: lookup.is_some(),
             lookup,
             groups: Vec::new(),
         };
@@ -363,6 +368,7 @@ fn identity(config: &SandboxConfig, host: &HostFacts) -> IdentityPlan {
         privileged_caller: false,
         lookup,
         groups: Vec::new(),
+        root_file_caps: false,
     }
 }
 

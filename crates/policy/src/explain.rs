@@ -191,10 +191,13 @@ fn process(policy: &Policy, tier: Tier) -> Vec<Line> {
     } else {
         "the seccomp filter"
     };
-    let mut lines = vec![line(
-        "capabilities, no_new_privs (base)",
-        "bounding set emptied, ids switched, no_new_privs; the built-in seccomp deny-list",
-    )];
+    let enforced = if tier == Tier::Container {
+        "bounding set emptied (an image root under a root caller keeps its file capabilities \
+         in its own user namespace), ids switched, no_new_privs; the built-in seccomp deny-list"
+    } else {
+        "bounding set emptied, ids switched, no_new_privs; the built-in seccomp deny-list"
+    };
+    let mut lines = vec![line("capabilities, no_new_privs (base)", enforced)];
     if let Some(user) = &doc.process.user {
         lines.push(line(
             format!("user {user}"),

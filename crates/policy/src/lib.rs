@@ -29,9 +29,9 @@ pub use document_compile::{FsEffect, FsOutcome, egress_plan, filesystem_effects}
 pub use explain::explain;
 pub use plan::{
     CgroupLimits, EGRESS_CA, EGRESS_DIR, EGRESS_SOCKET, EGRESS_TRUST_BUNDLE, EgressSetup, IdMap,
-    IdentityPlan, LandlockPlan, Mask, MaskKind, Plan, ProcessPlan, Rlimit, RlimitResource,
-    RootPlan, SCRATCH_TMP, SCRATCH_UPPER, SCRATCH_WORK, SCRATCH_WORKSPACE, SYSTEM_TRUST_STORE,
-    ScratchPlan, UserLookup, ViewPlan, WorkspacePlan, id_range,
+    IdentityPlan, LandlockPlan, Mask, MaskKind, Plan, ProcessPlan, ROOT_FILE_CAPABILITIES, Rlimit,
+    RlimitResource, RootPlan, SCRATCH_TMP, SCRATCH_UPPER, SCRATCH_WORK, SCRATCH_WORKSPACE,
+    SYSTEM_TRUST_STORE, ScratchPlan, UserLookup, ViewPlan, WorkspacePlan, id_range,
 };
 pub use prover::{Counterexample, Finding, FindingKind, diff, within};
 pub use seccomp::{ArgCheck, SeccompRule, SyscallAction};

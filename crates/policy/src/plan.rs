@@ -36,7 +36,20 @@ pub struct IdentityPlan {
     /// from the image's `/etc/group` on the container tier.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<u32>,
+    /// Set on the container tier with a multi-id map: a workload that runs as uid 0 keeps
+    /// [`ROOT_FILE_CAPABILITIES`] inside its user namespace, as a container's root does, so
+    /// that package managers can own, chown and switch to the image's users. They reach only
+    /// what the namespace's own ids own; every other capability is out of the bounding set.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub root_file_caps: bool,
 }
+
+/// The capabilities a container-tier root keeps (see [`IdentityPlan::root_file_caps`]):
+/// `CAP_CHOWN`, `CAP_DAC_OVERRIDE`, `CAP_FOWNER`, `CAP_FSETID`, `CAP_KILL`, `CAP_SETGID`,
+/// `CAP_SETUID` and `CAP_NET_BIND_SERVICE`. Docker's default set without `CAP_MKNOD`,
+/// `CAP_SYS_CHROOT`, `CAP_SETFCAP`, `CAP_SETPCAP` and `CAP_AUDIT_WRITE`, whose syscalls or
+/// effects the sandbox refuses anyway.
+pub const ROOT_FILE_CAPABILITIES: &[u32] = &[0, 1, 3, 4, 5, 6, 7, 10];
 
 /// A user to find in the image (the container tier), resolved by init inside the sandbox's
 /// root, where the image's files are, and through which nothing of the host is reachable.

@@ -76,6 +76,7 @@ const AF_INET6: u32 = 10;
 const TIOCSTI: u32 = 0x5412;
 const TIOCLINUX: u32 = 0x541c;
 const SET_ID_BITS: u32 = 0o6000;
+const SET_UID_BIT: u32 = 0o4000;
 const O_CREAT: u32 = 0o100;
 const O_TMPFILE_BIT: u32 = 0o2000_0000;
 const PERSONALITY_QUERY: u32 = 0xffff_ffff;
@@ -151,6 +152,20 @@ const DENIED: &[(&[&str], &str)] = &[
 
 /// The built-in profile of the process tier.
 pub fn default_rules() -> Vec<SeccompRule> {
+    rules_refusing(SET_ID_BITS)
+}
+
+/// The built-in profile of a container-tier sandbox of a root caller, whose ids are a private
+/// range that owns nothing else on the host: set-group-id is allowed there, as the image's
+/// packages need (`chmod 2775` of a group's directory in a post-install script), and
+/// set-user-id stays refused.
+pub fn image_root_rules() -> Vec<SeccompRule> {
+    rules_refusing(SET_UID_BIT)
+}
+
+/// The built-in profile, with `set_id_bits` the mode bits that chmod, creat, mknod and a
+/// creating open may not set.
+fn rules_refusing(set_id_bits: u32) -> Vec<SeccompRule> {
     let mut rules = Vec::new();
     for (syscalls, why) in DENIED {
         for syscall in *syscalls {
@@ -246,7 +261,7 @@ pub fn default_rules() -> Vec<SeccompRule> {
     ] {
         rules.push(rule(
             syscall,
-            &[ne(mode_arg, SET_ID_BITS, 0)],
+            &[ne(mode_arg, set_id_bits, 0)],
             SyscallAction::Eperm,
             set_id,
         ));
@@ -255,7 +270,7 @@ pub fn default_rules() -> Vec<SeccompRule> {
         for create in [O_CREAT, O_TMPFILE_BIT] {
             rules.push(rule(
                 syscall,
-                &[ne(flags_arg, create, 0), ne(flags_arg + 1, SET_ID_BITS, 0)],
+                &[ne(flags_arg, create, 0), ne(flags_arg + 1, set_id_bits, 0)],
                 SyscallAction::Eperm,
                 set_id,
             ));

@@ -281,6 +281,9 @@ impl Runtime {
                     owners,
                     &spec.volume,
                 )?;
+                if let VolumeSource::Snapshot(snapshot) = &spec.volume {
+                    storage.refill_spare(snapshot);
+                }
                 plan.use_disk_scratch(dir);
                 Some(VolumeGuard {
                     storage: storage.clone(),
@@ -386,7 +389,11 @@ impl Runtime {
         if !was_frozen {
             record.thaw().map_err(RuntimeError::Freeze)?;
         }
-        taken.map(drop).map_err(RuntimeError::Storage)
+        taken.map_err(RuntimeError::Storage)?;
+        // Once the sandbox runs again, so that the first create from the snapshot finds its
+        // clone made. Only a speed-up: without it a create clones the snapshot itself.
+        let _ = storage.prepare_spare(snapshot);
+        Ok(())
     }
 
     /// The snapshots on this runtime's storage.
@@ -423,6 +430,7 @@ impl Runtime {
         .filter_map(|name| name.strip_prefix(&prefix).map(str::to_owned))
         .collect();
         if let Some(storage) = &self.storage {
+            storage.sweep_spares();
             for id in storage.volumes() {
                 if !live_ids.contains(&id) {
                     storage.remove_volume(&id);

@@ -27,6 +27,10 @@ const MOUNT: &str = "storage";
 /// Inside the mount: one subvolume per sandbox, and one read-only subvolume per snapshot.
 const VOLUMES: &str = "volumes";
 const SNAPSHOTS: &str = "snapshots";
+/// Inside the mount: at most one writable clone of each snapshot, made before a create needs
+/// it. Making a btrfs snapshot commits a transaction (3 to 11 ms measured here, most of a
+/// create from a snapshot); renaming a ready clone into `volumes/` does not.
+const SPARES: &str = "spares";
 /// The default image size: at most this, and at most half the free space.
 pub const DEFAULT_MAX_BYTES: u64 = 16 << 30;
 /// btrfs needs about 110 MiB for itself; below this an image is not worth making.
@@ -230,7 +234,12 @@ impl Storage {
                 if dir.exists() {
                     self.remove_volume(id);
                 }
-                disk::btrfs_snapshot(&self.snapshot_dir(snapshot), &volumes, id, false)
+                // Two creates may race for one spare: the rename's loser makes its own clone.
+                if std::fs::rename(self.spare_dir(snapshot), &dir).is_ok() {
+                    Ok(())
+                } else {
+                    disk::btrfs_snapshot(&self.snapshot_dir(snapshot), &volumes, id, false)
+                }
             }
         };
         created.map_err(volume_error(&dir))?;
@@ -293,8 +302,61 @@ impl Storage {
         Ok(dir)
     }
 
-    /// Deletes snapshot `snapshot`; nothing if there is none. Volumes made from it keep their
-    /// files (copy on write).
+    fn spare_dir(&self, snapshot: &str) -> PathBuf {
+        self.mount.join(SPARES).join(snapshot)
+    }
+
+    /// Makes the writable clone of snapshot `snapshot` that the next create from it takes,
+    /// unless one is ready or the snapshot is gone. Off the create's path: after a snapshot,
+    /// and in the background after a create took the spare.
+    pub fn prepare_spare(&self, snapshot: &str) -> Result<(), StorageError> {
+        let spares = self.mount.join(SPARES);
+        let dir = self.spare_dir(snapshot);
+        if dir.exists() || !self.snapshot_dir(snapshot).is_dir() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&spares)
+            .and_then(|()| {
+                disk::btrfs_snapshot(&self.snapshot_dir(snapshot), &spares, snapshot, false)
+            })
+            .map_err(volume_error(&dir))?;
+        // The snapshot may have been deleted while its clone was made: take the clone back.
+        if !self.snapshot_dir(snapshot).is_dir() {
+            self.remove_spare(snapshot);
+        }
+        Ok(())
+    }
+
+    /// [`Storage::prepare_spare`] on a thread of its own, for a create that just took one.
+    pub fn refill_spare(self: &std::sync::Arc<Self>, snapshot: &str) {
+        let storage = self.clone();
+        let snapshot = snapshot.to_owned();
+        let _ = std::thread::Builder::new()
+            .name("airlock-spare".into())
+            .spawn(move || {
+                let _ = storage.prepare_spare(&snapshot);
+            });
+    }
+
+    fn remove_spare(&self, snapshot: &str) {
+        let subvolume = disk::btrfs_subvolume_id(&self.spare_dir(snapshot)).ok();
+        let _ = disk::btrfs_delete_subvolume(&self.mount.join(SPARES), snapshot);
+        if let Some(subvolume) = subvolume {
+            let _ = disk::btrfs_remove_qgroup(&self.mount, subvolume);
+        }
+    }
+
+    /// Removes the spares whose snapshot is gone (a crash between the two removals).
+    pub fn sweep_spares(&self) {
+        for snapshot in list_dirs(&self.mount.join(SPARES)) {
+            if !self.snapshot_dir(&snapshot).is_dir() {
+                self.remove_spare(&snapshot);
+            }
+        }
+    }
+
+    /// Deletes snapshot `snapshot` and its spare; nothing if there is none. Volumes made from
+    /// it keep their files (copy on write).
     pub fn remove_snapshot(&self, snapshot: &str) {
         let dir = self.snapshot_dir(snapshot);
         let subvolume = disk::btrfs_subvolume_id(&dir).ok();
@@ -302,6 +364,8 @@ impl Storage {
         if let Some(subvolume) = subvolume {
             let _ = disk::btrfs_remove_qgroup(&self.mount, subvolume);
         }
+        // After the snapshot: no new clone can be made of it now (see `prepare_spare`).
+        self.remove_spare(snapshot);
     }
 
     /// The ids of the snapshots that exist.

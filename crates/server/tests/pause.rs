@@ -165,6 +165,12 @@ async fn test_fork_and_snapshot_through_the_native_api() {
         .snapshot(&id, Some("base-copy".into()))
         .await
         .unwrap();
+    // Its clone is made ahead, off the path of the create that takes it.
+    let spares = daemon.state_dir.join("storage/spares");
+    assert!(
+        spares.join(&snapshot.id).is_dir(),
+        "no spare clone was made"
+    );
     let forks = client
         .fork(
             &id,
@@ -208,6 +214,12 @@ async fn test_fork_and_snapshot_through_the_native_api() {
     client.delete_snapshot(&snapshot.id).await.unwrap();
     assert_eq!(run(&client, &child, "cat /workspace/f").await, "parent\n");
     assert!(client.snapshots().await.unwrap().is_empty());
+    // No clone outlives its snapshot, not even one a background refill was making.
+    let spares_gone = common::eventually(Duration::from_secs(30), || async {
+        std::fs::read_dir(&spares).map_or(true, |mut entries| entries.next().is_none())
+    })
+    .await;
+    assert!(spares_gone, "a spare clone outlived its snapshot");
     assert!(
         matches!(
             client
