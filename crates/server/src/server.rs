@@ -219,7 +219,9 @@ async fn connection(
     let Some(acceptor) = tls else {
         return serve_connection(daemon, TokioIo::new(stream), false, stop, done).await;
     };
-    let (stream, over_tls) = crate::tls::starts_tls(stream, HEADER_TIMEOUT).await;
+    let Some((stream, over_tls)) = crate::tls::starts_tls(stream, HEADER_TIMEOUT).await else {
+        return;
+    };
     if !over_tls {
         return serve_connection(daemon, TokioIo::new(stream), false, stop, done).await;
     }

@@ -159,13 +159,17 @@ impl Listener {
     }
 }
 
-/// Whether the client's first byte opens a TLS handshake (without consuming it). A client
-/// that sends nothing within `wait` is served as plain HTTP, whose header timeout ends it.
-pub async fn starts_tls(stream: TcpStream, wait: Duration) -> (TcpStream, bool) {
+/// Whether the client's first byte opens a TLS handshake (without consuming it); `None` when
+/// nothing arrived within `wait` (the connection is dropped, as the header timeout would).
+pub async fn starts_tls(stream: TcpStream, wait: Duration) -> Option<(TcpStream, bool)> {
     let mut first = [0u8; 1];
-    let peeked = tokio::time::timeout(wait, stream.peek(&mut first)).await;
-    let tls = matches!(peeked, Ok(Ok(1))) && first[0] == HANDSHAKE_RECORD;
-    (stream, tls)
+    match tokio::time::timeout(wait, stream.peek(&mut first)).await {
+        Ok(Ok(1)) => {
+            let tls = first[0] == HANDSHAKE_RECORD;
+            Some((stream, tls))
+        }
+        _ => None,
+    }
 }
 
 fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
