@@ -115,6 +115,9 @@ def test_computer_page_sees_clicks_typing_and_keys(computer):
 
 def test_computer_drag_and_scroll_reach_the_page(computer):
     computer.browse("/tmp/drag.html", DRAG_PAGE, "drag ready")
+    # A click is a drag of nothing: once the page reports it, it takes the pointer's input.
+    wait_for(lambda: computer.act("click", x_px=200, y_px=300) and "drag 0,0" in computer.titles(),
+             "the page to take a click", timeout=120, interval=0.5)
     computer.act("drag", from_x_px=200, from_y_px=300, to_x_px=350, to_y_px=400)
     computer.wait_title("drag 150,100")
     computer.act("scroll", direction="down", clicks=3, x_px=400, y_px=300)

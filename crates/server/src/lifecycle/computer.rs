@@ -3,7 +3,10 @@
 //! scrot, xclip), so both see the same screen. The display is `:0` (the sandbox's `DISPLAY`
 //! wins); when nothing serves it yet, the first action starts Xvfb at the sandbox's
 //! `resolution` metadata (`WIDTHxHEIGHT`, default 1024x768) with XFCE's window manager but no
-//! session (the SDK's create starts the whole of XFCE itself).
+//! session (the SDK's create starts the whole of XFCE itself). Moves go without xdotool's
+//! `--sync`, which waits 15 s when the pointer is already at the target (xdotool 3.20160805);
+//! the X server applies one client's fake events in order, so a click lands where the move put
+//! the pointer.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -319,7 +322,7 @@ impl Daemon {
                     MouseButton::Middle => "2",
                     MouseButton::Right => "3",
                 };
-                let argv = ["xdotool", "mousemove", "--sync", &x, &y, "click", button];
+                let argv = ["xdotool", "mousemove", &x, &y, "click", button];
                 done(run(&agent, &argv, &env).await?, "xdotool click")
             }
             ComputerAction::DoubleClick { x_px, y_px } => {
@@ -327,7 +330,6 @@ impl Daemon {
                 let argv = [
                     "xdotool",
                     "mousemove",
-                    "--sync",
                     &x,
                     &y,
                     "click",
@@ -339,7 +341,9 @@ impl Daemon {
             }
             ComputerAction::Move { x_px, y_px } => {
                 let [x, y] = xy(*x_px, *y_px);
-                let argv = ["xdotool", "mousemove", "--sync", &x, &y];
+                // The query after the move is a round trip on the same connection: the action answers
+                // once the server has the move.
+                let argv = ["xdotool", "mousemove", &x, &y, "getmouselocation"];
                 done(run(&agent, &argv, &env).await?, "xdotool mousemove")
             }
             ComputerAction::Drag {
@@ -350,21 +354,11 @@ impl Daemon {
             } => {
                 let [x1, y1] = xy(*from_x_px, *from_y_px);
                 let [x2, y2] = xy(*to_x_px, *to_y_px);
-                let argv = [
-                    "xdotool",
-                    "mousemove",
-                    "--sync",
-                    &x1,
-                    &y1,
-                    "mousedown",
-                    "1",
-                    "mousemove",
-                    "--sync",
-                    &x2,
-                    &y2,
-                    "mouseup",
-                    "1",
-                ];
+                // A short pause lets the browser see the move before the release.
+                let script = "xdotool mousemove \"$1\" \"$2\" mousedown 1 \
+                              && xdotool mousemove \"$3\" \"$4\" && sleep 0.05 \
+                              && xdotool mouseup 1";
+                let argv = ["/bin/sh", "-c", script, "sh", &x1, &y1, &x2, &y2];
                 done(run(&agent, &argv, &env).await?, "xdotool drag")
             }
             ComputerAction::Scroll {
@@ -387,9 +381,9 @@ impl Daemon {
                 let clicks = clicks.to_string();
                 let mut argv: Vec<String> = vec!["xdotool".into()];
                 match (x_px, y_px) {
-                    (Some(x), Some(y)) => argv.extend(
-                        ["mousemove", "--sync", &x.to_string(), &y.to_string()].map(String::from),
-                    ),
+                    (Some(x), Some(y)) => {
+                        argv.extend(["mousemove", &x.to_string(), &y.to_string()].map(String::from))
+                    }
                     (None, None) => {}
                     _ => return Err(ApiError::invalid("give both x_px and y_px, or neither")),
                 }
