@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every cargo-fuzz target (libFuzzer) for a bounded time: the policy parser, the agent's
 # Connect framing, JSON messages and file paths, the daemon's request bodies, and the image
-# store's layer applier (as root, like the store). Stable Rust
+# store's layer applier (as root, like the store), and the VMM's virtio-mmio transport and
+# entropy queue with guest-chosen descriptors. Stable Rust
 # works without a sanitizer (`--sanitizer none`); nightly users may drop that flag to add
 # AddressSanitizer. Corpora grow under target/fuzz-corpus/, never in the repository; each
 # target also reads its kept seeds and regression inputs. Usage: scripts/fuzz.sh [SECONDS]
@@ -30,3 +31,5 @@ run agent json_messages
 run agent file_paths
 run server request_bodies
 run image apply_layer
+run vmm mmio_transport
+run vmm rng_queue

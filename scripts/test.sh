@@ -74,6 +74,12 @@ cargo run --quiet --locked --bin airlock -- bench pause --iterations 5 --snapsho
 cargo run --quiet --locked --bin airlock -- bench interpreter --creates 2 --iterations 20
 cargo run --quiet --locked --bin airlock -- bench desktop --creates 2 --iterations 10
 cargo run --quiet --locked --bin airlock -- bench judge0 --iterations 5 --submissions 40
+# The microVM tier's VMM on this host's /dev/kvm: fork-ready times and memory per idle fork.
+if [ -e /dev/kvm ]; then
+    cargo run --quiet --locked --bin airlock -- bench vm --iterations 200 --forks 50
+else
+    echo "bench vm: SKIPPED, /dev/kvm does not exist on this host"
+fi
 # The start-up floor the README compares against must keep building and running.
 target/startup-floor 20
 # Image pull and unpack against skopeo copy (figures only).
@@ -90,6 +96,7 @@ cargo run --quiet --locked --bin airlock -- seceval --tier process --template de
 AIRLOCK_FUZZ_ITERATIONS=50000 cargo test --locked -p airlock-agent -p airlock-server --test fuzz --test fuzz_bodies
 AIRLOCK_FUZZ_ITERATIONS=50000 cargo test --locked -p airlock-policy --test fuzz_policy
 AIRLOCK_FUZZ_ITERATIONS=20000 cargo test --locked -p airlock-image --test fuzz_layers
+AIRLOCK_FUZZ_ITERATIONS=50000 cargo test --locked -p airlock-vmm --test fuzz
 scripts/fuzz.sh 10
 # Nothing outlives a sandbox: no cgroup, mount, loop device or process of any test is left.
 scripts/leftovers.sh check target/leftovers-before.txt

@@ -157,6 +157,19 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 5)]
         rounds: usize,
     },
+    /// The microVM tier's VMM with a freestanding guest: fork-ready time from a snapshot with
+    /// and without pre-created VM shells, and host memory per idle fork.
+    Vm {
+        /// Timed forks per contender (after 20 warm-up ones).
+        #[arg(long, default_value_t = 1000)]
+        iterations: usize,
+        /// Live idle forks for the memory figure.
+        #[arg(long, default_value_t = 200)]
+        forks: usize,
+        /// Guest RAM in MiB.
+        #[arg(long, default_value_t = 64)]
+        memory_mib: u64,
+    },
     /// The egress proxy: added latency of small GETs and CONNECT pass-through throughput, each
     /// against direct access on loopback.
     Egress {
@@ -239,6 +252,11 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             iterations,
             snapshots,
         } => crate::bench_pause::pause(iterations, snapshots),
+        BenchCommand::Vm {
+            iterations,
+            forks,
+            memory_mib,
+        } => crate::bench_vm::vm(iterations, forks, memory_mib),
         BenchCommand::Image(args) => crate::bench_image::image(args),
         BenchCommand::Interpreter {
             url,

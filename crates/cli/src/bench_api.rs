@@ -284,7 +284,7 @@ pub fn api(
 }
 
 /// Used memory as the kernel sees it: everything not available to new allocations.
-fn used_bytes() -> anyhow::Result<u64> {
+pub(crate) fn used_bytes() -> anyhow::Result<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo")?;
     let field = |name: &str| -> anyhow::Result<u64> {
         meminfo

@@ -14,6 +14,7 @@ mod bench_judge0;
 mod bench_load;
 mod bench_pause;
 mod bench_soak;
+mod bench_vm;
 mod build_context;
 mod daemon_cmds;
 mod dockerfile;
@@ -204,6 +205,10 @@ fn probe() -> anyhow::Result<ExitCode> {
         } else {
             ""
         }
+    );
+    println!(
+        "kvm:              {}",
+        airlock_vmm::host::detect().describe()
     );
     for backend in runtime.backends() {
         let state = match &backend.unavailable {

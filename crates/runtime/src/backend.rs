@@ -97,6 +97,9 @@ impl Backend {
     pub fn probe(self, host: &HostSupport) -> BackendSupport {
         match self.implementation() {
             Some(backend) => backend.probe(host),
+            None if self == Backend::Microvm => {
+                crate::microvm::support(&airlock_vmm::host::detect())
+            }
             None => BackendSupport {
                 tier: self.tier(),
                 unavailable: Some("not implemented in this build yet".to_owned()),
@@ -114,9 +117,13 @@ impl Backend {
             tier: self.tier().as_str(),
             reason,
         };
-        let backend = self
-            .implementation()
-            .ok_or_else(|| unavailable("not implemented in this build yet".to_owned()))?;
+        let backend = self.implementation().ok_or_else(|| {
+            unavailable(
+                self.probe(host)
+                    .unavailable
+                    .unwrap_or_else(|| "not implemented in this build yet".to_owned()),
+            )
+        })?;
         match backend.probe(host).unavailable {
             Some(reason) => Err(unavailable(reason)),
             None => Ok(backend),

@@ -17,6 +17,7 @@ mod evaluation;
 pub mod git;
 pub mod id_range;
 mod live;
+mod microvm;
 mod step;
 pub mod storage;
 mod workload;

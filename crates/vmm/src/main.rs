@@ -1,0 +1,130 @@
+//! `airlock-vmm`: the VMM as its own process, run fresh (and inside the process tier's jail)
+//! for each VM. Today it runs the freestanding counter guest:
+//!
+//! - `airlock-vmm template --snapshot DIR --steps N`: boots the guest, lets it count N times
+//!   and writes its snapshot to DIR (before any filter: it creates files);
+//! - `airlock-vmm fork --snapshot DIR --identity K --steps N`: maps the snapshot
+//!   copy-on-write, restores it, gives the fork identity K (the step it counts by), installs
+//!   the VMM's seccomp allow-list, runs N steps and prints `counter: V` (the counter's value
+//!   as the guest printed it, low byte, then in full from memory);
+//! - `airlock-vmm fork ... --then-open PATH`: the same, then tries to open PATH, which the
+//!   allow-list answers by killing the process (the proof that the filter is in force).
+//!
+//! `--kvm-fd N` takes `/dev/kvm` from inherited descriptor N instead of opening it: how the
+//! VMM runs inside the process tier's jail, whose view has no `/dev/kvm` and whose user could
+//! not open it (the caller opens it; Landlock's device-ioctl right follows the opener).
+//!
+//! Exit status 0 when the run did what was asked; an error is printed on one line, 1.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use airlock_vmm::fork::Template;
+use airlock_vmm::guest_code::{self, CODE_ADDRESS, COUNTER_ADDRESS};
+use airlock_vmm::vm::{Vm, VmConfig, VmExit, VmShell, Vmm};
+use airlock_vmm::{seccomp, snapshot};
+use anyhow::{Context, bail};
+
+struct Args {
+    mode: String,
+    snapshot: PathBuf,
+    steps: u64,
+    identity: u64,
+    then_open: Option<PathBuf>,
+    kvm_fd: Option<i32>,
+}
+
+fn parse() -> anyhow::Result<Args> {
+    let mut args = std::env::args().skip(1);
+    let mode = args
+        .next()
+        .context("usage: airlock-vmm template|fork --snapshot DIR ...")?;
+    let mut parsed = Args {
+        mode,
+        snapshot: PathBuf::new(),
+        steps: 3,
+        identity: 1,
+        then_open: None,
+        kvm_fd: None,
+    };
+    while let Some(flag) = args.next() {
+        let value = args
+            .next()
+            .with_context(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--snapshot" => parsed.snapshot = PathBuf::from(value),
+            "--steps" => parsed.steps = value.parse().context("--steps")?,
+            "--identity" => parsed.identity = value.parse().context("--identity")?,
+            "--then-open" => parsed.then_open = Some(PathBuf::from(value)),
+            "--kvm-fd" => parsed.kvm_fd = Some(value.parse().context("--kvm-fd")?),
+            other => bail!("unknown flag {other}"),
+        }
+    }
+    if parsed.snapshot.as_os_str().is_empty() {
+        bail!("--snapshot DIR is required");
+    }
+    Ok(parsed)
+}
+
+fn run_steps(vm: &mut Vm, steps: u64) -> anyhow::Result<()> {
+    match vm.run(Some(steps))? {
+        VmExit::Paused => Ok(()),
+        other => bail!("the guest ended early: {other:?}"),
+    }
+}
+
+fn main_inner() -> anyhow::Result<()> {
+    let args = parse()?;
+    let vmm = match args.kvm_fd {
+        Some(fd) => Vmm::from_inherited_fd(fd)?,
+        None => Vmm::new()?,
+    };
+    match args.mode.as_str() {
+        "template" => {
+            let config = VmConfig {
+                memory_bytes: 2 << 20,
+                entry: CODE_ADDRESS,
+                image: vec![(CODE_ADDRESS, guest_code::counter_loop())],
+                entropy_device: true,
+            };
+            let mut vm = Vm::boot(
+                &vmm,
+                VmShell::create(&vmm, 1, config.memory_bytes)?,
+                &config,
+            )?;
+            vm.set_identity(1)?;
+            run_steps(&mut vm, args.steps)?;
+            snapshot::save(&mut vm, &args.snapshot)?;
+            println!("template: {} steps", args.steps);
+        }
+        "fork" => {
+            let template = Template::from_snapshot(snapshot::load(&args.snapshot)?);
+            let mut vm = template.fork(&vmm, None)?;
+            vm.set_identity(args.identity)?;
+            seccomp::install()?;
+            run_steps(&mut vm, args.steps)?;
+            let bytes = snapshot::read_guest(&vm, u64::from(COUNTER_ADDRESS), 4)?;
+            let value = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+            let printed: Vec<String> = vm.console().contents().iter().map(u8::to_string).collect();
+            println!("printed: {}", printed.join(" "));
+            println!("counter: {value}");
+            if let Some(path) = args.then_open {
+                // Killed here by the filter (SIGSYS) if it holds.
+                let opened = std::fs::File::open(&path);
+                println!("opened {}: {}", path.display(), opened.is_ok());
+            }
+        }
+        other => bail!("unknown mode {other} (template or fork)"),
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match main_inner() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("airlock-vmm: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! The VMM's own seccomp allow-list, installed once everything is set up and before the vCPU
+//! first runs (as Firecracker does per thread). Anything not listed kills the process; a
+//! foreign ABI (i386, x32) kills it too; `ioctl` is allowed only with a KVM request (type
+//! 0xAE), so the VMM cannot drive another device or a terminal even through a descriptor it
+//! was handed.
+//!
+//! This filter stacks on the process tier's deny-list when the VMM runs inside the jail.
+
+/// One classic BPF instruction (`struct sock_filter`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+struct Insn {
+    code: u16,
+    jt: u8,
+    jf: u8,
+    k: u32,
+}
+
+const LD_W_ABS: u16 = 0x20;
+const ALU_AND_K: u16 = 0x54;
+const JEQ_K: u16 = 0x15;
+const JGE_K: u16 = 0x35;
+const RET_K: u16 = 0x06;
+const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+const RET_KILL_PROCESS: u32 = 0x8000_0000;
+const RET_ALLOW: u32 = 0x7fff_0000;
+/// `seccomp_data.args[1]`, low half (x86_64 is little-endian): an ioctl's request.
+const OFFSET_IOCTL_REQUEST: u32 = 16 + 8;
+const KVMIO: u32 = 0xae;
+
+/// The syscalls the run loop makes, and why.
+pub const ALLOWED: &[(&str, libc::c_long)] = &[
+    // KVM_RUN and the KVM_GET_*/SET_* of snapshots (request type 0xAE only, see below).
+    ("ioctl", libc::SYS_ioctl),
+    // Console output to stdout, eventfd signals to the irqfds, snapshot files.
+    ("write", libc::SYS_write),
+    ("writev", libc::SYS_writev),
+    ("read", libc::SYS_read),
+    // Dropping descriptors at the end of a run; std checks each one with F_GETFD first
+    // (debug builds).
+    ("close", libc::SYS_close),
+    ("fcntl", libc::SYS_fcntl),
+    // The allocator (console buffer, snapshot state) and guest memory teardown.
+    ("mmap", libc::SYS_mmap),
+    ("munmap", libc::SYS_munmap),
+    ("mremap", libc::SYS_mremap),
+    ("brk", libc::SYS_brk),
+    ("madvise", libc::SYS_madvise),
+    // Mutexes (the console buffer) and the std runtime.
+    ("futex", libc::SYS_futex),
+    ("sched_yield", libc::SYS_sched_yield),
+    // The entropy device.
+    ("getrandom", libc::SYS_getrandom),
+    // The CMOS clock (vDSO normally; the syscall where the vDSO is unavailable).
+    ("clock_gettime", libc::SYS_clock_gettime),
+    // Signals: a KVM_RUN interrupted by one, and exit.
+    ("rt_sigreturn", libc::SYS_rt_sigreturn),
+    ("rt_sigprocmask", libc::SYS_rt_sigprocmask),
+    ("sigaltstack", libc::SYS_sigaltstack),
+    ("exit", libc::SYS_exit),
+    ("exit_group", libc::SYS_exit_group),
+];
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    #[error("setting no_new_privs failed")]
+    NoNewPrivs(#[source] std::io::Error),
+    #[error("installing the VMM's seccomp filter failed")]
+    Install(#[source] std::io::Error),
+}
+
+fn insn(code: u16, jt: u8, jf: u8, k: u32) -> Insn {
+    Insn { code, jt, jf, k }
+}
+
+fn program() -> Vec<Insn> {
+    let mut p = vec![
+        // The architecture: anything but x86_64 dies.
+        insn(LD_W_ABS, 0, 0, 4),
+        insn(JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
+        insn(RET_K, 0, 0, RET_KILL_PROCESS),
+        // The number; the x32 ABI dies.
+        insn(LD_W_ABS, 0, 0, 0),
+        insn(JGE_K, 0, 1, X32_SYSCALL_BIT),
+        insn(RET_K, 0, 0, RET_KILL_PROCESS),
+        // ioctl: only KVM requests.
+        insn(JEQ_K, 0, 4, libc::SYS_ioctl as u32),
+        insn(LD_W_ABS, 0, 0, OFFSET_IOCTL_REQUEST),
+        insn(ALU_AND_K, 0, 0, 0xff00),
+        insn(JEQ_K, 0, 1, KVMIO << 8),
+        insn(RET_K, 0, 0, RET_ALLOW),
+    ];
+    // After the ioctl block the accumulator may hold the masked request, so reload the
+    // number before the list (the ioctl case never reaches here: it returned either way).
+    p.push(insn(RET_K, 0, 0, RET_KILL_PROCESS));
+    let list_start = p.len();
+    p.push(insn(LD_W_ABS, 0, 0, 0));
+    for (_, number) in ALLOWED.iter().filter(|(name, _)| *name != "ioctl") {
+        p.push(insn(JEQ_K, 0, 1, *number as u32));
+        p.push(insn(RET_K, 0, 0, RET_ALLOW));
+    }
+    p.push(insn(RET_K, 0, 0, RET_KILL_PROCESS));
+    // The ioctl compare jumps over its block (4 instructions) to the kill above when the
+    // number is not ioctl; point it at the list instead.
+    let ioctl_compare = 6;
+    p[ioctl_compare].jf = (list_start - ioctl_compare - 1) as u8;
+    p
+}
+
+/// Installs the allow-list on the calling thread (the VMM is single-threaded).
+pub fn install() -> Result<(), SeccompError> {
+    let program = program();
+    let fprog = libc::sock_fprog {
+        len: program.len() as u16,
+        filter: program.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: prctl with integer arguments only; the result is checked.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(SeccompError::NoNewPrivs(std::io::Error::last_os_error()));
+    }
+    // SAFETY: `fprog` points at `program`, a live array of `len` instructions laid out as
+    // `struct sock_filter` (repr(C), same fields); the kernel copies it before returning.
+    let result = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER,
+            &fprog as *const libc::sock_fprog,
+            0,
+            0,
+        )
+    };
+    if result != 0 {
+        return Err(SeccompError::Install(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tiny classic-BPF interpreter for the instructions [`program`] uses.
+    fn run(program: &[Insn], nr: u32, arch: u32, ioctl_request: u32) -> u32 {
+        let data = |offset: u32| match offset {
+            0 => nr,
+            4 => arch,
+            OFFSET_IOCTL_REQUEST => ioctl_request,
+            _ => 0,
+        };
+        let (mut pc, mut acc) = (0usize, 0u32);
+        loop {
+            let i = program[pc];
+            pc += 1;
+            match i.code {
+                LD_W_ABS => acc = data(i.k),
+                ALU_AND_K => acc &= i.k,
+                JEQ_K => pc += usize::from(if acc == i.k { i.jt } else { i.jf }),
+                JGE_K => pc += usize::from(if acc >= i.k { i.jt } else { i.jf }),
+                RET_K => return i.k,
+                other => panic!("unexpected instruction {other:#x}"),
+            }
+        }
+    }
+
+    #[test]
+    fn test_vmm_filter_allows_its_list_and_kvm_ioctls_only() {
+        let p = program();
+        let x86 = AUDIT_ARCH_X86_64;
+        for (name, nr) in ALLOWED.iter().filter(|(n, _)| *n != "ioctl") {
+            assert_eq!(run(&p, *nr as u32, x86, 0), RET_ALLOW, "{name}");
+        }
+        // KVM_RUN is _IO(0xAE, 0x80); TCGETS is 0x5401.
+        assert_eq!(run(&p, libc::SYS_ioctl as u32, x86, 0xae80), RET_ALLOW);
+        assert_eq!(
+            run(&p, libc::SYS_ioctl as u32, x86, 0x5401),
+            RET_KILL_PROCESS
+        );
+        for nr in [
+            libc::SYS_openat,
+            libc::SYS_execve,
+            libc::SYS_socket,
+            libc::SYS_clone,
+        ] {
+            assert_eq!(run(&p, nr as u32, x86, 0), RET_KILL_PROCESS, "{nr}");
+        }
+        assert_eq!(
+            run(&p, libc::SYS_write as u32, 0x4000_0003, 0),
+            RET_KILL_PROCESS
+        );
+        assert_eq!(
+            run(&p, libc::SYS_write as u32 | X32_SYSCALL_BIT, x86, 0),
+            RET_KILL_PROCESS
+        );
+    }
+}

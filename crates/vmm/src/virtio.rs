@@ -1,0 +1,111 @@
+//! Virtio over MMIO: the transport ([`mmio`]) and the devices behind it. Devices are a closed
+//! enum ([`Device`]); today the entropy device ([`rng`]).
+
+pub mod mmio;
+pub mod rng;
+
+use serde::{Deserialize, Serialize};
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryMmap;
+
+pub use mmio::{MmioTransport, TransportError, TransportState};
+pub use rng::Rng;
+
+/// Where the first virtio-mmio device sits; each further one 4 KiB higher.
+pub const MMIO_BASE: u64 = 0xd000_0000;
+/// Size of one device's register window.
+pub const MMIO_SIZE: u64 = 0x1000;
+/// The first virtio device's interrupt (GSI); each further one is the next GSI.
+pub const FIRST_IRQ: u32 = 5;
+
+/// A device's failure while handling a queue the guest filled.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error("reading the available ring failed")]
+    AvailRing(#[source] virtio_queue::Error),
+    #[error("writing the used ring failed")]
+    UsedRing(#[source] virtio_queue::Error),
+    #[error("descriptor {head} points outside guest memory")]
+    Descriptor {
+        head: u16,
+        #[source]
+        source: vm_memory::GuestMemoryError,
+    },
+    #[error("a descriptor chain is empty or loops")]
+    BadChain { head: u16 },
+    #[error("the entropy source failed")]
+    Entropy(#[source] std::io::Error),
+}
+
+/// The devices this VMM emulates.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Device {
+    Rng(Rng),
+}
+
+/// What a snapshot keeps of a device besides its transport.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DeviceState {
+    Rng,
+}
+
+impl Device {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Device::Rng(_) => "virtio-rng",
+        }
+    }
+
+    /// The virtio device type (virtio spec 5).
+    pub fn device_type(&self) -> u32 {
+        match self {
+            Device::Rng(_) => virtio_bindings::virtio_ids::VIRTIO_ID_RNG,
+        }
+    }
+
+    /// Feature bits offered (besides VIRTIO_F_VERSION_1, which the transport adds).
+    pub fn features(&self) -> u64 {
+        0
+    }
+
+    pub fn queue_max_sizes(&self) -> &'static [u16] {
+        match self {
+            Device::Rng(_) => &[rng::QUEUE_SIZE],
+        }
+    }
+
+    /// Device configuration space reads (the entropy device has none).
+    pub fn read_config(&self, _offset: u64, data: &mut [u8]) {
+        data.fill(0);
+    }
+
+    /// Handles queue `index` after the guest notified it; `Ok(true)` when buffers were used
+    /// and the guest should be interrupted.
+    pub fn process_queue(
+        &mut self,
+        index: usize,
+        queue: &mut Queue,
+        memory: &GuestMemoryMmap,
+    ) -> Result<bool, DeviceError> {
+        match self {
+            Device::Rng(rng) => match index {
+                0 => rng.process(queue, memory),
+                _ => Ok(false),
+            },
+        }
+    }
+
+    pub fn state(&self) -> DeviceState {
+        match self {
+            Device::Rng(_) => DeviceState::Rng,
+        }
+    }
+
+    pub fn restore(state: &DeviceState) -> Device {
+        match state {
+            DeviceState::Rng => Device::Rng(Rng::new()),
+        }
+    }
+}
