@@ -62,6 +62,11 @@ if [ "$(/usr/bin/python3 -c 'import importlib.metadata as m; print(m.version("ba
         --break-system-packages "bash_kernel==$bash_kernel_version"
     /usr/bin/python3 -m bash_kernel.install --prefix /usr/local >/dev/null
 fi
+# The desktop template on the process tier runs the host's X server, XFCE, noVNC and Chromium
+# (tests/e2b/test_desktop.py): Debian's packages and the two host links the template needs.
+scripts/desktop-host.sh
+# The stream test's own browser trusts airlockd's local CA through an NSS database (certutil).
+command -v certutil >/dev/null || apt_install libnss3-tools
 # Deno's Jupyter kernel serves javascript and typescript contexts: Deno from npm (the ELF its
 # postinstall puts beside the package), its kernelspec written under /usr/local/share/jupyter.
 deno_version=2.9.6

@@ -77,6 +77,7 @@ cargo run --quiet --locked --bin airlock -- bench start --tier container --itera
 cargo run --quiet --locked --bin airlock -- bench start --tier wasm --iterations 20
 cargo run --quiet --locked --bin airlock -- bench pause --iterations 5 --snapshots 3
 cargo run --quiet --locked --bin airlock -- bench interpreter --creates 2 --iterations 20
+cargo run --quiet --locked --bin airlock -- bench desktop --creates 2 --iterations 10
 cargo run --quiet --locked --bin airlock -- bench judge0 --iterations 5 --submissions 40
 # The microVM tier's VMM on this host's /dev/kvm: fork-ready times and memory per idle fork.
 if [ -e /dev/kvm ]; then
@@ -92,6 +93,8 @@ cargo test --workspace --locked
 # The security evaluation (docs/seceval.md) on every tier this machine has, beside bwrap: fails on
 # any case allowed or stopped by the wrong layer.
 cargo run --quiet --locked --bin airlock -- seceval --tier all --baseline bwrap
+# The control-plane cases again, against desktop sandboxes with their X servers and browsers up.
+cargo run --quiet --locked --bin airlock -- seceval --tier process --template desktop --only ctl. --only tier.
 # Fuzzing, bounded: deterministic mutation runs on stable that replay the kept regression inputs
 # first (the same invariants as the cargo-fuzz targets), then every cargo-fuzz target under
 # libFuzzer for a few seconds each (scripts/fuzz.sh; installs cargo-fuzz when missing).

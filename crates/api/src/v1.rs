@@ -13,6 +13,11 @@ use serde::{Deserialize, Serialize};
 use crate::Tier;
 use crate::whole;
 
+mod computer;
+pub use computer::{
+    ComputerAction, ComputerResult, MAX_COMPUTER_TEXT_BYTES, MAX_SCROLL_CLICKS, MouseButton,
+    ScrollDirection,
+};
 mod eval;
 pub use eval::{
     DEFAULT_EVAL_TIMEOUT_MS, EvalError, EvalErrorKind, EvalLanguage, EvalRequest, EvalResponse,

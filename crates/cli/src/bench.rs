@@ -132,6 +132,20 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 200)]
         iterations: usize,
     },
+    /// The desktop template through the computer API: create + first screenshot (cold and
+    /// from a pool), screenshot and click round trips, beside the host's own tools (a private
+    /// daemon unless --url).
+    Desktop {
+        /// A running daemon to measure (default: start a private one).
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+        /// Creates measured each way (no pool, and from a pool of one).
+        #[arg(long, default_value_t = 5)]
+        creates: usize,
+        /// Screenshots and clicks on one desktop (after 5 warm-up ones each).
+        #[arg(long, default_value_t = 50)]
+        iterations: usize,
+    },
     /// Image pull and unpack from a local registry, against skopeo copy to an OCI directory.
     Image(crate::bench_image::ImageBenchArgs),
     /// Create-with-repository, cold and from the cache, beside `git clone` on the host of the
@@ -262,6 +276,11 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             creates,
             iterations,
         } => crate::bench_interpreter::interpreter(url, creates, iterations),
+        BenchCommand::Desktop {
+            url,
+            creates,
+            iterations,
+        } => crate::bench_desktop::desktop(url, creates, iterations),
         BenchCommand::Git { size_mib, rounds } => crate::bench_git::git_bench(size_mib, rounds),
     }
 }

@@ -4,6 +4,7 @@ mod approvals_cmds;
 mod bench;
 mod bench_api;
 mod bench_container;
+mod bench_desktop;
 mod bench_e2b;
 mod bench_egress;
 mod bench_git;

@@ -280,6 +280,16 @@ impl Client {
             .await
     }
 
+    /// One computer-use action on the sandbox's display.
+    pub async fn computer(
+        &self,
+        id: &str,
+        action: &airlock_api::v1::ComputerAction,
+    ) -> Result<airlock_api::v1::ComputerResult, ClientError> {
+        let path = format!("/v1/sandboxes/{id}/computer");
+        self.call(Method::POST, &path, Some(action)).await
+    }
+
     pub async fn delete(&self, id: &str) -> Result<(), ClientError> {
         self.call_raw(Method::DELETE, &format!("/v1/sandboxes/{id}"), None::<&()>)
             .await

@@ -185,6 +185,8 @@ pub struct ServeArgs {
     pub test_egress_roots: Option<PathBuf>,
     #[command(flatten)]
     pub judge0: crate::judge0::Judge0Args,
+    #[command(flatten)]
+    pub tls: crate::tls::TlsArgs,
 }
 
 /// `--scratch`.
@@ -328,6 +330,8 @@ pub struct Config {
     pub forge: crate::forge::ForgeConfig,
     pub warm_pools: Vec<(String, u32)>,
     pub pool_fill_concurrency: usize,
+    /// TLS for host-routed traffic on the same listener (`crate::tls`).
+    pub tls: crate::tls::TlsSetting,
 }
 
 /// The daemon's image store, inside the state directory.
@@ -405,6 +409,7 @@ impl Config {
             forge: crate::forge::ForgeConfig::from_args(args)?,
             warm_pools: args.warm_pools.clone(),
             pool_fill_concurrency: args.pool_fill_concurrency,
+            tls: crate::tls::TlsSetting::from_args(&args.tls, args.listen.ip().is_loopback()),
         })
     }
 

@@ -16,7 +16,8 @@
 //! - [`openapi`]: generates `api/openapi.json`; [`client`]: the typed async client;
 //!   [`fuzzing`]: the invariants of request handling that the fuzzers check.
 //! - [`e2b`]: the E2B-compatible API on the same port (control plane, data plane, the routing
-//!   between them and `/v1`); its module docs give the routing rules.
+//!   between them and `/v1`); its module docs give the routing rules. [`tls`]: TLS on the
+//!   same listener for host-routed traffic (an operator's certificate or a local CA).
 //! - [`mcp`]: MCP tools for sandboxes (rmcp), over stdio for `airlock mcp` and over streamable
 //!   HTTP at `/mcp` (API key auth); the tools call `/v1` and the data plane as a client.
 //! - [`egress`]: `network: proxy` sandboxes' egress proxies (hot reload, approvals);
@@ -99,6 +100,7 @@ pub mod server;
 pub mod store;
 pub mod templates;
 pub mod testing;
+pub mod tls;
 pub mod websocket;
 
 pub use config::ServeArgs;

@@ -24,6 +24,8 @@
 //! with them. Hot reload, approvals and the events API are in `egress_ops`.
 
 mod checks;
+mod computer;
+mod desktop;
 mod egress_ops;
 mod git;
 mod interpreter;
@@ -58,6 +60,8 @@ use crate::egress::{SandboxEgress, proxy_plan};
 use crate::error::ApiError;
 use crate::metrics::{CreateSource, Metrics};
 pub use checks::{check_map, check_resources, env_key_ok};
+pub use computer::{DEFAULT_RESOLUTION, RESOLUTION_KEY, parse_resolution};
+pub use desktop::{CDP_PORT, DESKTOP_DESCRIPTION, DESKTOP_TEMPLATE, DOWNLOADS_DIR};
 pub use git::{GitState, META_BRANCH, META_REF, META_URL, workspace_from_metadata};
 pub use interpreter::{INTERPRETER_PORT, INTERPRETER_TEMPLATE};
 pub(crate) use normalize::{Normalized, image_holder};

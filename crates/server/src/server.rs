@@ -56,6 +56,8 @@ pub enum ServeError {
     Signals(#[source] std::io::Error),
     #[error("a start-up task failed: {0}")]
     Join(String),
+    #[error("cannot set up TLS")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// Runs the daemon until SIGTERM or SIGINT. Prints `airlockd listening on http://ADDR` on
@@ -89,6 +91,7 @@ async fn serve(config: Config) -> Result<(), ServeError> {
     })
     .await
     .map_err(|e| ServeError::Join(e.to_string()))??;
+    let tls = crate::tls::Listener::new(&daemon.config.tls, &daemon.config.state_dir)?;
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|source| ServeError::Listen {
@@ -116,8 +119,18 @@ async fn serve(config: Config) -> Result<(), ServeError> {
     {
         let _ = writeln!(stdout, "airlockd judge0 API listening on http://{address}");
     }
+    // After the listeners' lines, which scripts read first.
+    if let Some(ca) = tls.as_ref().and_then(|tls| tls.local_ca.as_ref()) {
+        let _ = writeln!(
+            stdout,
+            "airlockd TLS for https://<port>-<sandbox>.localhost:{}: trust the local CA {}",
+            local.port(),
+            ca.display()
+        );
+    }
     let _ = stdout.flush();
 
+    let acceptor = tls.map(|tls| tls.acceptor);
     let (stop_tx, stop_rx) = watch::channel(false);
     // Every connection task holds a clone; `recv` returns None once all have finished.
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
@@ -129,7 +142,7 @@ async fn serve(config: Config) -> Result<(), ServeError> {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     let _ = stream.set_nodelay(true);
-                    tokio::spawn(connection(daemon.clone(), stream, stop_rx.clone(), done_tx.clone()));
+                    tokio::spawn(connection(daemon.clone(), stream, acceptor.clone(), stop_rx.clone(), done_tx.clone()));
                 }
                 Err(err) => {
                     // Out of descriptors or a reset during accept: wait a little, keep serving.
@@ -199,11 +212,39 @@ async fn trim_events(daemon: Arc<Daemon>) {
 async fn connection(
     daemon: Arc<Daemon>,
     stream: tokio::net::TcpStream,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    stop: watch::Receiver<bool>,
+    done: mpsc::Sender<()>,
+) {
+    let Some(acceptor) = tls else {
+        return serve_connection(daemon, TokioIo::new(stream), false, stop, done).await;
+    };
+    let Some((stream, over_tls)) = crate::tls::starts_tls(stream, HEADER_TIMEOUT).await else {
+        return;
+    };
+    if !over_tls {
+        return serve_connection(daemon, TokioIo::new(stream), false, stop, done).await;
+    }
+    let Ok(Ok(stream)) = tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(stream)).await else {
+        return;
+    };
+    serve_connection(daemon, TokioIo::new(stream), true, stop, done).await;
+}
+
+async fn serve_connection<I>(
+    daemon: Arc<Daemon>,
+    io: I,
+    over_tls: bool,
     mut stop: watch::Receiver<bool>,
     _done: mpsc::Sender<()>,
-) {
-    let service = service_fn(move |request| {
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let service = service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
         let daemon = daemon.clone();
+        if over_tls {
+            request.extensions_mut().insert(crate::tls::OverTls);
+        }
         async move { Ok::<_, Infallible>(crate::e2b::serve(daemon, request).await) }
     });
     let mut builder = http1::Builder::new();
@@ -211,9 +252,7 @@ async fn connection(
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT);
     // Upgrades carry WebSockets to servers inside sandboxes (the E2B data plane).
-    let conn = builder
-        .serve_connection(TokioIo::new(stream), service)
-        .with_upgrades();
+    let conn = builder.serve_connection(io, service).with_upgrades();
     tokio::pin!(conn);
     tokio::select! {
         _ = conn.as_mut() => {}

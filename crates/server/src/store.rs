@@ -124,8 +124,11 @@ const TRIM_BATCH: i64 = 1000;
 pub const BASE_TEMPLATE: &str = "base";
 /// The other built-in one: `base` with E2B's code interpreter serving port 49999.
 pub use crate::lifecycle::INTERPRETER_TEMPLATE;
+/// The others: `base` with a virtual desktop and a browser (`lifecycle::desktop`), and the
+/// wasm tier's engines.
 use crate::lifecycle::{
-    WASM_JS_DESCRIPTION, WASM_JS_TEMPLATE, WASM_PYTHON_DESCRIPTION, WASM_PYTHON_TEMPLATE,
+    DESKTOP_DESCRIPTION, DESKTOP_TEMPLATE, WASM_JS_DESCRIPTION, WASM_JS_TEMPLATE,
+    WASM_PYTHON_DESCRIPTION, WASM_PYTHON_TEMPLATE,
 };
 const INTERPRETER_DESCRIPTION: &str = "The host root, read-only, with E2B's code interpreter on port 49999 (the host's kernels: python by ipykernel, bash, javascript and typescript by Deno when installed)";
 
@@ -327,6 +330,7 @@ impl Store {
             params![INTERPRETER_TEMPLATE, INTERPRETER_DESCRIPTION],
         )?;
         for (name, description) in [
+            (DESKTOP_TEMPLATE, DESKTOP_DESCRIPTION),
             (WASM_JS_TEMPLATE, WASM_JS_DESCRIPTION),
             (WASM_PYTHON_TEMPLATE, WASM_PYTHON_DESCRIPTION),
         ] {
@@ -839,6 +843,7 @@ mod tests {
             [
                 BASE_TEMPLATE,
                 INTERPRETER_TEMPLATE,
+                DESKTOP_TEMPLATE,
                 WASM_JS_TEMPLATE,
                 WASM_PYTHON_TEMPLATE
             ]

@@ -378,8 +378,8 @@ fn test_insecure_no_auth_only_on_loopback() {
     let templates = runtime.block_on(daemon.anonymous().templates()).unwrap();
     assert_eq!(
         templates.templates.len(),
-        4,
-        "base, code-interpreter-v1, wasm-js, wasm-python"
+        5,
+        "base, code-interpreter-v1, desktop, wasm-js, wasm-python"
     );
 }
 

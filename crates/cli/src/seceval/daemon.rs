@@ -38,7 +38,11 @@ impl Daemon {
     /// Starts the daemon and its three sandboxes: on the process tier, or, given the
     /// container tier's test image layer, on that image (imported into the daemon's store
     /// through `POST /v1/images/import`, as a rootfs tarball).
-    pub fn start(airlock: &Path, image_layer: Option<&Path>) -> anyhow::Result<Daemon> {
+    pub fn start(
+        airlock: &Path,
+        image_layer: Option<&Path>,
+        template: Option<&str>,
+    ) -> anyhow::Result<Daemon> {
         let state = PathBuf::from(format!(
             "/var/tmp/airlock-seceval-{}-daemon",
             std::process::id()
@@ -109,6 +113,7 @@ impl Daemon {
             let request = CreateSandboxRequest {
                 timeout_ms: Some(30 * 60 * 1000),
                 image: image.clone(),
+                template: template.map(str::to_owned),
                 ..CreateSandboxRequest::default()
             };
             let created = daemon.runtime.block_on(daemon.client.create(&request))?;
@@ -116,7 +121,44 @@ impl Daemon {
                 .sandboxes
                 .push((created.sandbox.id, created.access_token));
         }
+        if template == Some(airlock_server::lifecycle::DESKTOP_TEMPLATE) {
+            daemon.start_desktops()?;
+        }
         Ok(daemon)
+    }
+
+    /// Brings every sandbox's desktop up, so that the cases run beside a live X server and a
+    /// browser with its debugging port: the display (the computer API's first action) and
+    /// Chromium, whose DevTools answer proves it runs.
+    fn start_desktops(&self) -> anyhow::Result<()> {
+        for (id, _) in &self.sandboxes {
+            self.runtime
+                .block_on(
+                    self.client
+                        .computer(id, &airlock_api::v1::ComputerAction::ScreenSize),
+                )
+                .context("starting a desktop sandbox's display")?;
+            let browser = ExecRequest {
+                shell: Some(
+                    "chromium about:blank >/dev/null 2>&1 & \
+                     for i in $(seq 600); do \
+                       curl -sf http://127.0.0.1:9222/json/version >/dev/null && exit 0; sleep 0.1; \
+                     done; exit 1"
+                        .to_owned(),
+                ),
+                env: [("DISPLAY".to_owned(), ":0".to_owned())].into(),
+                ..ExecRequest::default()
+            };
+            let output = self
+                .runtime
+                .block_on(self.client.exec_collect(id, &browser))?;
+            anyhow::ensure!(
+                output.exit_code == 0,
+                "Chromium did not start in desktop sandbox {id}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(())
     }
 
     /// The test image's layer as a rootfs tarball (ids and modes kept), imported under a

@@ -66,6 +66,10 @@ pub struct SecevalArgs {
     /// Only cases whose id starts with PREFIX (repeatable).
     #[arg(long = "only", value_name = "PREFIX")]
     only: Vec<String>,
+    /// Create the daemon's sandboxes (where the control-plane cases run) from this template;
+    /// `desktop` also brings up their displays and browsers first.
+    #[arg(long, value_name = "NAME")]
+    template: Option<String>,
     /// The airlock-probe binary (default: beside this one, or $AIRLOCK_PROBE_BIN).
     #[arg(long, value_name = "PATH")]
     probe: Option<PathBuf>,
@@ -311,8 +315,12 @@ fn run_tier(
             Need::Setuid => env.fixtures.plant_setuid(&env.probe),
             Need::Fakenet => fakenet::FakeNet::start(&env.probe, &env.fixtures.scratch)
                 .map(|f| env.fakenet = Some(f)),
-            Need::Daemon => daemon::Daemon::start(&env.airlock, env.fixtures.image_layer_dir())
-                .map(|d| env.daemon = Some(d)),
+            Need::Daemon => daemon::Daemon::start(
+                &env.airlock,
+                env.fixtures.image_layer_dir(),
+                args.template.as_deref(),
+            )
+            .map(|d| env.daemon = Some(d)),
         };
         if let Err(err) = result {
             let reason = format!("setup failed: {}", crate::one_line(&err));

@@ -57,8 +57,12 @@ async fn route(
         let Some(body) = body.take() else {
             return internal("the request body was already read");
         };
+        let cdp = (target.port == super::cdp::CDP_PORT).then(|| super::cdp::prepare(parts));
         return match tunnel::forward(agent.socket(), target.port, parts, body).await {
-            Ok(response) => response,
+            Ok(response) => match cdp {
+                Some(origin) => super::cdp::rewrite(response, origin).await,
+                None => response,
+            },
             Err(TunnelError::PortClosed(message)) => port_closed(id, target.port, &message),
             Err(err) => unreachable_sandbox(daemon, id, target.port, &err.to_string()),
         };

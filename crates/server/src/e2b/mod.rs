@@ -53,6 +53,7 @@
 //! loopback; the daemon speaks HTTP/1.1 over it, and a WebSocket (or any `Upgrade`) is spliced
 //! byte for byte once both sides agree. `E2b-*` headers are stripped. An unknown or ended
 //! sandbox is a 502 whose message contains `was not found`; a closed port, `port is not open`.
+//! Port 9222, Chrome's debugging port, gets the three changes Chrome's rules need ([`cdp`]).
 //! Ports other than the envd's need no credential, as on E2B where traffic is public unless a
 //! sandbox asks otherwise: the sandbox id is the capability.
 //!
@@ -62,6 +63,7 @@
 //! is, for a wildcard DNS name pointing at the daemon.
 
 pub mod access;
+pub mod cdp;
 pub mod control;
 pub mod data;
 pub mod persistence;

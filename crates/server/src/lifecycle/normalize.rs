@@ -6,7 +6,7 @@
 //! whatever the name or the template points at later. The lease that keeps the image from
 //! `prune` is taken once the sandbox has an id ([`Daemon::attach_image`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use airlock_api::v1::{CreateSandboxRequest, ErrorCode, Template, Workspace};
 use airlock_api::{ResourceLimits, SandboxConfig, Tier, WorkspaceSource};
@@ -83,6 +83,13 @@ impl Daemon {
             }
         };
         request.template = Some(template.name.clone());
+        if template.builtin && template.name == super::DESKTOP_TEMPLATE {
+            super::desktop::check_root(Path::new("/"))?;
+            super::desktop::apply_env(&mut request.env);
+            if let Some(resolution) = request.metadata.get(super::RESOLUTION_KEY) {
+                super::parse_resolution(resolution).map_err(ApiError::unprocessable)?;
+            }
+        }
         // The template's limits and policy fill in what the request leaves out.
         let r = &mut request.resources;
         let t = &template.resources;

@@ -187,3 +187,44 @@ pub struct EvalArgs {
     /// Wall-clock budget in milliseconds (10 000 when absent).
     pub timeout_ms: Option<u64>,
 }
+
+/// The `computer` tool's arguments: an action and the fields it takes, as computer-use models
+/// call such a tool (`POST /v1/sandboxes/{id}/computer` checks them).
+#[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ComputerArgs {
+    /// The sandbox's id (a `desktop` template sandbox).
+    #[serde(skip_serializing)]
+    pub sandbox_id: String,
+    /// screenshot, click, double_click, move, drag, scroll, type, key, cursor_position,
+    /// screen_size, clipboard_get or clipboard_set.
+    pub action: String,
+    /// The point of click, double_click, move and (optionally) scroll, in screen pixels.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub x_px: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub y_px: Option<u32>,
+    /// click: left (default), middle or right.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub button: Option<String>,
+    /// drag: from this point to the `to_` one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_x_px: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_y_px: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to_x_px: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to_y_px: Option<u32>,
+    /// scroll: up, down, left or right, by `clicks` notches (1 to 100).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub direction: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clicks: Option<u32>,
+    /// type and clipboard_set: the text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// key: a key or chord, as `Return`, `ctrl+a`, `page_down`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keys: Option<String>,
+}

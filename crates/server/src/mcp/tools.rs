@@ -97,6 +97,46 @@ fn shell(command: String) -> ExecRequest {
 #[tool_router(router = tool_router, vis = "pub(super)")]
 impl AirlockMcp {
     #[tool(
+        description = "One computer-use action on a desktop sandbox's screen (template desktop): screenshot (answers the PNG as image content), click, double_click, move, drag, scroll, type, key, cursor_position, screen_size, clipboard_get, clipboard_set. Coordinates are screen pixels."
+    )]
+    async fn computer(
+        &self,
+        Parameters(args): Parameters<ComputerArgs>,
+        context: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        // The flat arguments become the API's tagged action, which refuses what does not fit.
+        let action =
+            match serde_json::from_value::<airlock_api::v1::ComputerAction>(to_value(&args)) {
+                Ok(action) => action,
+                Err(err) => {
+                    return failed(
+                        "invalid_request",
+                        format!("action {:?}: {err}", args.action),
+                    );
+                }
+            };
+        let client = self.client_for(&context);
+        let result = attempt!(client.computer(&args.sandbox_id, &action).await);
+        match result {
+            airlock_api::v1::ComputerResult::Screenshot {
+                png_base64,
+                width_px,
+                height_px,
+            } => {
+                let mut answer = CallToolResult::structured(json!({
+                    "result": "screenshot", "width_px": width_px, "height_px": height_px,
+                    "png": "(an image content item)",
+                }));
+                answer
+                    .content
+                    .push(ContentBlock::image(png_base64, "image/png"));
+                Ok(answer)
+            }
+            other => ok(to_value(&other)),
+        }
+    }
+
+    #[tool(
         description = "Create a sandbox and answer its id. Template code-interpreter-v1 serves run_code."
     )]
     async fn sandbox_create(

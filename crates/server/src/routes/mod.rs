@@ -5,6 +5,7 @@
 //! dispatcher authenticates before any handler runs. A body that a handler did not consume
 //! (an early error) is read in the background while the answer goes out (`http::linger`).
 
+mod computer;
 mod egress;
 mod eval;
 pub(crate) mod exec;
@@ -285,6 +286,7 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
         Handler::GitPush => git::push(ctx).await,
         Handler::PullRequest => git::pull_request(ctx).await,
         Handler::StartLsp => lsp::start(ctx).await,
+        Handler::Computer => computer::act(ctx).await,
         Handler::LspSocket => lsp::socket(ctx),
         Handler::Exec => exec::exec(ctx).await,
         Handler::Eval => eval::eval(ctx).await,

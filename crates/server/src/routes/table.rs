@@ -4,7 +4,7 @@
 
 use airlock_api::v1;
 
-use super::{git, lsp};
+use super::{computer, git, lsp};
 use hyper::Method;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 
@@ -81,6 +81,7 @@ pub enum Handler {
     GitPush,
     PullRequest,
     StartLsp,
+    Computer,
     LspSocket,
     Exec,
     Eval,
@@ -149,7 +150,7 @@ macro_rules! route {
 }
 
 /// Every endpoint of the daemon.
-pub static ROUTES: [Route; 49] = [
+pub static ROUTES: [Route; 50] = [
     route!(
         Some(Method::GET),
         "/v1/health",
@@ -449,6 +450,7 @@ pub static ROUTES: [Route; 49] = [
     git::PULL_REQUEST,
     lsp::START,
     lsp::SOCKET,
+    computer::ACT,
     route!(
         Some(Method::POST),
         "/v1/sandboxes/{id}/exec",
