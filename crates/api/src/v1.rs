@@ -15,8 +15,8 @@ use crate::whole;
 
 mod computer;
 pub use computer::{
-    ComputerAction, ComputerResult, MAX_COMPUTER_TEXT_BYTES, MAX_SCROLL_CLICKS, MouseButton,
-    ScrollDirection,
+    ComputerAction, ComputerResult, MAX_COMPUTER_TEXT_CHARS, MAX_SCROLL_CLICKS, MAX_TYPED_CHARS,
+    MouseButton, ScrollDirection,
 };
 mod eval;
 pub use eval::{

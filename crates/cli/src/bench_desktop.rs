@@ -17,7 +17,7 @@ use crate::bench_api::BenchDaemon;
 const SCREEN: (u32, u32) = (1024, 768);
 
 async fn screenshot(client: &Client, id: &str) -> anyhow::Result<()> {
-    match client.computer(id, &ComputerAction::Screenshot).await? {
+    match client.computer(id, &ComputerAction::Screenshot {}).await? {
         ComputerResult::Screenshot {
             width_px,
             height_px,

@@ -135,7 +135,7 @@ impl Daemon {
             self.runtime
                 .block_on(
                     self.client
-                        .computer(id, &airlock_api::v1::ComputerAction::ScreenSize),
+                        .computer(id, &airlock_api::v1::ComputerAction::ScreenSize {}),
                 )
                 .context("starting a desktop sandbox's display")?;
             let browser = ExecRequest {

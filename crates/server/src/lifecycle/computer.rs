@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use airlock_api::v1::{
-    ComputerAction, ComputerResult, ErrorCode, MAX_COMPUTER_TEXT_BYTES, MAX_SCROLL_CLICKS,
-    MouseButton, ScrollDirection,
+    ComputerAction, ComputerResult, ErrorCode, MAX_COMPUTER_TEXT_CHARS, MAX_SCROLL_CLICKS,
+    MAX_TYPED_CHARS, MouseButton, ScrollDirection,
 };
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -252,11 +252,11 @@ fn number(text: &str, key: &str) -> Option<u32> {
         .find_map(|line| line.strip_prefix(key)?.trim().parse().ok())
 }
 
-fn check_text(text: &str) -> Result<(), ApiError> {
-    if text.len() > MAX_COMPUTER_TEXT_BYTES {
+fn check_text(text: &str, max_chars: usize) -> Result<(), ApiError> {
+    let chars = text.chars().count();
+    if chars > max_chars {
         return Err(ApiError::invalid(format!(
-            "the text is {} bytes; the most is {MAX_COMPUTER_TEXT_BYTES}",
-            text.len()
+            "the text is {chars} characters; the most is {max_chars}"
         )));
     }
     if text.contains('\0') {
@@ -301,7 +301,7 @@ impl Daemon {
         let xy = |x: u32, y: u32| [x.to_string(), y.to_string()];
         let done = |out: Output, what: &str| out.checked(what).map(|_| ComputerResult::Done);
         match action {
-            ComputerAction::Screenshot => {
+            ComputerAction::Screenshot {} => {
                 let script = "f=$(mktemp /tmp/.airlock-screenshot-XXXXXX.png) || exit 1; \
                               scrot --pointer --overwrite \"$f\" && cat \"$f\"; rc=$?; rm -f \"$f\"; exit $rc";
                 let png = run(&agent, &["/bin/sh", "-c", script], &env)
@@ -379,20 +379,21 @@ impl Daemon {
                     ScrollDirection::Right => "7",
                 };
                 let clicks = clicks.to_string();
-                let mut argv: Vec<String> = vec!["xdotool".into()];
-                match (x_px, y_px) {
-                    (Some(x), Some(y)) => {
-                        argv.extend(["mousemove", &x.to_string(), &y.to_string()].map(String::from))
-                    }
-                    (None, None) => {}
-                    _ => return Err(ApiError::invalid("give both x_px and y_px, or neither")),
-                }
-                argv.extend(["click", "--repeat", &clicks, button].map(String::from));
-                let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+                // A coordinate left out is the pointer's own: scrolling at x alone keeps
+                // the pointer's y, and neither scrolls where the pointer is. Notches go 15 ms
+                // apart (xdotool's default is 100 ms: 10 s for the most clicks).
+                let script = "if [ -n \"$1$2\" ]; then eval \"$(xdotool getmouselocation --shell)\" \
+                              && xdotool mousemove \"${1:-$X}\" \"${2:-$Y}\"; fi \
+                              && xdotool click --repeat \"$3\" --delay 15 \"$4\"";
+                let (x, y) = (
+                    x_px.map(|x| x.to_string()).unwrap_or_default(),
+                    y_px.map(|y| y.to_string()).unwrap_or_default(),
+                );
+                let argv = ["/bin/sh", "-c", script, "sh", &x, &y, &clicks, button];
                 done(run(&agent, &argv, &env).await?, "xdotool scroll")
             }
             ComputerAction::Type { text } => {
-                check_text(text)?;
+                check_text(text, MAX_TYPED_CHARS)?;
                 let argv = ["xdotool", "type", "--delay", "12", "--", text.as_str()];
                 done(run(&agent, &argv, &env).await?, "xdotool type")
             }
@@ -401,7 +402,7 @@ impl Daemon {
                 let argv = ["xdotool", "key", "--", keys.as_str()];
                 done(run(&agent, &argv, &env).await?, "xdotool key")
             }
-            ComputerAction::CursorPosition => {
+            ComputerAction::CursorPosition {} => {
                 let argv = ["xdotool", "getmouselocation", "--shell"];
                 let out = run(&agent, &argv, &env).await?.checked("xdotool")?;
                 let text = String::from_utf8_lossy(&out);
@@ -413,7 +414,7 @@ impl Daemon {
                     )),
                 }
             }
-            ComputerAction::ScreenSize => {
+            ComputerAction::ScreenSize {} => {
                 let argv = ["xdotool", "getdisplaygeometry", "--shell"];
                 let out = run(&agent, &argv, &env).await?.checked("xdotool")?;
                 let text = String::from_utf8_lossy(&out);
@@ -428,7 +429,7 @@ impl Daemon {
                     )),
                 }
             }
-            ComputerAction::ClipboardGet => {
+            ComputerAction::ClipboardGet {} => {
                 // No owner yet is an empty clipboard, not an error.
                 let script = "xclip -selection clipboard -o 2>/dev/null || true";
                 let out = run(&agent, &["/bin/sh", "-c", script], &env)
@@ -439,7 +440,7 @@ impl Daemon {
                 })
             }
             ComputerAction::ClipboardSet { text } => {
-                check_text(text)?;
+                check_text(text, MAX_COMPUTER_TEXT_CHARS)?;
                 // xclip owns the selection for as long as it runs: it runs in the background
                 // (a command's leftovers end with it), until another owner takes over.
                 let script = "printf %s \"$1\" | exec xclip -quiet -selection clipboard -i";
