@@ -102,6 +102,44 @@ impl Agent {
         Ok((response, connection))
     }
 
+    /// Starts `process` (envd's `process` object: cmd, args, envs, cwd) through envd's
+    /// `process.Process/Start`, with `tag` when given and envd's `connect-timeout-ms` when
+    /// `timeout_ms` is. Answers the event stream; a refusal is the agent's error.
+    pub async fn start_process(
+        &self,
+        process: &Value,
+        tag: Option<&str>,
+        timeout_ms: Option<u64>,
+    ) -> Result<EnvelopeReader, ApiError> {
+        let mut builder = Request::builder()
+            .method(Method::POST)
+            .uri("/process.Process/Start")
+            .header(CONTENT_TYPE, "application/connect+json")
+            .header("connect-protocol-version", "1");
+        if let Some(ms) = timeout_ms {
+            builder = builder.header("connect-timeout-ms", ms.to_string());
+        }
+        let message = match tag {
+            Some(tag) => serde_json::json!({ "process": process, "tag": tag }),
+            None => serde_json::json!({ "process": process }),
+        };
+        let request = builder
+            .body(full(envelope(&message)))
+            .map_err(|e| ApiError::internal(format!("cannot build the agent request: {e}")))?;
+        let response = self.send(request).await?;
+        if response.status() != StatusCode::OK {
+            let status = response.status();
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .map(|c| c.to_bytes())
+                .unwrap_or_default();
+            return Err(connect_error(status, None, &bytes));
+        }
+        Ok(EnvelopeReader::new(response.into_body()))
+    }
+
     /// Hands a warm pool's sandbox to its creator: from now on the agent gives `env` to every
     /// process it starts, as if the sandbox had been started with it. Once per sandbox.
     pub async fn claim(

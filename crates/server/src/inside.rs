@@ -16,7 +16,7 @@ use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, StatusCode};
 use serde_json::{Value, json};
 
-use crate::agent::{Agent, Envelope, EnvelopeReader, connect_error, envelope};
+use crate::agent::{Agent, Envelope, connect_error};
 use crate::error::ApiError;
 use crate::http::{ChannelBody, encode_query_value, full};
 
@@ -70,26 +70,9 @@ pub async fn run(
         .split_first()
         .ok_or_else(|| ApiError::internal("an empty command"))?;
     let process = json!({ "cmd": cmd, "args": args, "envs": env, "cwd": cwd });
-    let request = Request::builder()
-        .method(Method::POST)
-        .uri("/process.Process/Start")
-        .header(CONTENT_TYPE, "application/connect+json")
-        .header("connect-protocol-version", "1")
-        .header("connect-timeout-ms", timeout_ms.to_string())
-        .body(full(envelope(&json!({ "process": process }))))
-        .map_err(|e| ApiError::internal(format!("cannot build the agent request: {e}")))?;
-    let response = agent.send(request).await?;
-    if response.status() != StatusCode::OK {
-        let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
-        return Err(connect_error(status, None, &bytes));
-    }
-    let mut reader = EnvelopeReader::new(response.into_body());
+    let mut reader = agent
+        .start_process(&process, None, Some(timeout_ms))
+        .await?;
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
     loop {
         match reader.next().await? {

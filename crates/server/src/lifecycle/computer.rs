@@ -18,15 +18,11 @@ use airlock_api::v1::{
 };
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use http_body_util::BodyExt;
-use hyper::header::CONTENT_TYPE;
-use hyper::{Method, Request, StatusCode};
 use serde_json::{Value, json};
 
 use super::Daemon;
-use crate::agent::{Agent, Envelope, EnvelopeReader, connect_error, envelope};
+use crate::agent::{Agent, Envelope, EnvelopeReader};
 use crate::error::ApiError;
-use crate::http::full;
 
 /// The display when the sandbox names none (E2B's default).
 const DEFAULT_DISPLAY: &str = ":0";
@@ -111,29 +107,7 @@ async fn start(
     timeout_ms: Option<u64>,
 ) -> Result<EnvelopeReader, ApiError> {
     let process = json!({ "cmd": argv[0], "args": &argv[1..], "envs": env, "cwd": "/tmp" });
-    let mut builder = Request::builder()
-        .method(Method::POST)
-        .uri("/process.Process/Start")
-        .header(CONTENT_TYPE, "application/connect+json")
-        .header("connect-protocol-version", "1");
-    if let Some(ms) = timeout_ms {
-        builder = builder.header("connect-timeout-ms", ms.to_string());
-    }
-    let request = builder
-        .body(full(envelope(&json!({ "process": process }))))
-        .map_err(|e| ApiError::internal(format!("cannot build the agent request: {e}")))?;
-    let response = agent.send(request).await?;
-    if response.status() != StatusCode::OK {
-        let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
-        return Err(connect_error(status, None, &bytes));
-    }
-    Ok(EnvelopeReader::new(response.into_body()))
+    agent.start_process(&process, None, timeout_ms).await
 }
 
 /// Runs `argv` to its end and collects its output.

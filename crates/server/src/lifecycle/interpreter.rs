@@ -8,17 +8,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use airlock_api::v1::ErrorCode;
-use hyper::header::CONTENT_TYPE;
-use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::Daemon;
-use crate::agent::{EnvelopeReader, connect_error, envelope};
 use crate::e2b::tunnel::{self, TunnelError};
 use crate::error::ApiError;
-use crate::http::full;
 
 /// E2B's name for the template, and the SDK's default.
 pub const INTERPRETER_TEMPLATE: &str = "code-interpreter-v1";
@@ -86,23 +82,7 @@ pub(super) async fn start_in(
         "envs": env,
         "cwd": CWD,
     });
-    let request = Request::builder()
-        .method(Method::POST)
-        .uri("/process.Process/Start")
-        .header(CONTENT_TYPE, "application/connect+json")
-        .header("connect-protocol-version", "1")
-        .body(full(envelope(&json!({ "process": process, "tag": TAG }))))
-        .map_err(|e| ApiError::internal(format!("cannot build the agent request: {e}")))?;
-    let response = agent.send(request).await?;
-    if response.status() != StatusCode::OK {
-        let status = response.status();
-        let body = http_body_util::BodyExt::collect(response.into_body())
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
-        return Err(Failed(connect_error(status, None, &body)));
-    }
-    let mut reader = EnvelopeReader::new(response.into_body());
+    let mut reader = agent.start_process(&process, Some(TAG), None).await?;
     crate::routes::exec::first_event(&mut reader).await?;
     // The process outlives this stream (envd's rule); its output is not kept.
     drop(reader);

@@ -14,15 +14,11 @@ use std::time::Duration;
 use airlock_api::v1::{DEFAULT_READY_TIMEOUT_MS, ErrorCode, Template};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use http_body_util::BodyExt;
-use hyper::header::CONTENT_TYPE;
-use hyper::{Method, Request, StatusCode};
 use serde_json::{Value, json};
 
 use super::Daemon;
-use crate::agent::{Agent, Envelope, EnvelopeReader, connect_error, envelope};
+use crate::agent::{Agent, Envelope, EnvelopeReader};
 use crate::error::ApiError;
-use crate::http::full;
 
 /// The most output kept of the start command and of one ready attempt.
 const TAIL_BYTES: usize = 4096;
@@ -56,29 +52,7 @@ async fn start(
     timeout_ms: Option<u64>,
 ) -> Result<EnvelopeReader, ApiError> {
     let process = json!({ "cmd": "/bin/sh", "args": ["-c", command], "envs": {}, "cwd": cwd });
-    let mut builder = Request::builder()
-        .method(Method::POST)
-        .uri("/process.Process/Start")
-        .header(CONTENT_TYPE, "application/connect+json")
-        .header("connect-protocol-version", "1");
-    if let Some(ms) = timeout_ms {
-        builder = builder.header("connect-timeout-ms", ms.to_string());
-    }
-    let request = builder
-        .body(full(envelope(&json!({ "process": process }))))
-        .map_err(|e| ApiError::internal(format!("cannot build the agent request: {e}")))?;
-    let response = agent.send(request).await?;
-    if response.status() != StatusCode::OK {
-        let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
-        return Err(connect_error(status, None, &bytes));
-    }
-    Ok(EnvelopeReader::new(response.into_body()))
+    agent.start_process(&process, None, timeout_ms).await
 }
 
 /// Reads a command's events to its end into `tail`; returns its exit code (-1: a signal, or

@@ -14,17 +14,13 @@ use std::time::{Duration, Instant};
 
 use airlock_api::policy::{NetworkMode, PathAccess, PolicyDocument};
 use airlock_api::v1::{ErrorCode, EvalRequest, EvalResponse};
-use hyper::header::CONTENT_TYPE;
-use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::Daemon;
-use crate::agent::{EnvelopeReader, connect_error, envelope};
 use crate::e2b::tunnel::{self, TunnelError};
 use crate::error::ApiError;
-use crate::http::full;
 
 /// JavaScript only (QuickJS): the worker starts in milliseconds.
 pub const WASM_JS_TEMPLATE: &str = "wasm-js";
@@ -164,23 +160,7 @@ impl Daemon {
             "envs": env,
             "cwd": WORKSPACE,
         });
-        let request = Request::builder()
-            .method(Method::POST)
-            .uri("/process.Process/Start")
-            .header(CONTENT_TYPE, "application/connect+json")
-            .header("connect-protocol-version", "1")
-            .body(full(envelope(&json!({ "process": process, "tag": TAG }))))
-            .map_err(|e| ApiError::internal(format!("cannot build the agent request: {e}")))?;
-        let response = agent.send(request).await?;
-        if response.status() != StatusCode::OK {
-            let status = response.status();
-            let body = http_body_util::BodyExt::collect(response.into_body())
-                .await
-                .map(|c| c.to_bytes())
-                .unwrap_or_default();
-            return Err(connect_error(status, None, &body));
-        }
-        let mut reader = EnvelopeReader::new(response.into_body());
+        let mut reader = agent.start_process(&process, Some(TAG), None).await?;
         crate::routes::exec::first_event(&mut reader).await?;
         drop(reader);
         let started = Instant::now();
