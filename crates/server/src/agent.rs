@@ -102,15 +102,17 @@ impl Agent {
         Ok((response, connection))
     }
 
-    /// Starts `process` (envd's `process` object: cmd, args, envs, cwd) through envd's
-    /// `process.Process/Start`, with `tag` when given and envd's `connect-timeout-ms` when
-    /// `timeout_ms` is. Answers the event stream; a refusal is the agent's error.
+    /// Sends envd's `process.Process/Start` with `message` (`{"process": {cmd, args, envs,
+    /// cwd}, ...}`, and `tag` or `stdin` as envd takes them), envd's `connect-timeout-ms` when
+    /// `timeout_ms` is given, and `user` as envd's Basic authorization. Answers the event
+    /// stream; a refusal is the agent's error.
     pub async fn start_process(
         &self,
-        process: &Value,
-        tag: Option<&str>,
+        message: &Value,
         timeout_ms: Option<u64>,
+        user: Option<&str>,
     ) -> Result<EnvelopeReader, ApiError> {
+        use base64::Engine as _;
         let mut builder = Request::builder()
             .method(Method::POST)
             .uri("/process.Process/Start")
@@ -119,12 +121,12 @@ impl Agent {
         if let Some(ms) = timeout_ms {
             builder = builder.header("connect-timeout-ms", ms.to_string());
         }
-        let message = match tag {
-            Some(tag) => serde_json::json!({ "process": process, "tag": tag }),
-            None => serde_json::json!({ "process": process }),
-        };
+        if let Some(user) = user {
+            let credentials = base64::engine::general_purpose::STANDARD.encode(format!("{user}:"));
+            builder = builder.header(hyper::header::AUTHORIZATION, format!("Basic {credentials}"));
+        }
         let request = builder
-            .body(full(envelope(&message)))
+            .body(full(envelope(message)))
             .map_err(|e| ApiError::internal(format!("cannot build the agent request: {e}")))?;
         let response = self.send(request).await?;
         if response.status() != StatusCode::OK {

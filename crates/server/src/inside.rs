@@ -71,7 +71,7 @@ pub async fn run(
         .ok_or_else(|| ApiError::internal("an empty command"))?;
     let process = json!({ "cmd": cmd, "args": args, "envs": env, "cwd": cwd });
     let mut reader = agent
-        .start_process(&process, None, Some(timeout_ms))
+        .start_process(&json!({ "process": process }), Some(timeout_ms), None)
         .await?;
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
     loop {

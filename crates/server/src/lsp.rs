@@ -16,17 +16,14 @@ use std::time::Duration;
 use airlock_api::v1::{ErrorCode, LspRequest, LspServer};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use hyper::header::CONTENT_TYPE;
 use hyper::upgrade::Upgraded;
-use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::mpsc;
 
-use crate::agent::{Agent, Envelope, EnvelopeReader, connect_error, envelope};
+use crate::agent::{Agent, Envelope, EnvelopeReader};
 use crate::error::ApiError;
-use crate::http::full;
 use crate::websocket::{self, Incoming};
 
 /// How long a started server waits for its WebSocket.
@@ -109,25 +106,9 @@ impl LspSessions {
             .split_first()
             .ok_or_else(|| ApiError::invalid("an empty command"))?;
         let process = json!({ "cmd": cmd, "args": args, "envs": env, "cwd": root });
-        let request = Request::builder()
-            .method(Method::POST)
-            .uri("/process.Process/Start")
-            .header(CONTENT_TYPE, "application/connect+json")
-            .header("connect-protocol-version", "1")
-            .body(full(envelope(
-                &json!({ "process": process, "stdin": true }),
-            )))
-            .map_err(|e| ApiError::internal(format!("cannot build the agent request: {e}")))?;
-        let response = agent.send(request).await?;
-        if response.status() != StatusCode::OK {
-            let status = response.status();
-            let bytes = http_body_util::BodyExt::collect(response.into_body())
-                .await
-                .map(|c| c.to_bytes())
-                .unwrap_or_default();
-            return Err(connect_error(status, None, &bytes));
-        }
-        let mut reader = EnvelopeReader::new(response.into_body());
+        let mut reader = agent
+            .start_process(&json!({ "process": process, "stdin": true }), None, None)
+            .await?;
         let pid = loop {
             match reader.next().await? {
                 Some(Envelope::Message(value)) => {

@@ -107,7 +107,9 @@ async fn start(
     timeout_ms: Option<u64>,
 ) -> Result<EnvelopeReader, ApiError> {
     let process = json!({ "cmd": argv[0], "args": &argv[1..], "envs": env, "cwd": "/tmp" });
-    agent.start_process(&process, None, timeout_ms).await
+    agent
+        .start_process(&json!({ "process": process }), timeout_ms, None)
+        .await
 }
 
 /// Runs `argv` to its end and collects its output.

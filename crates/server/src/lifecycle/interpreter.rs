@@ -82,7 +82,9 @@ pub(super) async fn start_in(
         "envs": env,
         "cwd": CWD,
     });
-    let mut reader = agent.start_process(&process, Some(TAG), None).await?;
+    let mut reader = agent
+        .start_process(&json!({ "process": process, "tag": TAG }), None, None)
+        .await?;
     crate::routes::exec::first_event(&mut reader).await?;
     // The process outlives this stream (envd's rule); its output is not kept.
     drop(reader);

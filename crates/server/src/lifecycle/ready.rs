@@ -52,7 +52,9 @@ async fn start(
     timeout_ms: Option<u64>,
 ) -> Result<EnvelopeReader, ApiError> {
     let process = json!({ "cmd": "/bin/sh", "args": ["-c", command], "envs": {}, "cwd": cwd });
-    agent.start_process(&process, None, timeout_ms).await
+    agent
+        .start_process(&json!({ "process": process }), timeout_ms, None)
+        .await
 }
 
 /// Reads a command's events to its end into `tail`; returns its exit code (-1: a signal, or

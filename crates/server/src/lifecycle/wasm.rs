@@ -160,7 +160,9 @@ impl Daemon {
             "envs": env,
             "cwd": WORKSPACE,
         });
-        let mut reader = agent.start_process(&process, Some(TAG), None).await?;
+        let mut reader = agent
+            .start_process(&json!({ "process": process, "tag": TAG }), None, None)
+            .await?;
         crate::routes::exec::first_event(&mut reader).await?;
         drop(reader);
         let started = Instant::now();

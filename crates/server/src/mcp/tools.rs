@@ -61,6 +61,23 @@ macro_rules! attempt {
     };
 }
 
+/// The sandbox a tool call names, or a fresh one of `template` (then `true`: the call removes
+/// it when done).
+async fn named_or_fresh(
+    client: &Client,
+    named: Option<&str>,
+    template: &str,
+) -> Result<(String, bool), ClientError> {
+    if let Some(id) = named {
+        return Ok((id.to_owned(), false));
+    }
+    let request = CreateSandboxRequest {
+        template: Some(template.to_owned()),
+        ..CreateSandboxRequest::default()
+    };
+    Ok((client.create(&request).await?.sandbox.id, true))
+}
+
 fn to_value(value: &impl serde::Serialize) -> Value {
     serde_json::to_value(value).unwrap_or(Value::Null)
 }
@@ -260,20 +277,12 @@ impl AirlockMcp {
     ) -> ToolResult {
         use airlock_api::v1::{EvalLanguage, EvalRequest};
         let client = self.client_for(&context);
-        let (id, fresh) = match &args.sandbox_id {
-            Some(id) => (id.clone(), false),
-            None => {
-                let template = match args.language {
-                    EvalLanguage::Javascript => crate::lifecycle::WASM_JS_TEMPLATE,
-                    EvalLanguage::Python => crate::lifecycle::WASM_PYTHON_TEMPLATE,
-                };
-                let request = CreateSandboxRequest {
-                    template: Some(template.to_owned()),
-                    ..CreateSandboxRequest::default()
-                };
-                (attempt!(client.create(&request).await).sandbox.id, true)
-            }
+        let template = match args.language {
+            EvalLanguage::Javascript => crate::lifecycle::WASM_JS_TEMPLATE,
+            EvalLanguage::Python => crate::lifecycle::WASM_PYTHON_TEMPLATE,
         };
+        let (id, fresh) =
+            attempt!(named_or_fresh(&client, args.sandbox_id.as_deref(), template).await);
         let request = EvalRequest {
             language: args.language,
             code: args.code,
@@ -295,16 +304,9 @@ impl AirlockMcp {
         context: RequestContext<RoleServer>,
     ) -> ToolResult {
         let client = self.client_for(&context);
-        let (id, fresh) = match &args.sandbox_id {
-            Some(id) => (id.clone(), false),
-            None => {
-                let request = CreateSandboxRequest {
-                    template: Some(INTERPRETER_TEMPLATE.to_owned()),
-                    ..CreateSandboxRequest::default()
-                };
-                (attempt!(client.create(&request).await).sandbox.id, true)
-            }
-        };
+        let (id, fresh) = attempt!(
+            named_or_fresh(&client, args.sandbox_id.as_deref(), INTERPRETER_TEMPLATE).await
+        );
         let result = execute(&client, &id, &args).await;
         if fresh {
             let _ = client.delete(&id).await;

@@ -11,15 +11,14 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper::header::{AUTHORIZATION, CONTENT_TYPE};
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Response, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::Ctx;
-use crate::agent::{Agent, Envelope, EnvelopeReader, connect_error, envelope};
+use crate::agent::{Agent, Envelope, EnvelopeReader};
 use crate::error::ApiError;
-use crate::http::{BoxError, ChannelBody, NDJSON, full, with_type};
+use crate::http::{BoxError, ChannelBody, NDJSON, with_type};
 use crate::lifecycle::env_key_ok;
 
 /// Where commands start unless the request says otherwise: the one directory that is
@@ -74,35 +73,9 @@ pub async fn exec(ctx: &mut Ctx) -> Result<Response<crate::http::Body>, ApiError
         .unwrap_or_else(|| DEFAULT_CWD.to_owned());
     let process = json!({ "cmd": cmd, "args": args, "envs": envs, "cwd": cwd });
     let message = json!({ "process": process, "stdin": stdin.is_some() });
-    let mut builder = Request::builder()
-        .method(Method::POST)
-        .uri("/process.Process/Start")
-        .header(CONTENT_TYPE, "application/connect+json")
-        .header("connect-protocol-version", "1");
-    if let Some(timeout_ms) = request.timeout_ms {
-        builder = builder.header("connect-timeout-ms", timeout_ms.to_string());
-    }
-    if let Some(user) = &request.user {
-        builder = builder.header(
-            AUTHORIZATION,
-            format!("Basic {}", BASE64.encode(format!("{user}:"))),
-        );
-    }
-    let agent_request = builder
-        .body(full(envelope(&message)))
-        .map_err(|e| ApiError::invalid(format!("cannot build the agent request: {e}")))?;
-    let response = agent.send(agent_request).await?;
-    if response.status() != StatusCode::OK {
-        let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
-        return Err(connect_error(status, None, &bytes));
-    }
-    let mut reader = EnvelopeReader::new(response.into_body());
+    let mut reader = agent
+        .start_process(&message, request.timeout_ms, request.user.as_deref())
+        .await?;
     let pid = first_event(&mut reader).await?;
     let daemon = ctx.daemon.clone();
     let id = ctx.id.clone();
