@@ -214,7 +214,8 @@ class Daemon:
         try:
             key = _create_key(binary, state_dir)
             process = subprocess.Popen(
-                [str(binary), "--listen", "127.0.0.1:0", "--state-dir", str(state_dir), *extra_args],
+                [str(binary), "--listen", "127.0.0.1:0", "--state-dir", str(state_dir),
+                 *_storage_args(extra_args), *extra_args],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_fd,
                 env={**os.environ, **{k: str(v) for k, v in siblings.items()}})
             addr = _listening_address(process, Path(log_name))
@@ -243,7 +244,7 @@ class Daemon:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [str(self.binary), "--listen", self.addr, "--state-dir", str(self.state_dir),
-                 *self.extra_args],
+                 *_storage_args(self.extra_args), *self.extra_args],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
                 env={**os.environ, **{k: str(v) for k, v in siblings.items()}})
         addr = _listening_address(self.process, self.log_path)
@@ -337,6 +338,12 @@ class Daemon:
                 + self.log_tail())
         shutil.rmtree(self.state_dir, ignore_errors=True)
         self.log_path.unlink(missing_ok=True)
+
+
+def _storage_args(extra_args) -> list[str]:
+    """A 4 GiB scratch image unless the test asks for another: the default (half the free
+    space, up to 16 GiB) is reserved up front, and parallel suites on one disk fill it."""
+    return [] if "--storage-size" in extra_args or "--scratch" in extra_args else ["--storage-size", "4GiB"]
 
 
 def _create_key(binary: Path, state_dir: Path) -> str:
