@@ -147,12 +147,17 @@ pub fn desktop(url: Option<String>, creates: usize, iterations: usize) -> anyhow
         let filled = async {
             for _ in 0..creates {
                 wait_pool(&client).await?;
+                let claims = client.pool(DESKTOP_TEMPLATE).await?.claims_total;
                 let start = Instant::now();
                 let id = client.create(&request).await?.sandbox.id;
                 let shot = screenshot(&client, &id).await;
                 let whole = start.elapsed();
                 client.delete(&id).await?;
                 shot?;
+                anyhow::ensure!(
+                    client.pool(DESKTOP_TEMPLATE).await?.claims_total == claims + 1,
+                    "a create meant for the warm pool did not claim from it"
+                );
                 pooled.push(whole);
             }
             Ok::<_, anyhow::Error>(())
@@ -212,6 +217,11 @@ pub fn desktop(url: Option<String>, creates: usize, iterations: usize) -> anyhow
         println!(
             "desktop template on the process tier ({}x{}): {creates} creates each way, {iterations} screenshots and clicks after 5 warm-up ones",
             SCREEN.0, SCREEN.1
+        );
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        println!(
+            "load average at the end: {}; a pool member's display and XFCE session start before its claim",
+            load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
         );
         println!("{:<44} {:>10} {:>10}", "step", "p50 ms", "p95 ms");
         let (cold_p50, _) = row("create + first screenshot, no pool", &mut cold);
