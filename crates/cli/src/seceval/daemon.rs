@@ -219,7 +219,7 @@ impl Daemon {
         self.runtime.block_on(future)
     }
 
-    fn id(&self, index: usize) -> &str {
+    pub(super) fn id(&self, index: usize) -> &str {
         self.sandboxes.get(index).map_or("", |(id, _)| id.as_str())
     }
 
@@ -249,7 +249,18 @@ impl Daemon {
             .map(|(stdout, code)| Outcome::from_probe(&stdout, Some(code), None))
     }
 
-    fn exec(&self, index: usize, argv: Vec<String>) -> anyhow::Result<(String, i32)> {
+    /// Sandbox `index`'s access token.
+    pub(super) fn token(&self, index: usize) -> &str {
+        self.sandboxes.get(index).map_or("", |(_, t)| t.as_str())
+    }
+
+    /// The daemon's client, for the desktop cases' data-plane requests.
+    pub(super) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Runs `argv` in sandbox `index`; its stdout and exit code.
+    pub(super) fn exec(&self, index: usize, argv: Vec<String>) -> anyhow::Result<(String, i32)> {
         let request = ExecRequest {
             argv: Some(argv),
             timeout_ms: Some(60_000),
