@@ -26,8 +26,11 @@ def lines(desktop, command):
 
 
 def x_servers(desktop):
-    """The sandbox's X servers, as `pid args...` lines."""
-    out = desktop.commands.run("pgrep -a -x Xvfb || true", timeout=30).stdout
+    """The sandbox's X servers (processes of /usr/bin/Xvfb, not the warm display's scripts of
+    that name), as `pid args...` lines."""
+    script = ("for p in $(pgrep -x Xvfb); do [ \"$(readlink /proc/$p/exe)\" = /usr/bin/Xvfb ] "
+              "&& echo \"$p $(tr '\\0' ' ' </proc/$p/cmdline)\"; done; true")
+    out = desktop.commands.run(script, timeout=30).stdout
     return [line for line in out.splitlines() if line.strip()]
 
 
