@@ -74,6 +74,15 @@ fn display_up() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<Str
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Records that sandbox `id`'s display answers (a warm pool's member, checked as it started).
+pub(super) fn note_display_up(id: &str) {
+    let mut up = display_up();
+    if up.len() >= DISPLAY_UP_MAX {
+        up.clear();
+    }
+    up.insert(id.to_owned());
+}
+
 /// What one command printed, and how it ended.
 pub(super) struct Output {
     pub(super) code: i32,
@@ -254,11 +263,7 @@ impl Daemon {
             .or_insert_with(|| DEFAULT_DISPLAY.to_owned());
         if !display_up().contains(id) {
             self.ensure_display(id, &agent, &env).await?;
-            let mut up = display_up();
-            if up.len() >= DISPLAY_UP_MAX {
-                up.clear();
-            }
-            up.insert(id.to_owned());
+            note_display_up(id);
         }
         let result = self.act(&agent, &env, action).await;
         if result.is_err() {

@@ -431,8 +431,13 @@ impl Daemon {
                 token_hash: token_hash.clone(),
             },
         );
+        let warm_display = template == super::DESKTOP_TEMPLATE;
         match self.claim(member, request, &token_hash).await {
             Ok(sandbox) => {
+                if warm_display {
+                    // Its display answered as it started: the first action skips the probe.
+                    super::computer::note_display_up(&id);
+                }
                 if let Some(pool) = self.pools.lock().get_mut(template) {
                     pool.claims_total += 1;
                 }
