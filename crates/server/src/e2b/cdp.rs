@@ -168,6 +168,27 @@ mod tests {
     }
 
     #[test]
+    fn test_cdp_request_keeps_no_credential_for_the_sandbox() {
+        let mut request = parts("h:1", "/json/version", None);
+        for (name, value) in [
+            ("x-access-token", "token"),
+            ("x-api-key", "ak_1"),
+            ("authorization", "Bearer ak_1"),
+        ] {
+            request
+                .headers
+                .insert(name, HeaderValue::from_static(value));
+        }
+        prepare(&mut request);
+        for name in ["x-access-token", "x-api-key", "authorization"] {
+            assert!(
+                request.headers.get(name).is_none(),
+                "{name} reached the sandbox"
+            );
+        }
+    }
+
+    #[test]
     fn test_cdp_ws_urls_name_the_client_origin() {
         let origin = ClientOrigin {
             host: "9222-abc.localhost:3000".to_owned(),
