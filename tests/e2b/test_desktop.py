@@ -251,12 +251,12 @@ def cdp_get(daemon, host: str, path: str, context, origin: str | None = None,
     import ssl  # noqa: F401 - the context's module
 
     lines = [f"GET {path} HTTP/1.1", f"Host: {host}", "Connection: close"]
-    if token:
-        lines.append(f"X-Access-Token: {token}")
     if upgrade:
         lines[-1] = "Connection: Upgrade"
         lines += ["Upgrade: websocket", "Sec-WebSocket-Version: 13",
                   "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="]
+    if token:
+        lines.append(f"X-Access-Token: {token}")
     if origin:
         lines.append(f"Origin: {origin}")
     with socket.create_connection(("127.0.0.1", daemon.port), timeout=30) as raw:
