@@ -42,11 +42,14 @@ pub fn column(env: &Env, cases: &[&Case]) -> anyhow::Result<TierResults> {
         .context("the daemon's desktop sandboxes did not start")?;
     let mut results = Vec::new();
     for case in cases.iter().filter(|c| GROUPS.contains(&c.group.as_str())) {
-        let verdict = runner::evaluate_in_daemon_sandbox(env, case).unwrap_or_else(|err| {
+        let mut verdict = runner::evaluate_in_daemon_sandbox(env, case).unwrap_or_else(|err| {
             Verdict::WrongLayer {
                 detail: format!("could not run: {}", crate::one_line(&err)),
             }
         });
+        if case.id == "fs-conf.init-descriptors" && matches!(verdict, Verdict::Allowed { .. }) {
+            verdict = agent_descriptors(env, daemon);
+        }
         results.push(CaseResult::new(case, verdict, None, Vec::new()));
     }
     let token = format!("seceval-{:x}", std::process::id());
@@ -97,6 +100,34 @@ pub fn column(env: &Env, cases: &[&Case]) -> anyhow::Result<TierResults> {
         tier: COLUMN.to_owned(),
         cases: results,
     })
+}
+
+/// The daemon's pid 1 is the agent, exec'd inside the sandbox's user namespace, so its `/proc`
+/// entries belong to the sandbox's uid 0, the workload's: `stat` of `/proc/1/fd/4` succeeds
+/// (descriptor numbers and types are listable), where `airlock run`'s init, made outside, stays
+/// unmapped. What the case is after, opening the descriptor, needs ptrace access to a
+/// non-dumpable process: a known gap while that holds, an escape if it does not.
+fn agent_descriptors(env: &Env, daemon: &Daemon) -> Verdict {
+    let probe = env.probe.display().to_string();
+    let opened = daemon.exec(0, vec![probe, "read".into(), "/proc/1/fd/4".into()]);
+    let eacces = |out: &str, code| {
+        super::catalog::Outcome::from_probe(out, Some(code), None)
+            == super::catalog::Outcome::Errno(13)
+    };
+    match opened {
+        Ok((out, code)) if eacces(&out, code) => Verdict::KnownGap {
+            outcome: "stat ok; read /proc/1/fd/4: errno EACCES".into(),
+            reason: "the agent's descriptor table is listable by the workload (same uid in its \
+                     own user namespace); the descriptors cannot be opened (non-dumpable)"
+                .into(),
+        },
+        Ok((out, code)) => Verdict::Allowed {
+            outcome: format!("read /proc/1/fd/4: {} (exit {code})", out.trim()),
+        },
+        Err(err) => Verdict::WrongLayer {
+            detail: format!("could not run: {}", crate::one_line(&err)),
+        },
+    }
 }
 
 /// A case's verdict from a check that says what got through, or fails to run.

@@ -68,7 +68,8 @@ pub struct SecevalArgs {
     #[arg(long = "only", value_name = "PREFIX")]
     only: Vec<String>,
     /// Create the daemon's sandboxes (where the control-plane cases run) from this template;
-    /// `desktop` also brings up their displays and browsers first.
+    /// `desktop` also brings up their displays and browsers first, and adds a column: the
+    /// chosen filesystem, process and network cases from inside one, and the desktop's cases.
     #[arg(long, value_name = "NAME")]
     template: Option<String>,
     /// The airlock-probe binary (default: beside this one, or $AIRLOCK_PROBE_BIN).
