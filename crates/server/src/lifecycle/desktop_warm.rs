@@ -134,11 +134,17 @@ exec /usr/bin/startxfce4 "$@"
 const BASH_PROFILE: &str = "# Airlock: the warm display's Xvfb and startxfce4 (see /tmp/.airlock-desktop/bin).\n\
 PATH=/tmp/.airlock-desktop/bin:$PATH\n";
 
-/// Whether every one of XFCE's three processes that the SDK waits for runs.
-const SESSION_UP: &str = "pgrep -x xfce4-session >/dev/null && pgrep -x xfwm4 >/dev/null && pgrep -x xfdesktop >/dev/null";
+/// Whether every one of XFCE's three processes that the SDK waits for runs, and its panel (the
+/// last of the session's programs to start).
+const SESSION_UP: &str = "pgrep -x xfce4-session >/dev/null && pgrep -x xfwm4 >/dev/null \
+                          && pgrep -x xfdesktop >/dev/null && pgrep -x xfce4-panel >/dev/null";
+/// One screenshot before the member is ready: the desktop has been drawn once, and the first
+/// claim's first screenshot is not the session's first.
+const FIRST_SCREENSHOT: &str = "f=$(mktemp /tmp/.airlock-warm-XXXXXX.png) && scrot --overwrite \"$f\"; \
+                                rc=$?; rm -f \"$f\"; exit $rc";
 
 /// Starts a member's warm display and session through `agent`, with the template's `env`,
-/// and waits until XFCE's three processes run.
+/// and waits until XFCE's session is up and has been captured once.
 pub(super) async fn start_warm_display(
     agent: &Agent,
     env: &BTreeMap<String, String>,
@@ -174,7 +180,11 @@ pub(super) async fn start_warm_display(
     wait(agent, &probe, &env, SERVER_WAIT, "the warm X server").await?;
     drop(start(agent, &["/usr/bin/startxfce4"], &env, None).await?);
     let session = ["/bin/sh", "-c", SESSION_UP];
-    wait(agent, &session, &env, SESSION_WAIT, "the warm XFCE session").await
+    wait(agent, &session, &env, SESSION_WAIT, "the warm XFCE session").await?;
+    run(agent, &["/bin/sh", "-c", FIRST_SCREENSHOT], &env)
+        .await?
+        .checked("the warm display's first screenshot")?;
+    Ok(())
 }
 
 async fn wait(
