@@ -93,8 +93,11 @@ cargo test --workspace --locked
 # The security evaluation (docs/seceval.md) on every tier this machine has, beside bwrap: fails on
 # any case allowed or stopped by the wrong layer.
 cargo run --quiet --locked --bin airlock -- seceval --tier all --baseline bwrap
-# The control-plane cases again, against desktop sandboxes with their X servers and browsers up.
-cargo run --quiet --locked --bin airlock -- seceval --tier process --template desktop --only ctl. --only tier.
+# The control-plane cases again, against desktop sandboxes with their X servers and browsers up,
+# and (a column of its own) the filesystem, process and network cases from inside one, with the
+# desktop's own cases (X servers, port 9222, the host's sockets, Chromium's confinement).
+cargo run --quiet --locked --bin airlock -- seceval --tier process --template desktop --only ctl. --only tier. \
+    --only fs- --only kern. --only proc. --only net.
 # Fuzzing, bounded: deterministic mutation runs on stable that replay the kept regression inputs
 # first (the same invariants as the cargo-fuzz targets), then every cargo-fuzz target under
 # libFuzzer for a few seconds each (scripts/fuzz.sh; installs cargo-fuzz when missing).

@@ -229,8 +229,10 @@ def test_desktop_playwright_drives_the_sandbox_browser_over_cdp(desktop, daemon)
     if not (JS / "node_modules" / "playwright-core").is_dir():
         pytest.skip("needs playwright-core (scripts/e2b-tests.sh)")
     open_page(desktop, "/tmp/page.html", PAGE, "ready")
-    # Header routing, as the reference's CI recipe: Node does not resolve *.localhost.
-    headers = {"E2b-Sandbox-Id": desktop.sandbox_id, "E2b-Sandbox-Port": "9222"}
+    # Header routing, as the reference's CI recipe: Node does not resolve *.localhost. The
+    # debugging port needs the sandbox's access token (Playwright sends headers on both legs).
+    headers = {"E2b-Sandbox-Id": desktop.sandbox_id, "E2b-Sandbox-Port": "9222",
+               "X-Access-Token": desktop._envd_access_token}
     ran = subprocess.run(["node", str(JS / "cdp.mjs"), daemon.url, json.dumps(headers),
                           "file:///tmp/page.html"], capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stderr
@@ -243,7 +245,7 @@ def test_desktop_playwright_drives_the_sandbox_browser_over_cdp(desktop, daemon)
 
 
 def cdp_get(daemon, host: str, path: str, context, origin: str | None = None,
-            upgrade: bool = False) -> tuple[int, bytes]:
+            upgrade: bool = False, token: str | None = None) -> tuple[int, bytes]:
     """One request over TLS to the daemon for `host` (host routing)."""
     import socket
     import ssl  # noqa: F401 - the context's module
@@ -253,6 +255,8 @@ def cdp_get(daemon, host: str, path: str, context, origin: str | None = None,
         lines[-1] = "Connection: Upgrade"
         lines += ["Upgrade: websocket", "Sec-WebSocket-Version: 13",
                   "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="]
+    if token:
+        lines.append(f"X-Access-Token: {token}")
     if origin:
         lines.append(f"Origin: {origin}")
     with socket.create_connection(("127.0.0.1", daemon.port), timeout=30) as raw:
@@ -274,15 +278,22 @@ def test_desktop_cdp_discovery_by_host_names_the_clients_origin(desktop, daemon)
     open_page(desktop, "/tmp/page.html", PAGE, "ready")
     context = ssl.create_default_context(cafile=str(daemon.state_dir / "tls" / "local-ca.pem"))
     host = f"9222-{desktop.sandbox_id}.localhost:{daemon.port}"
+    # The debugging port drives the browser: the sandbox id alone does not open it.
     status, body = cdp_get(daemon, host, "/json/version", context)
+    assert status == 401, body
+    status, _ = cdp_get(daemon, host, "/json/version", context, token="not-the-token")
+    assert status == 401
+    token = desktop._envd_access_token
+    status, body = cdp_get(daemon, host, "/json/version", context, token=token)
     assert status == 200, body
     ws_url = json.loads(body)["webSocketDebuggerUrl"]
     # Chrome saw a loopback Host (else a 500) and named it; the daemon put the client's back.
     assert ws_url.startswith(f"wss://{host}/devtools/browser/"), ws_url
-    status, body = cdp_get(daemon, host, "/json/list", context)
+    status, body = cdp_get(daemon, host, "/json/list", context, token=token)
     pages = json.loads(body)
     assert any(p["webSocketDebuggerUrl"].startswith(f"wss://{host}/devtools/page/") for p in pages)
     # A browser-style client sends an Origin, which Chrome refuses (403) unless it is dropped.
     path = ws_url.split(host, 1)[1]
-    status, _ = cdp_get(daemon, host, path, context, origin="https://example.com", upgrade=True)
+    status, _ = cdp_get(daemon, host, path, context, origin="https://example.com", upgrade=True,
+                        token=token)
     assert status == 101

@@ -133,7 +133,7 @@ pub fn desktop(url: Option<String>, creates: usize, iterations: usize) -> anyhow
             template: Some(DESKTOP_TEMPLATE.to_owned()),
             ..CreateSandboxRequest::default()
         };
-        let (mut cold, mut pooled) = (Vec::new(), Vec::new());
+        let (mut cold, mut pooled, mut pooled_claims) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..creates {
             let start = Instant::now();
             let id = client.create(&request).await?.sandbox.id;
@@ -147,12 +147,18 @@ pub fn desktop(url: Option<String>, creates: usize, iterations: usize) -> anyhow
         let filled = async {
             for _ in 0..creates {
                 wait_pool(&client).await?;
+                let claims = client.pool(DESKTOP_TEMPLATE).await?.claims_total;
                 let start = Instant::now();
                 let id = client.create(&request).await?.sandbox.id;
+                pooled_claims.push(start.elapsed());
                 let shot = screenshot(&client, &id).await;
                 let whole = start.elapsed();
                 client.delete(&id).await?;
                 shot?;
+                anyhow::ensure!(
+                    client.pool(DESKTOP_TEMPLATE).await?.claims_total == claims + 1,
+                    "a create meant for the warm pool did not claim from it"
+                );
                 pooled.push(whole);
             }
             Ok::<_, anyhow::Error>(())
@@ -213,9 +219,15 @@ pub fn desktop(url: Option<String>, creates: usize, iterations: usize) -> anyhow
             "desktop template on the process tier ({}x{}): {creates} creates each way, {iterations} screenshots and clicks after 5 warm-up ones",
             SCREEN.0, SCREEN.1
         );
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        println!(
+            "load average at the end: {}; a pool member's display and XFCE session start before its claim",
+            load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+        );
         println!("{:<44} {:>10} {:>10}", "step", "p50 ms", "p95 ms");
         let (cold_p50, _) = row("create + first screenshot, no pool", &mut cold);
         let (warm_p50, _) = row("create + first screenshot, from a pool", &mut pooled);
+        row("  of which the create (a claim)", &mut pooled_claims);
         let (shot_p50, shot_p95) = row("screenshot (POST /computer)", &mut shots);
         let (click_p50, _) = row("click round trip (POST /computer)", &mut clicks);
         let (host_shot, _) = row("host floor: scrot + read", &mut host_shots);

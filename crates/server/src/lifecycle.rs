@@ -26,6 +26,7 @@
 mod checks;
 mod computer;
 mod desktop;
+mod desktop_warm;
 mod egress_ops;
 mod git;
 mod interpreter;

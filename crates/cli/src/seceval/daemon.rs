@@ -219,7 +219,7 @@ impl Daemon {
         self.runtime.block_on(future)
     }
 
-    fn id(&self, index: usize) -> &str {
+    pub(super) fn id(&self, index: usize) -> &str {
         self.sandboxes.get(index).map_or("", |(id, _)| id.as_str())
     }
 
@@ -241,15 +241,39 @@ impl Daemon {
         ]
     }
 
-    /// Runs the probe in sandbox A and reads its verdict.
+    /// Runs the probe in sandbox A and reads its verdict (a signal from the exit's `status`,
+    /// which names it as envd does).
     pub fn exec_probe(&self, probe: &Path, args: &[String]) -> anyhow::Result<Outcome> {
         let mut argv = vec![self.probe_path(probe)];
         argv.extend(args.iter().cloned());
-        self.exec(0, argv)
-            .map(|(stdout, code)| Outcome::from_probe(&stdout, Some(code), None))
+        let request = ExecRequest {
+            argv: Some(argv),
+            timeout_ms: Some(60_000),
+            ..ExecRequest::default()
+        };
+        let output = self
+            .runtime
+            .block_on(self.client.exec_collect(self.id(0), &request))?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let signal = (!output.exited)
+            .then(|| signal_named(&output.status))
+            .flatten();
+        let code = signal.is_none().then_some(output.exit_code);
+        Ok(Outcome::from_probe(&stdout, code, signal))
     }
 
-    fn exec(&self, index: usize, argv: Vec<String>) -> anyhow::Result<(String, i32)> {
+    /// Sandbox `index`'s access token.
+    pub(super) fn token(&self, index: usize) -> &str {
+        self.sandboxes.get(index).map_or("", |(_, t)| t.as_str())
+    }
+
+    /// The daemon's client, for the desktop cases' data-plane requests.
+    pub(super) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Runs `argv` in sandbox `index`; its stdout and exit code.
+    pub(super) fn exec(&self, index: usize, argv: Vec<String>) -> anyhow::Result<(String, i32)> {
         let request = ExecRequest {
             argv: Some(argv),
             timeout_ms: Some(60_000),
@@ -555,6 +579,25 @@ impl Daemon {
 
 /// An API answer as an outcome: success, the OS error behind a refusal when the agent names
 /// one (`... (os error 13)`), else the HTTP status.
+/// The signal of an exit `status` such as `signal: bad system call` (Go's descriptions, as the
+/// agent writes them; x86_64 numbers), for the signals the catalog expects.
+fn signal_named(status: &str) -> Option<i32> {
+    let name = status.strip_prefix("signal: ")?;
+    let name = name.trim_end_matches(" (core dumped)");
+    Some(match name {
+        "killed" => 9,
+        "bad system call" => 31,
+        "segmentation fault" => 11,
+        "aborted" => 6,
+        "bus error" => 7,
+        "illegal instruction" => 4,
+        "file size limit exceeded" => 25,
+        "CPU time limit exceeded" => 24,
+        "terminated" => 15,
+        other => other.strip_prefix("signal ")?.parse().ok()?,
+    })
+}
+
 fn api_outcome<T>(result: Result<T, ClientError>) -> Outcome {
     match result {
         Ok(_) => Outcome::Ok(String::new()),

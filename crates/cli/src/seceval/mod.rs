@@ -10,6 +10,7 @@
 
 mod catalog;
 mod daemon;
+mod desktop;
 mod fakenet;
 mod fixtures;
 mod judge0;
@@ -67,7 +68,8 @@ pub struct SecevalArgs {
     #[arg(long = "only", value_name = "PREFIX")]
     only: Vec<String>,
     /// Create the daemon's sandboxes (where the control-plane cases run) from this template;
-    /// `desktop` also brings up their displays and browsers first.
+    /// `desktop` also brings up their displays and browsers first, and adds a column: the
+    /// chosen filesystem, process and network cases from inside one, and the desktop's cases.
     #[arg(long, value_name = "NAME")]
     template: Option<String>,
     /// The airlock-probe binary (default: beside this one, or $AIRLOCK_PROBE_BIN).
@@ -204,14 +206,15 @@ pub fn seceval(args: SecevalArgs) -> anyhow::Result<ExitCode> {
             .and_then(|b| b.unavailable);
         let tier_cases: Vec<catalog::Case> = cases.iter().map(|c| c.on_tier(tier)).collect();
         let tier_cases: Vec<&catalog::Case> = tier_cases.iter().collect();
-        let results = match unavailable {
-            Some(reason) => report::all_not_applicable(&tier_cases, &reason),
+        let (results, desktop) = match unavailable {
+            Some(reason) => (report::all_not_applicable(&tier_cases, &reason), None),
             None => run_tier(&catalog, &tier_cases, &args, tier)?,
         };
         all.push(TierResults {
             tier: tier.as_str().to_owned(),
             cases: results,
         });
+        all.extend(desktop);
     }
     let mut stdout = std::io::stdout().lock();
     report::scorecard(&mut stdout, &catalog, &all, args.baseline.is_some())?;
@@ -253,12 +256,13 @@ fn find_probe(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     )
 }
 
+/// The tier's results, and with `--template desktop` on the process tier, the desktop column.
 fn run_tier(
     catalog: &Catalog,
     cases: &[&catalog::Case],
     args: &SecevalArgs,
     tier: airlock_api::Tier,
-) -> anyhow::Result<Vec<CaseResult>> {
+) -> anyhow::Result<(Vec<CaseResult>, Option<TierResults>)> {
     // The effective uid, from /proc (the CLI makes no syscalls itself): the suite needs root
     // for cgroups, network namespaces and its fixtures under /home and /run.
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -278,7 +282,12 @@ fn run_tier(
     }
     let probe = find_probe(args.probe.as_deref())?;
     let airlock = std::env::current_exe()?;
-    let needs: BTreeSet<Need> = cases.iter().flat_map(|c| c.needs.iter().copied()).collect();
+    let desktop = args.template.as_deref() == Some(airlock_server::lifecycle::DESKTOP_TEMPLATE)
+        && tier == airlock_api::Tier::Process;
+    let mut needs: BTreeSet<Need> = cases.iter().flat_map(|c| c.needs.iter().copied()).collect();
+    if desktop {
+        needs.insert(Need::Daemon);
+    }
     let mut env = Env {
         fixtures: fixtures::Fixtures::new(&probe)?,
         airlock,
@@ -361,7 +370,27 @@ fn run_tier(
     if progress {
         eprint!("\r{:<80}\r", "");
     }
-    Ok(results)
+    let column = if desktop {
+        Some(desktop::column(&env, cases).unwrap_or_else(|err| {
+            let reason = format!("setup failed: {}", crate::one_line(&err));
+            TierResults {
+                tier: desktop::COLUMN.to_owned(),
+                cases: results
+                    .iter()
+                    .map(|r| CaseResult {
+                        airlock: runner::Verdict::WrongLayer {
+                            detail: reason.clone(),
+                        },
+                        bwrap: None,
+                        ..r.clone()
+                    })
+                    .collect(),
+            }
+        }))
+    } else {
+        None
+    };
+    Ok((results, column))
 }
 
 fn which(program: &str) -> Option<PathBuf> {

@@ -554,3 +554,61 @@ fn processes_with(marker: &str) -> Vec<u32> {
         })
         .collect()
 }
+
+/// A case of `airlock run`'s kind attempted once in the daemon's sandbox A instead (a desktop
+/// sandbox under `--template desktop`): blocked when it ends as the catalog expects, by the
+/// layers the process tier's proofs pin in the same run; n/a when it needs options of its own
+/// that a create does not take.
+pub fn evaluate_in_daemon_sandbox(env: &Env, case: &Case) -> anyhow::Result<Verdict> {
+    if let Some(reason) = &case.na {
+        return Ok(Verdict::NotApplicable {
+            reason: reason.clone(),
+        });
+    }
+    if case.via != Via::Run
+        || !case.sandbox.is_empty()
+        || case.interact.is_some()
+        || case.leak_descriptors
+    {
+        return Ok(Verdict::NotApplicable {
+            reason: "needs sandbox options or a host caller of its own (see the process tier)"
+                .into(),
+        });
+    }
+    if let Some(reason) = unavailable_need(env, case) {
+        return Ok(Verdict::NotApplicable { reason });
+    }
+    let expected = Pattern::parse(&case.expect.outcome).map_err(anyhow::Error::msg)?;
+    let first = attempt(env, case, Target::Daemon, None)?;
+    if got_through(&expected, &first.outcome) || !first.post_failures.is_empty() {
+        let mut outcome = first.outcome.to_string();
+        for failure in &first.post_failures {
+            outcome.push_str("; ");
+            outcome.push_str(failure);
+        }
+        return Ok(match &case.known_gap {
+            Some(reason) => Verdict::KnownGap {
+                outcome,
+                reason: reason.clone(),
+            },
+            None => Verdict::Allowed { outcome },
+        });
+    }
+    if !expected.matches(&first.outcome) {
+        if let Some(control) = &case.control {
+            let outside = attempt(env, case, Target::Control(control.at), None)?;
+            if outside.outcome == first.outcome {
+                let reason = format!(
+                    "passes trivially here: outside a sandbox it ends {} too",
+                    outside.outcome
+                );
+                return Ok(Verdict::NotApplicable { reason });
+            }
+        }
+        let detail = format!("{} instead of {}", first.outcome, case.expect.outcome);
+        return Ok(Verdict::WrongLayer { detail });
+    }
+    Ok(Verdict::Blocked {
+        by: case.expect.layers.join("+"),
+    })
+}

@@ -8,8 +8,13 @@
 //! 2. Chrome echoes that Host into `webSocketDebuggerUrl` and the other ws URLs of its `/json*`
 //!    answers, so they are rewritten to the client's own origin (`wss` over TLS);
 //! 3. a WebSocket with any `Origin` is refused (403) unless `--remote-allow-origins` names it,
-//!    so `Origin` is dropped, on this port only. The sandbox id is the capability here, as for
-//!    every port but the envd's.
+//!    so `Origin` is dropped, on this port only.
+//!
+//! Unlike the other ports, where the sandbox id is the capability, this one needs a credential
+//! as the envd's does: the sandbox's access token (`X-Access-Token`) or an API key. The
+//! debugging port drives the browser as its user (scripts in any page, `file://` reads inside
+//! the sandbox), and the id is handed to whoever gets the stream URL. The credential headers
+//! are not passed on to the sandbox.
 
 use http_body_util::BodyExt as _;
 use hyper::header::{CONTENT_LENGTH, HOST, HeaderValue, ORIGIN};
@@ -17,6 +22,7 @@ use hyper::http::request::Parts;
 use hyper::{Method, Response, StatusCode};
 
 use crate::http::{Body, full};
+use crate::lifecycle::Daemon;
 
 /// The browser's debugging port inside the sandbox.
 pub use crate::lifecycle::CDP_PORT;
@@ -35,8 +41,37 @@ pub struct ClientOrigin {
     rewrite: bool,
 }
 
+/// Whether the request may reach sandbox `id`'s debugging port: its access token or an API
+/// key (or a daemon run with `--insecure-no-auth`); the reason otherwise.
+pub fn authorize(daemon: &Daemon, parts: &Parts, id: &str) -> Result<(), String> {
+    let headers = &parts.headers;
+    if daemon.config.no_auth
+        || super::access::has_valid_token(headers, daemon.token_hash(id).as_deref())
+    {
+        return Ok(());
+    }
+    if super::access::presented_key(headers).is_some() {
+        return super::access::check_key(&daemon.store, headers, false)
+            .map_err(|_| "the API key is unknown or revoked".to_owned());
+    }
+    Err(if headers.contains_key(crate::auth::ACCESS_TOKEN_HEADER) {
+        "the access token does not belong to this sandbox".to_owned()
+    } else {
+        format!(
+            "port {CDP_PORT} (the browser's debugging port) needs the sandbox's X-Access-Token or an API key"
+        )
+    })
+}
+
 /// Readies a request for Chrome and says how to rewrite its answer.
 pub fn prepare(parts: &mut Parts) -> ClientOrigin {
+    for credential in [
+        crate::auth::ACCESS_TOKEN_HEADER,
+        crate::auth::API_KEY_HEADER,
+        hyper::header::AUTHORIZATION.as_str(),
+    ] {
+        parts.headers.remove(credential);
+    }
     let host = parts
         .headers
         .get(HOST)
@@ -130,6 +165,27 @@ mod tests {
         assert!(prepare(&mut parts("h:1", "/json/version", None)).rewrite);
         assert!(prepare(&mut parts("h:1", "/json", None)).rewrite);
         assert!(!prepare(&mut parts("h:1", "/jsonx", None)).rewrite);
+    }
+
+    #[test]
+    fn test_cdp_request_keeps_no_credential_for_the_sandbox() {
+        let mut request = parts("h:1", "/json/version", None);
+        for (name, value) in [
+            ("x-access-token", "token"),
+            ("x-api-key", "ak_1"),
+            ("authorization", "Bearer ak_1"),
+        ] {
+            request
+                .headers
+                .insert(name, HeaderValue::from_static(value));
+        }
+        prepare(&mut request);
+        for name in ["x-access-token", "x-api-key", "authorization"] {
+            assert!(
+                request.headers.get(name).is_none(),
+                "{name} reached the sandbox"
+            );
+        }
     }
 
     #[test]

@@ -57,7 +57,11 @@ async fn route(
         let Some(body) = body.take() else {
             return internal("the request body was already read");
         };
-        let cdp = (target.port == super::cdp::CDP_PORT).then(|| super::cdp::prepare(parts));
+        let cdp_port = target.port == super::cdp::CDP_PORT;
+        if cdp_port && let Err(reason) = super::cdp::authorize(daemon, parts, id) {
+            return unauthorized(parts.uri.path(), &reason);
+        }
+        let cdp = cdp_port.then(|| super::cdp::prepare(parts));
         return match tunnel::forward(agent.socket(), target.port, parts, body).await {
             Ok(response) => match cdp {
                 Some(origin) => super::cdp::rewrite(response, origin).await,

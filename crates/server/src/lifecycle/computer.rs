@@ -25,7 +25,7 @@ use crate::agent::{Agent, Envelope, EnvelopeReader};
 use crate::error::ApiError;
 
 /// The display when the sandbox names none (E2B's default).
-const DEFAULT_DISPLAY: &str = ":0";
+pub(super) const DEFAULT_DISPLAY: &str = ":0";
 /// The screen Xvfb gets without `resolution` metadata (the e2b-desktop SDK's default).
 pub const DEFAULT_RESOLUTION: (u32, u32) = (1024, 768);
 /// The metadata key that sets it.
@@ -74,15 +74,24 @@ fn display_up() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<Str
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Records that sandbox `id`'s display answers (a warm pool's member, checked as it started).
+pub(super) fn note_display_up(id: &str) {
+    let mut up = display_up();
+    if up.len() >= DISPLAY_UP_MAX {
+        up.clear();
+    }
+    up.insert(id.to_owned());
+}
+
 /// What one command printed, and how it ended.
-struct Output {
-    code: i32,
+pub(super) struct Output {
+    pub(super) code: i32,
     stdout: Vec<u8>,
     stderr: Vec<u8>,
 }
 
 impl Output {
-    fn checked(self, what: &str) -> Result<Vec<u8>, ApiError> {
+    pub(super) fn checked(self, what: &str) -> Result<Vec<u8>, ApiError> {
         if self.code == 0 {
             return Ok(self.stdout);
         }
@@ -100,7 +109,7 @@ impl Output {
 
 /// Starts `argv` through the agent; `None` for `timeout_ms` leaves it running in the
 /// background (its stream is dropped; the process outlives it, envd's rule).
-async fn start(
+pub(super) async fn start(
     agent: &Agent,
     argv: &[&str],
     env: &BTreeMap<String, String>,
@@ -113,7 +122,7 @@ async fn start(
 }
 
 /// Runs `argv` to its end and collects its output.
-async fn run(
+pub(super) async fn run(
     agent: &Agent,
     argv: &[&str],
     env: &BTreeMap<String, String>,
@@ -254,11 +263,7 @@ impl Daemon {
             .or_insert_with(|| DEFAULT_DISPLAY.to_owned());
         if !display_up().contains(id) {
             self.ensure_display(id, &agent, &env).await?;
-            let mut up = display_up();
-            if up.len() >= DISPLAY_UP_MAX {
-                up.clear();
-            }
-            up.insert(id.to_owned());
+            note_display_up(id);
         }
         let result = self.act(&agent, &env, action).await;
         if result.is_err() {

@@ -177,13 +177,21 @@ fn bare_request(template: &str) -> CreateSandboxRequest {
 
 /// What a normalized request must share with a pool's to be served from it: all but what a
 /// claim applies.
+/// A desktop's key also carries the resolution its display is asked for, since a member's display
+/// runs at one (`metadata.resolution`, default 1024x768).
 fn pool_key(request: &CreateSandboxRequest) -> String {
+    let display = (request.template.as_deref() == Some(super::DESKTOP_TEMPLATE)).then(|| {
+        let (width, height) = super::desktop_warm::requested_resolution(&request.metadata);
+        format!(" display {width}x{height}")
+    });
     let mut request = request.clone();
     request.env.clear();
     request.metadata.clear();
     request.timeout_ms = None;
     request.lifecycle = Lifecycle::default();
-    serde_json::to_string(&request).unwrap_or_default()
+    let mut key = serde_json::to_string(&request).unwrap_or_default();
+    key.push_str(&display.unwrap_or_default());
+    key
 }
 
 impl Daemon {
@@ -450,8 +458,13 @@ impl Daemon {
                 token_hash: token_hash.clone(),
             },
         );
+        let warm_display = template == super::DESKTOP_TEMPLATE;
         match self.claim(member, request, &token_hash).await {
             Ok(sandbox) => {
+                if warm_display {
+                    // Its display answered as it started: the first action skips the probe.
+                    super::computer::note_display_up(&id);
+                }
                 if let Some(pool) = self.pools.lock().get_mut(template) {
                     pool.claims_total += 1;
                 }
@@ -657,6 +670,15 @@ impl Daemon {
                 });
             }
         }
+        if template.builtin && template.name == super::DESKTOP_TEMPLATE {
+            // Its display and XFCE session are up before any claim (lifecycle/desktop_warm.rs).
+            let agent = Agent::new(&socket);
+            let env = member.request.env.clone();
+            if let Err(err) = super::desktop_warm::start_warm_display(&agent, &env).await {
+                self.destroy_members(vec![member]).await;
+                return Err(err);
+            }
+        }
         Ok(member)
     }
 
@@ -756,5 +778,18 @@ mod tests {
         bigger.resources.memory_bytes = Some(1 << 30);
         assert_ne!(pool_key(&bare), pool_key(&bigger));
         assert_ne!(pool_key(&bare), pool_key(&bare_request("other")));
+    }
+
+    #[test]
+    fn test_pool_key_of_a_desktop_carries_its_resolution() {
+        let bare = bare_request(super::super::DESKTOP_TEMPLATE);
+        let mut same = bare.clone();
+        same.metadata.insert("resolution".into(), "1024X768".into());
+        assert_eq!(pool_key(&bare), pool_key(&same));
+        let mut other = bare.clone();
+        other
+            .metadata
+            .insert("resolution".into(), "1280x720".into());
+        assert_ne!(pool_key(&bare), pool_key(&other));
     }
 }
