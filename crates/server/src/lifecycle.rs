@@ -35,6 +35,7 @@ mod pool;
 mod ready;
 mod scratch;
 mod wasm;
+mod wasm_tools;
 mod watcher;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -523,6 +524,8 @@ impl Daemon {
         } else {
             None
         };
+        wasm_tools::check_tools(&request, wasm_preopens.is_some())
+            .map_err(ApiError::unprocessable)?;
         let id =
             auth::new_sandbox_id().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
         let git = self.prepare_git(&id, &mut request, &mut config, &volume)?;

@@ -28,6 +28,7 @@ fn eval(language: EvalLanguage, code: &str) -> EvalRequest {
         language,
         code: code.to_owned(),
         timeout_ms: None,
+        context_id: None,
     }
 }
 
