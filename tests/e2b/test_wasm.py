@@ -94,22 +94,20 @@ class _ToolUpstream:
         self.server.server_close()
 
 
-def test_tools_are_called_from_node_and_python_commands_and_audited(daemon):
-    from e2b import Sandbox
+def test_tools_are_called_from_node_and_python_commands_and_audited(daemon, new_sandbox):
+    import json
 
     upstream = _ToolUpstream()
     try:
-        created = daemon.api("POST", "/v1/sandboxes", {
-            "template": "wasm-python",
-            "tools": [{"kind": "http", "name": "lookup", "url": upstream.url,
-                       "headers": {"X-Api-Key": "s3cret"}}],
-        })
-        assert created.status == 201, created.body
-        sandbox_id = daemon.track(created.json()["sandbox"]["id"])
-        sandbox = Sandbox.connect(sandbox_id)
+        # E2B's create has no tools field: the `airlock.tools` metadata key declares them.
+        tools = [{"kind": "http", "name": "lookup", "url": upstream.url,
+                  "headers": {"X-Api-Key": "s3cret"}}]
+        sandbox = new_sandbox(template="wasm-python", metadata={"airlock.tools": json.dumps(tools)})
+        sandbox_id = sandbox.sandbox_id
+        assert "airlock.tools" not in sandbox.get_info().metadata, "the key (and its secret) is not kept"
         node = sandbox.commands.run(
             "node -e 'tools.lookup({q: \"node\"}).then(v => console.log(JSON.stringify(v)))'")
-        assert node.stdout == '{"echo":{"q":"node"},"authorized":true}\n'
+        assert json.loads(node.stdout) == {"echo": {"q": "node"}, "authorized": True}
         python = sandbox.commands.run(
             "python -c \"import airlock; v = airlock.tools.lookup({'q': 'py'}); print(v['echo']['q'], v['authorized'])\"")
         assert python.stdout == "py True\n"
@@ -121,13 +119,6 @@ def test_tools_are_called_from_node_and_python_commands_and_audited(daemon):
         events = daemon.api("GET", f"/v1/sandboxes/{sandbox_id}/events").json()["events"]
         tools = [e for e in events if e["kind"] == "tool"]
         assert [(e["method"], e["outcome"]) for e in tools] == [("lookup", "ok"), ("lookup", "ok")]
-        assert all("s3cret" not in json_text(e) for e in events)
-        Sandbox.kill(sandbox_id)
+        assert all("s3cret" not in json.dumps(e) for e in events)
     finally:
         upstream.close()
-
-
-def json_text(value) -> str:
-    import json
-
-    return json.dumps(value)

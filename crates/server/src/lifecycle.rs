@@ -36,6 +36,7 @@ mod ready;
 mod scratch;
 mod wasm;
 mod wasm_tools;
+pub use wasm_tools::{META_TOOLS, tools_from_metadata};
 mod watcher;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

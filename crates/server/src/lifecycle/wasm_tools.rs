@@ -29,6 +29,22 @@ const MAX_TOOL_ANSWER_BYTES: usize = 8 << 20;
 /// How long an MCP call may take.
 const MCP_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The E2B metadata key whose value (a JSON array of bindings) declares a create's tools:
+/// E2B's create has no field for them. It is taken out of the metadata, which sandbox
+/// listings return, so that the tools' header values are not shown again.
+pub const META_TOOLS: &str = "airlock.tools";
+
+/// The tools `metadata` declares (and the key removed), or why its value is not bindings.
+pub fn tools_from_metadata(
+    metadata: &mut std::collections::BTreeMap<String, String>,
+) -> Result<Vec<ToolBinding>, String> {
+    let Some(text) = metadata.remove(META_TOOLS) else {
+        return Ok(Vec::new());
+    };
+    serde_json::from_str(&text)
+        .map_err(|e| format!("metadata {META_TOOLS:?} is not a JSON array of tool bindings: {e}"))
+}
+
 /// Why a create's tools are refused (422), if they are.
 pub fn check_tools(request: &CreateSandboxRequest, wasm: bool) -> Result<(), String> {
     if request.tools.is_empty() {
