@@ -525,8 +525,10 @@ impl Daemon {
         } else {
             None
         };
-        wasm_tools::check_tools(&request, wasm_preopens.is_some())
-            .map_err(ApiError::unprocessable)?;
+        wasm_tools::check_tools(&request, wasm_preopens.is_some(), |id| {
+            self.store.get_sandbox(id).ok().flatten().is_some()
+        })
+        .map_err(ApiError::unprocessable)?;
         let id =
             auth::new_sandbox_id().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
         let git = self.prepare_git(&id, &mut request, &mut config, &volume)?;

@@ -329,6 +329,21 @@ async fn test_wasm_tools_that_cannot_be_honoured_are_refused_at_create() {
             },
             "only http://",
         ),
+        (
+            CreateSandboxRequest {
+                template: Some("wasm-js".into()),
+                tools: vec![ToolBinding::Mcp {
+                    name: "m".into(),
+                    sandbox_id: "sbx-nonexistent".into(),
+                    port: 8000,
+                    path: None,
+                    tool: "t".into(),
+                    approval: false,
+                }],
+                ..Default::default()
+            },
+            "no sandbox",
+        ),
     ] {
         let err = client.create(&request).await.unwrap_err();
         assert_eq!(err.code(), Some(ErrorCode::Unprocessable), "{err}");
@@ -341,4 +356,136 @@ async fn test_wasm_tools_that_cannot_be_honoured_are_refused_at_create() {
             .unwrap()
             .is_empty()
     );
+}
+
+/// A minimal MCP server (streamable HTTP, JSON answers) for a process-tier sandbox: one tool,
+/// `multiply`.
+const MCP_SERVER: &str = r#"
+import http.server, json
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        message = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if "id" not in message:
+            self.send_response(202)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if message["method"] == "initialize":
+            result = {"protocolVersion": "2025-03-26", "capabilities": {"tools": {}},
+                      "serverInfo": {"name": "multiplier", "version": "1"}}
+        elif message["params"]["name"] == "multiply":
+            args = message["params"]["arguments"]
+            product = args["a"] * args["b"]
+            result = {"content": [{"type": "text", "text": json.dumps({"product": product})}],
+                      "structuredContent": {"product": product}, "isError": False}
+        else:
+            result = {"content": [{"type": "text", "text": "no such tool"}], "isError": True}
+        body = json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Mcp-Session-Id", "session-1")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", 8765), Handler).serve_forever()
+"#;
+
+#[tokio::test]
+async fn test_wasm_mcp_tool_of_another_sandbox_is_called_through_its_data_plane() {
+    common::require_binaries();
+    let daemon = TestDaemon::start("wasm-tool-mcp", &[]);
+    let client = daemon.client();
+    let server = client
+        .create(&CreateSandboxRequest::default())
+        .await
+        .unwrap()
+        .sandbox
+        .id;
+    client
+        .write_file(&server, "/workspace/mcp_server.py", MCP_SERVER.as_bytes())
+        .await
+        .unwrap();
+    // Held open for the test: the server runs as long as the command does.
+    let _running = client
+        .exec(
+            &server,
+            &airlock_api::v1::ExecRequest {
+                argv: Some(vec![
+                    "/usr/bin/python3".into(),
+                    "/workspace/mcp_server.py".into(),
+                ]),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mcp = |name: &str, tool: &str| ToolBinding::Mcp {
+        name: name.to_owned(),
+        sandbox_id: server.clone(),
+        port: 8765,
+        path: None,
+        tool: tool.to_owned(),
+        approval: false,
+    };
+    let id = client
+        .create(&CreateSandboxRequest {
+            template: Some("wasm-js".into()),
+            tools: vec![mcp("multiply", "multiply"), mcp("missing", "divide")],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .sandbox
+        .id;
+    let call = eval(
+        EvalLanguage::Javascript,
+        "(async () => await tools.multiply({a: 6, b: 7}))()",
+    );
+    let answer = Arc::new(Mutex::new(None));
+    let answered = common::eventually(Duration::from_secs(60), || {
+        let client = client.clone();
+        let (id, call, answer) = (id.clone(), call.clone(), answer.clone());
+        async move {
+            let got = client.eval(&id, &call).await.unwrap();
+            let ok = got.error.is_none();
+            *answer.lock().unwrap() = Some(got);
+            ok
+        }
+    })
+    .await;
+    let answer = answer.lock().unwrap().clone();
+    assert!(answered, "the MCP server answers: {answer:?}");
+    assert_eq!(answer.unwrap().result, Some(json!({"product": 42})));
+    let failed = client
+        .eval(
+            &id,
+            &eval(
+                EvalLanguage::Javascript,
+                "(async () => { try { await tools.missing({}); } catch (e) { return e.message; } })()",
+            ),
+        )
+        .await
+        .unwrap();
+    assert!(
+        failed
+            .result
+            .as_ref()
+            .and_then(Value::as_str)
+            .is_some_and(|m| m.contains("no such tool")),
+        "{failed:?}"
+    );
+    let events = client.events(&id, None, None).await.unwrap();
+    let last = events
+        .events
+        .iter()
+        .rev()
+        .find(|e| e.kind == "tool")
+        .unwrap();
+    assert_eq!(last.host.as_deref(), Some(format!("mcp.{server}").as_str()));
+    assert_eq!(last.outcome, "failed");
+    for sandbox in [id, server] {
+        client.delete(&sandbox).await.unwrap();
+    }
 }

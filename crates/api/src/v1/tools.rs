@@ -51,7 +51,7 @@ pub enum ToolBinding {
     Mcp {
         #[schemars(extend("pattern" = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"))]
         name: String,
-        /// The sandbox the MCP server runs in (the caller must be able to see it).
+        /// The sandbox the MCP server runs in (one of this daemon's, checked at create).
         sandbox_id: String,
         /// The server's port inside that sandbox.
         #[schemars(range(min = 1, max = 65535))]

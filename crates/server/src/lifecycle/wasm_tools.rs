@@ -46,7 +46,11 @@ pub fn tools_from_metadata(
 }
 
 /// Why a create's tools are refused (422), if they are.
-pub fn check_tools(request: &CreateSandboxRequest, wasm: bool) -> Result<(), String> {
+pub fn check_tools(
+    request: &CreateSandboxRequest,
+    wasm: bool,
+    sandbox_exists: impl Fn(&str) -> bool,
+) -> Result<(), String> {
     if request.tools.is_empty() {
         return Ok(());
     }
@@ -103,8 +107,14 @@ pub fn check_tools(request: &CreateSandboxRequest, wasm: bool) -> Result<(), Str
                 }
             }
             ToolBinding::Mcp {
-                path, tool: remote, ..
+                path,
+                tool: remote,
+                sandbox_id,
+                ..
             } => {
+                if !sandbox_exists(sandbox_id) {
+                    return Err(format!("tool {name:?}: no sandbox {sandbox_id:?}"));
+                }
                 if remote.is_empty() {
                     return Err(format!("tool {name:?}: the MCP tool's name is empty"));
                 }
