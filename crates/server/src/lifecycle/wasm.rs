@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use airlock_api::policy::{NetworkMode, PathAccess, PolicyDocument};
 use airlock_api::v1::{
-    ErrorCode, EvalRequest, EvalResponse, ToolCallLine, ToolResult, ToolResultLine,
+    DropContextLine, ErrorCode, EvalRequest, EvalResponse, ToolCallLine, ToolResult, ToolResultLine,
 };
 use hyper_util::rt::TokioIo;
 use serde_json::json;
@@ -268,6 +268,28 @@ impl Daemon {
     }
 }
 
+impl Daemon {
+    /// Forgets evaluation context `context` of wasm sandbox `id` (its kept instances end).
+    pub async fn drop_eval_context(
+        self: &Arc<Self>,
+        id: &str,
+        context: &str,
+    ) -> Result<(), ApiError> {
+        let agent = self.agent(id).await?;
+        let line = DropContextLine {
+            drop_context: context.to_owned(),
+        };
+        match ask(agent.socket(), &line, None).await {
+            Ok(_) => Ok(()),
+            Err(Ask::NotListening) => Err(ApiError::new(
+                ErrorCode::AgentError,
+                "the sandbox's wasm worker is not running",
+            )),
+            Err(Ask::Failed(err)) => Err(err),
+        }
+    }
+}
+
 enum Ask {
     NotListening,
     Failed(ApiError),
@@ -278,7 +300,7 @@ enum Ask {
 /// performs each and sends its result; without it (the readiness probe) each is refused.
 async fn ask(
     socket: &std::path::Path,
-    request: &EvalRequest,
+    request: &impl serde::Serialize,
     tools: Option<(&Arc<Daemon>, &str)>,
 ) -> Result<EvalResponse, Ask> {
     let agent_error = |what: String| Ask::Failed(ApiError::new(ErrorCode::AgentError, what));
