@@ -68,8 +68,8 @@ const TOOLS_GLUE: &str = r#"
 pub struct JsEngine {
     memory_bytes: u64,
     output_cap: usize,
-    /// The egress proxy's `host:port`; `None`: no network.
-    proxy: Option<String>,
+    /// The egress proxy; `None`: no network.
+    proxy: Option<crate::fetch::Network>,
     /// The names of `tools`' functions.
     tools: Vec<String>,
 }
@@ -113,7 +113,7 @@ impl JsEngine {
     pub fn new(
         memory_bytes: u64,
         output_cap: usize,
-        proxy: Option<String>,
+        proxy: Option<crate::fetch::Network>,
         tools: Vec<String>,
     ) -> JsEngine {
         JsEngine {
@@ -258,7 +258,7 @@ impl JsEngine {
 /// The host half of `fetch`: one HTTP request through the egress proxy, or a TypeError.
 fn install_fetch<'js>(
     ctx: &Ctx<'js>,
-    proxy: Option<String>,
+    proxy: Option<crate::fetch::Network>,
     deadline: Deadline,
 ) -> rquickjs::Result<()> {
     let http = Function::new(

@@ -23,7 +23,7 @@ mod python;
 mod wire;
 
 pub use confine::{ConfineError, confine, seccomp_rules};
-pub use fetch::proxy_from_env;
+pub use fetch::{Network, proxy_from_env, tls_config};
 pub use guests::{GuestError, Guests, PYTHON_WASM_SHA256};
 pub use host::{ConnectionHost, Host, NoHost};
 pub use js::{JsEngine, Prepared};

@@ -49,6 +49,9 @@ struct EngineArgs {
     /// A tool the guest may call as `tools.NAME(args)` (the caller performs it).
     #[arg(long = "tool")]
     tools: Vec<String>,
+    /// The egress proxy (from the environment, read before the worker confines itself).
+    #[arg(skip)]
+    network: Option<airlock_wasm::Network>,
     /// `serve` only: skip the worker's own Landlock and seccomp (a host without Landlock).
     #[arg(long)]
     unconfined: bool,
@@ -183,7 +186,7 @@ impl Engines {
         let js = JsEngine::new(
             args.memory_bytes,
             args.output_cap_bytes,
-            airlock_wasm::proxy_from_env(),
+            args.network.clone(),
             args.tools.clone(),
         );
         let python = if args.no_python {
@@ -198,7 +201,7 @@ impl Engines {
                     memory_bytes: args.memory_bytes,
                     output_cap: args.output_cap_bytes,
                     tools: args.tools.clone(),
-                    proxy: airlock_wasm::proxy_from_env(),
+                    proxy: args.network.clone(),
                 },
             )
             .context("cannot start the Python engine")?;
@@ -301,7 +304,11 @@ fn guests_dir(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Serve { listen, engines } => {
+        Command::Serve {
+            listen,
+            mut engines,
+        } => {
+            engines.network = airlock_wasm::proxy_from_env();
             let listener =
                 TcpListener::bind(&listen).with_context(|| format!("cannot listen on {listen}"))?;
             if !engines.unconfined {
@@ -328,8 +335,9 @@ fn main() -> anyhow::Result<()> {
             language,
             code,
             timeout_ms,
-            engines,
+            mut engines,
         } => {
+            engines.network = airlock_wasm::proxy_from_env();
             let engines = Engines::start(&engines)?;
             let outcome = engines.eval(
                 &EvalRequest {

@@ -258,8 +258,8 @@ pub struct PythonEngine {
     output_cap: usize,
     /// The names of `tools`' functions.
     tools: Vec<String>,
-    /// The egress proxy's `host:port` for `fetch`; `None`: no network.
-    proxy: Option<String>,
+    /// The egress proxy for `fetch`; `None`: no network.
+    proxy: Option<crate::fetch::Network>,
     waiting: Mutex<Option<Waiting>>,
     /// Kept instances by context id; each serves one evaluation at a time.
     contexts: Mutex<std::collections::HashMap<String, Arc<Mutex<Option<Waiting>>>>>,
@@ -272,7 +272,7 @@ pub struct PythonOptions {
     pub memory_bytes: u64,
     pub output_cap: usize,
     pub tools: Vec<String>,
-    pub proxy: Option<String>,
+    pub proxy: Option<crate::fetch::Network>,
 }
 
 impl std::fmt::Debug for PythonEngine {
@@ -744,6 +744,16 @@ impl PythonEngine {
         let stderr = CappedPipe::new(self.output_cap);
         let (sender, heard) = mpsc::channel();
         let mut builder = WasiCtxBuilder::new();
+        // The sandbox's environment, as a process would have it (credential placeholders,
+        // never secrets), without the proxy's and the worker's own variables.
+        for (name, value) in std::env::vars() {
+            let internal = name.starts_with("AIRLOCK_")
+                || name.to_ascii_lowercase().ends_with("_proxy")
+                || name.starts_with("PYTHON");
+            if !internal {
+                builder.env(&name, &value);
+            }
+        }
         builder
             .args(&["python", "-I", "-c", PRELUDE])
             .env("PYTHONDONTWRITEBYTECODE", "1")
