@@ -22,7 +22,7 @@ mod js;
 mod python;
 mod wire;
 
-pub use confine::{ConfineError, confine, seccomp_rules};
+pub use confine::{ConfineError, ENGINE_SYSCALLS, confine, seccomp_rules};
 pub use fetch::{Network, proxy_from_env, tls_config};
 pub use guests::{GuestError, Guests, PYTHON_WASM_SHA256};
 pub use host::{ConnectionHost, Host, NoHost};
