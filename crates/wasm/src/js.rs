@@ -191,7 +191,10 @@ impl JsEngine {
             if let Err(err) = install_fetch(&ctx, self.proxy.clone(), deadline.clone()) {
                 return EvalOutcome::failed(EvalErrorKind::Engine, err.to_string());
             }
-            if let Err(err) = install_tools(&ctx, &self.tools, host, deadline.clone()) {
+            // Without tools there is no `tools` (and no glue to evaluate on the fast path).
+            if !self.tools.is_empty()
+                && let Err(err) = install_tools(&ctx, &self.tools, host, deadline.clone())
+            {
                 return EvalOutcome::failed(EvalErrorKind::Engine, err.to_string());
             }
             // A script whose value is a promise (an async function's) is run to its end.
