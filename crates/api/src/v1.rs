@@ -21,12 +21,17 @@ pub use computer::{
 mod eval;
 pub use eval::{
     DEFAULT_EVAL_TIMEOUT_MS, EvalError, EvalErrorKind, EvalLanguage, EvalRequest, EvalResponse,
-    MAX_EVAL_TIMEOUT_MS,
+    MAX_EVAL_TIMEOUT_MS, valid_context_id,
 };
 mod git;
+mod tools;
 pub use git::{
     GitPushRequest, GitPushResult, GitWorkspace, LspRequest, LspServer, PullRequest,
     PullRequestRequest, REF_PATTERN, REPO_URL_PATTERN,
+};
+pub use tools::{
+    DEFAULT_TOOL_TIMEOUT_MS, DropContextLine, MAX_TOOLS, ToolBinding, ToolCall, ToolCallLine,
+    ToolResult, ToolResultLine, valid_tool_name,
 };
 mod images;
 mod persistence;
@@ -379,6 +384,11 @@ pub struct CreateSandboxRequest {
         deserialize_with = "whole::object"
     )]
     pub lifecycle: Lifecycle,
+    /// Wasm templates only: host functions the guest calls as `tools.NAME(args)`, performed
+    /// by the daemon (at most 64, names unique). Header values are never shown again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_TOOLS))]
+    pub tools: Vec<ToolBinding>,
 }
 
 fn is_default_lifecycle(lifecycle: &Lifecycle) -> bool {

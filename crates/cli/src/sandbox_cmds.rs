@@ -286,6 +286,7 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<ExitCode> {
             pause_mode: args.timeout_keep.mode(),
             auto_resume: args.auto_resume,
         },
+        tools: Vec::new(),
     };
     let created = client.create(&request).await?;
     if args.json {

@@ -285,6 +285,37 @@ impl Approvals {
         Ok(())
     }
 
+    /// Holds a call the daemon makes on the sandbox's behalf (a wasm guest's tool, see the
+    /// server's `wasm_tools`) exactly like a held request: listed, answered once, always or
+    /// denied, timed out, audited, and an "always" grant covers the same call later. `detail`
+    /// says what is held. Whether it may go ahead.
+    pub async fn hold(
+        &self,
+        destination: (&str, u16),
+        method: &str,
+        path: &str,
+        timeout: Duration,
+        detail: &str,
+    ) -> bool {
+        let (host, port) = destination;
+        if self.granted(host, port, method, Some(path)) {
+            return true;
+        }
+        let mut event = AuditEvent::new(AuditKind::Approval, "asked");
+        event.host = Some(host.to_owned());
+        event.port = Some(port);
+        event.method = Some(method.to_owned());
+        event.path = Some(path.to_owned());
+        event.detail = Some(detail.to_owned());
+        let request = AskRequest {
+            host: host.to_owned(),
+            port,
+            method: method.to_owned(),
+            path: Some(path.to_owned()),
+        };
+        self.ask(request, timeout, event).await == AskOutcome::Approved
+    }
+
     /// Whether a standing grant covers this request (`path: None` for a tunnel).
     pub(crate) fn granted(&self, host: &str, port: u16, method: &str, path: Option<&str>) -> bool {
         let grants = self.inner.grants.lock().unwrap_or_else(|e| e.into_inner());

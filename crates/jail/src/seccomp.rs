@@ -211,6 +211,37 @@ pub fn compile_tagged(rules: &[SeccompRule], tag: Option<u16>) -> Result<Vec<Ins
     Ok(program)
 }
 
+/// Compiles an allow-list: the syscalls `allowed` names (and those `rules` name, whose
+/// conditions deny as in [`compile`] and allow otherwise) pass; every other one gets
+/// `otherwise`. Foreign ABIs are killed, as in [`compile`].
+pub fn compile_allow_list(
+    allowed: &[&str],
+    rules: &[SeccompRule],
+    otherwise: SyscallAction,
+) -> Result<Vec<Insn>, SeccompError> {
+    // The deny-list program up to its final `ret`: the header and the rule blocks.
+    let mut program = compile_tagged(rules, None)?;
+    program.pop();
+    let mut numbers = Vec::new();
+    for name in allowed {
+        let number =
+            syscall_number(name).ok_or_else(|| SeccompError::UnknownSyscall((*name).to_owned()))?;
+        if !numbers.contains(&number) {
+            numbers.push(number);
+        }
+    }
+    // Each compare jumps over the rest of them and the default `ret` to the final allow.
+    let count = numbers.len();
+    for (index, number) in numbers.into_iter().enumerate() {
+        let skip = u8::try_from(count - index)
+            .map_err(|_| SeccompError::BlockTooLong("the allow-list".to_owned()))?;
+        program.push(jump(BPF_JEQ_K, number, skip, 0));
+    }
+    program.push(stmt(BPF_RET_K, ret_for(otherwise, None)));
+    program.push(stmt(BPF_RET_K, RET_ALLOW));
+    Ok(program)
+}
+
 /// Installs `program` on the calling thread. `no_new_privs` must already be set.
 pub fn install(program: &[Insn]) -> Result<(), SeccompError> {
     #[repr(C)]

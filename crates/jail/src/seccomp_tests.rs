@@ -256,3 +256,52 @@ fn test_a_tagged_program_answers_eperm_rules_with_the_tag_and_keeps_the_rest() {
     assert_eq!(run(&tagged, &call(libc::SYS_getpid, &[])), RET_ALLOW);
     assert_eq!(compile_tagged(&default_rules(), None).unwrap(), program());
 }
+
+#[test]
+fn test_allow_list_allows_its_syscalls_and_refuses_the_rest() {
+    use airlock_policy::{ArgCheck, SeccompRule, SyscallAction};
+    let rules = vec![SeccompRule {
+        syscall: "clone".to_owned(),
+        checks: vec![ArgCheck {
+            arg: 0,
+            mask: 0x0001_0000,
+            value: 0,
+            equal: true,
+        }],
+        action: SyscallAction::Eperm,
+        why: "threads only".to_owned(),
+    }];
+    let program = compile_allow_list(&["read", "write", "futex"], &rules, SyscallAction::Eperm)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let eperm = RET_ERRNO | libc::EPERM as u32;
+    for nr in [libc::SYS_read, libc::SYS_write, libc::SYS_futex] {
+        assert_eq!(run(&program, &call(nr, &[])), RET_ALLOW, "{nr}");
+    }
+    for nr in [
+        libc::SYS_execve,
+        libc::SYS_ptrace,
+        libc::SYS_openat,
+        libc::SYS_mount,
+    ] {
+        assert_eq!(run(&program, &call(nr, &[])), eperm, "{nr}");
+    }
+    // A syscall with rules: refused when they match, allowed when they do not.
+    assert_eq!(run(&program, &call(libc::SYS_clone, &[0])), eperm);
+    assert_eq!(
+        run(&program, &call(libc::SYS_clone, &[0x0001_0000])),
+        RET_ALLOW
+    );
+    let foreign = Call {
+        arch: 0x4000_0003,
+        nr: libc::SYS_read as u32,
+        args: [0; 6],
+    };
+    assert_eq!(run(&program, &foreign), RET_KILL_PROCESS);
+    let enosys =
+        compile_allow_list(&["read"], &[], SyscallAction::Enosys).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        run(&enosys, &call(libc::SYS_write, &[])),
+        RET_ERRNO | libc::ENOSYS as u32
+    );
+    assert!(compile_allow_list(&["no_such_call"], &[], SyscallAction::Eperm).is_err());
+}

@@ -217,6 +217,23 @@ impl Audit {
         self.write(&record);
     }
 
+    /// One tool call of a wasm guest (performed by the daemon): the tool's name as `method`,
+    /// where it went, the outcome (`ok`, `denied`, `failed`), the arguments' SHA-256 (never
+    /// the arguments) and, on failure, why.
+    pub fn tool(&self, sandbox_id: &str, call: &ToolAudit<'_>) {
+        let mut record = record(sandbox_id, "tool", call.outcome);
+        record.method = Some(call.name.to_owned());
+        record.host = call.host.map(str::to_owned);
+        record.port = call.port;
+        record.path = call.path.map(str::to_owned);
+        record.approval_id = None;
+        record.detail = Some(match call.why {
+            Some(why) => format!("{}; args sha256:{}", why, call.args_sha256),
+            None => format!("args sha256:{}", call.args_sha256),
+        });
+        self.write(&record);
+    }
+
     /// A file-API call that the sandbox refused.
     pub fn file_denied(&self, sandbox_id: &str, method: &str, path: Option<&str>, why: &str) {
         let mut record = record(sandbox_id, "file", "denied");
@@ -265,6 +282,18 @@ impl Audit {
             next_since_ms,
         }
     }
+}
+
+/// What the audit line of one tool call says.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolAudit<'a> {
+    pub name: &'a str,
+    pub outcome: &'a str,
+    pub host: Option<&'a str>,
+    pub port: Option<u16>,
+    pub path: Option<&'a str>,
+    pub args_sha256: &'a str,
+    pub why: Option<&'a str>,
 }
 
 fn record(sandbox_id: &str, kind: &str, outcome: &str) -> AuditRecord {

@@ -296,6 +296,22 @@ impl SandboxEgress {
         })
     }
 
+    /// The approval queue and how long a held call waits under the plan in force (60 s unless
+    /// the policy says `approvals.timeout`), for calls the daemon makes on the sandbox's
+    /// behalf; `None` while the proxy is not running.
+    pub fn approvals(&self) -> Option<(airlock_egress::Approvals, std::time::Duration)> {
+        let state = self.state();
+        let session = state.session.as_ref()?;
+        let timeout_ms = match state.plan.approvals {
+            airlock_policy::egress::ApprovalMode::Ask { timeout_ms } => timeout_ms,
+            airlock_policy::egress::ApprovalMode::Deny => 60_000,
+        };
+        Some((
+            session.proxy().approvals().clone(),
+            std::time::Duration::from_millis(timeout_ms),
+        ))
+    }
+
     /// The requests held for approval.
     pub fn pending(&self) -> Vec<PendingApproval> {
         self.state()

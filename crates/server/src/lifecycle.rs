@@ -36,6 +36,8 @@ mod pool;
 mod ready;
 mod scratch;
 mod wasm;
+mod wasm_tools;
+pub use wasm_tools::{META_TOOLS, tools_from_metadata};
 mod watcher;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -524,6 +526,10 @@ impl Daemon {
         } else {
             None
         };
+        wasm_tools::check_tools(&request, wasm_preopens.is_some(), |id| {
+            self.store.get_sandbox(id).ok().flatten().is_some()
+        })
+        .map_err(ApiError::unprocessable)?;
         let id =
             auth::new_sandbox_id().map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
         let git = self.prepare_git(&id, &mut request, &mut config, &volume)?;

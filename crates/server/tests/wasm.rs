@@ -28,6 +28,7 @@ fn eval(language: EvalLanguage, code: &str) -> EvalRequest {
         language,
         code: code.to_owned(),
         timeout_ms: None,
+        context_id: None,
     }
 }
 
@@ -301,4 +302,80 @@ fn sandbox_pids(id: &str) -> Vec<String> {
         }
     }
     pids
+}
+
+#[tokio::test]
+async fn test_wasm_https_fetch_uses_a_connect_tunnel_and_the_proxys_credentials() {
+    common::require_binaries();
+    const SECRET: &str = "wasm-secret-7c41";
+    let seen = upstream::SeenLog::default();
+    let pki = upstream::test_pki();
+    let https = upstream::start_https_upstream(seen.clone(), &pki).await;
+    let dir = common::scratch_dir("wasm-https");
+    std::fs::write(dir.join("ca.pem"), &pki.ca_pem).unwrap();
+    std::fs::write(dir.join("secret"), format!("{SECRET}\n")).unwrap();
+    let resolve = format!("api.test={https},other.test={https}");
+    let roots = dir.join("ca.pem").display().to_string();
+    let daemon = TestDaemon::start(
+        "wasm-https",
+        &[
+            "--test-egress-resolve",
+            &resolve,
+            "--test-egress-roots",
+            &roots,
+        ],
+    );
+    let client = daemon.client();
+    let yaml = format!(
+        "version: 1\nnetwork:\n  mode: proxy\n  egress:\n    - {{name: api, host: api.test, ports: [443]}}\ncredentials:\n  - name: api\n    source: {{file: {}}}\n    env: API_TOKEN\n    inject: bearer\n    endpoints: [{{host: api.test, port: 443, methods: [GET], paths: [/secure]}}]\n",
+        dir.join("secret").display()
+    );
+    let policy = airlock_policy::Policy::from_yaml("wasm-https.yaml", &yaml)
+        .unwrap()
+        .document()
+        .clone();
+    let id = client
+        .create(&CreateSandboxRequest {
+            policy: Some(Box::new(policy)),
+            ..template("wasm-python")
+        })
+        .await
+        .unwrap()
+        .sandbox
+        .id;
+    // Python: the placeholder is in the guest's environment, the secret never is; the proxy
+    // intercepts the tunnel with the sandbox's CA and puts the secret in.
+    let code = "import os\ntoken = os.environ['API_TOKEN']\nr = fetch('https://api.test/secure', headers={'Authorization': 'Bearer ' + token})\n[r.status, r.text(), token]";
+    let answer = client
+        .eval(&id, &eval(EvalLanguage::Python, code))
+        .await
+        .unwrap();
+    assert_eq!(answer.error, None, "{answer:?}");
+    let result = answer.result.unwrap();
+    assert_eq!(result[0], 200, "{result}");
+    assert_eq!(result[1], "hello from https /secure", "{result}");
+    assert!(!result[2].as_str().unwrap().contains(SECRET), "{result}");
+    let upstream_auth = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|s| s.target == "/secure")
+        .and_then(|s| s.headers.get("authorization").cloned());
+    assert_eq!(upstream_auth, Some(format!("Bearer {SECRET}")));
+    // JavaScript: a host without a rule is refused at the CONNECT, by host.
+    let refused = client
+        .eval(
+            &id,
+            &eval(
+                EvalLanguage::Javascript,
+                "(async () => { const r = await fetch('https://other.test/x'); return [r.status, r.headers.get('x-airlock-error')]; })()",
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(refused.error, None, "{refused:?}");
+    assert_eq!(refused.result.unwrap()[0], 403);
+    assert!(!seen.lock().unwrap().iter().any(|s| s.target == "/x"));
+    client.delete(&id).await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
 }

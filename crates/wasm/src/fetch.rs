@@ -2,11 +2,55 @@
 //! (`HTTP_PROXY`, set in `network: proxy` mode), so that host rules, credential placeholders,
 //! approvals and audit stay in the proxy. Without a proxy there is no network at all.
 //! A small HTTP/1.1 client over std: one request per connection, `Connection: close`.
+//! `https://` goes through a `CONNECT` tunnel of the proxy (which applies its rules by host
+//! and may intercept the TLS with the sandbox's CA, to put a credential in) and rustls,
+//! verifying against the sandbox's trust bundle (`SSL_CERT_FILE`: the host's roots and the
+//! sandbox CA), read once at the worker's start.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::Instant;
+
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, ServerName};
+
+/// The host's trust store when `SSL_CERT_FILE` names none.
+const SYSTEM_TRUST_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// The guest's network: the egress proxy, and the TLS roots for `https://` through it.
+#[derive(Debug, Clone)]
+pub struct Network {
+    /// The proxy's `host:port`.
+    pub proxy: String,
+    /// `None` when no trust bundle could be read (then `https://` is refused).
+    tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl Network {
+    pub fn new(proxy: String, tls: Option<Arc<rustls::ClientConfig>>) -> Network {
+        Network { proxy, tls }
+    }
+}
+
+/// A TLS client configuration trusting the certificates of the PEM bundle at `path`.
+pub fn tls_config(path: &str) -> Option<Arc<rustls::ClientConfig>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(path).ok()?.flatten() {
+        let _ = roots.add(cert);
+    }
+    if roots.is_empty() {
+        return None;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Some(Arc::new(config))
+}
 
 /// The most of a response read (status line, headers and body).
 const MAX_RESPONSE_BYTES: u64 = 8 << 20;
@@ -20,28 +64,38 @@ pub struct Fetched {
     pub body: String,
 }
 
-/// The proxy's `host:port` from `HTTP_PROXY`, if the sandbox has one.
-pub fn proxy_from_env() -> Option<String> {
+/// The proxy's `host:port` from `HTTP_PROXY`, if the sandbox has one, and the trust bundle
+/// of `SSL_CERT_FILE` (read now: the worker cannot read it once confined).
+pub fn proxy_from_env() -> Option<Network> {
     let value = std::env::var("HTTP_PROXY")
         .or_else(|_| std::env::var("http_proxy"))
         .ok()?;
     let authority = value.strip_prefix("http://")?.trim_end_matches('/');
-    (!authority.is_empty()).then(|| authority.to_owned())
+    if authority.is_empty() {
+        return None;
+    }
+    let bundle = std::env::var("SSL_CERT_FILE").unwrap_or_else(|_| SYSTEM_TRUST_BUNDLE.to_owned());
+    Some(Network::new(authority.to_owned(), tls_config(&bundle)))
 }
 
 /// Sends one request through `proxy` before `deadline`.
 pub fn fetch(
-    proxy: &str,
+    network: &Network,
     method: &str,
     url: &str,
     headers: &BTreeMap<String, String>,
     body: Option<&str>,
     deadline: Instant,
 ) -> Result<Fetched, String> {
-    let Some(rest) = url.strip_prefix("http://") else {
-        return Err(format!(
-            "fetch {url:?}: only http:// URLs (through the egress proxy) are available on the wasm tier"
-        ));
+    let proxy = network.proxy.as_str();
+    let (secure, rest) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+        (Some(rest), _) => (false, rest),
+        (None, Some(rest)) => (true, rest),
+        (None, None) => {
+            return Err(format!(
+                "fetch {url:?}: only http:// and https:// URLs (through the egress proxy) are available on the wasm tier"
+            ));
+        }
     };
     let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
     if authority.is_empty() {
@@ -75,8 +129,20 @@ pub fn fetch(
     stream
         .set_write_timeout(Some(remaining))
         .map_err(|e| e.to_string())?;
+    // Through a tunnel the request is the origin's (origin-form); else the proxy's.
+    let target = if secure {
+        let path = &rest[authority.len()..];
+        let path = path.split('#').next().unwrap_or_default();
+        if path.starts_with('/') {
+            path.to_owned()
+        } else {
+            format!("/{path}")
+        }
+    } else {
+        url.to_owned()
+    };
     let mut request =
-        format!("{method} {url} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n");
+        format!("{method} {target} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n");
     for (name, value) in headers {
         let lower = name.to_ascii_lowercase();
         if matches!(
@@ -93,15 +159,89 @@ pub fn fetch(
     }
     request.push_str("\r\n");
     request.push_str(body);
+    if !secure {
+        return exchange(&mut stream, request.as_bytes());
+    }
+    let port_given = authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.bytes().all(|b| b.is_ascii_digit()));
+    let destination = if port_given {
+        authority.to_owned()
+    } else {
+        format!("{authority}:443")
+    };
+    if let Some(refused) = connect(&mut stream, &destination)? {
+        // The proxy's refusal (403 and its `x-airlock-error`) is the answer, as for http.
+        return Ok(refused);
+    }
+    let Some(tls) = &network.tls else {
+        return Err(
+            "fetch: no trust bundle was readable at the worker's start; https:// is unavailable"
+                .to_owned(),
+        );
+    };
+    let host = destination
+        .rsplit_once(':')
+        .map_or(destination.as_str(), |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let name = ServerName::try_from(host).map_err(|e| format!("fetch: bad host name: {e}"))?;
+    let connection = rustls::ClientConnection::new(tls.clone(), name)
+        .map_err(|e| format!("fetch: cannot start TLS: {e}"))?;
+    let mut secured = rustls::StreamOwned::new(connection, stream);
+    exchange(&mut secured, request.as_bytes())
+}
+
+/// Sends `request` and reads the response to its end.
+fn exchange<S: Read + Write>(stream: &mut S, request: &[u8]) -> Result<Fetched, String> {
     stream
-        .write_all(request.as_bytes())
+        .write_all(request)
+        .and_then(|()| stream.flush())
         .map_err(|e| format!("fetch: cannot send: {e}"))?;
     let mut raw = Vec::new();
-    stream
+    match Read::by_ref(stream)
         .take(MAX_RESPONSE_BYTES)
         .read_to_end(&mut raw)
-        .map_err(|e| format!("fetch: cannot read the response: {e}"))?;
+    {
+        Ok(_) => {}
+        // A TLS peer that closes without close_notify, after a whole response.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => {}
+        Err(e) => return Err(format!("fetch: cannot read the response: {e}")),
+    }
     parse_response(&raw)
+}
+
+/// Asks the proxy for a tunnel to `destination`: `None` once it is open, else the proxy's
+/// answer.
+fn connect(stream: &mut TcpStream, destination: &str) -> Result<Option<Fetched>, String> {
+    stream
+        .write_all(
+            format!("CONNECT {destination} HTTP/1.1\r\nHost: {destination}\r\n\r\n").as_bytes(),
+        )
+        .map_err(|e| format!("fetch: cannot ask for a tunnel: {e}"))?;
+    // Read the answer's head byte by byte: what follows it is the tunnel's.
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() > 64 * 1024 {
+            return Err("fetch: the proxy's answer to CONNECT is too long".to_owned());
+        }
+        match stream.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            Ok(_) => break,
+            Err(e) => return Err(format!("fetch: the tunnel broke: {e}")),
+        }
+    }
+    let answer = parse_response(&head)?;
+    if (200..300).contains(&answer.status) {
+        return Ok(None);
+    }
+    // A refusal may carry a body after its head.
+    let mut rest = Vec::new();
+    let _ = stream.take(MAX_RESPONSE_BYTES).read_to_end(&mut rest);
+    head.extend_from_slice(&rest);
+    parse_response(&head).map(Some)
 }
 
 fn parse_response(raw: &[u8]) -> Result<Fetched, String> {

@@ -3,14 +3,19 @@
 //! The context has QuickJS's standard objects and a `console` that writes to capped buffers;
 //! nothing else: no `std`/`os` modules, no filesystem, no network.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rquickjs::function::Rest;
 use rquickjs::{CaughtError, Coerced, Context, Ctx, Function, Object, Runtime, Value};
 
+use crate::host::{Host, NoHost, check_tool};
 use crate::wire::{EvalErrorKind, EvalOutcome};
+
+/// The deadline of an evaluation, pushed back by the time the guest waits for tool calls.
+type Deadline = Rc<Cell<Instant>>;
 
 /// The QuickJS stack limit: deep recursion becomes a RangeError, not a host stack overflow.
 const MAX_STACK_BYTES: usize = 1 << 20;
@@ -40,13 +45,33 @@ const FETCH_GLUE: &str = r#"
 })();
 "#;
 
+/// `tools.NAME(args)` as a Promise of the call's value, over the host's `__airlock_tool`.
+const TOOLS_GLUE: &str = r#"
+((names) => {
+  const call = globalThis.__airlock_tool;
+  delete globalThis.__airlock_tool;
+  const tools = {};
+  for (const name of names) {
+    tools[name] = (args) => {
+      try {
+        return Promise.resolve(JSON.parse(call(name, JSON.stringify(args === undefined ? null : args))));
+      } catch (error) {
+        return Promise.reject(error);
+      }
+    };
+  }
+  globalThis.tools = Object.freeze(tools);
+})"#;
+
 /// Evaluates JavaScript snippets under a memory limit and an output cap.
 #[derive(Debug, Clone)]
 pub struct JsEngine {
     memory_bytes: u64,
     output_cap: usize,
-    /// The egress proxy's `host:port`; `None`: no network.
-    proxy: Option<String>,
+    /// The egress proxy; `None`: no network.
+    proxy: Option<crate::fetch::Network>,
+    /// The names of `tools`' functions.
+    tools: Vec<String>,
 }
 
 /// A runtime and context no evaluation has used yet.
@@ -85,18 +110,24 @@ impl Output {
 }
 
 impl JsEngine {
-    pub fn new(memory_bytes: u64, output_cap: usize, proxy: Option<String>) -> JsEngine {
+    pub fn new(
+        memory_bytes: u64,
+        output_cap: usize,
+        proxy: Option<crate::fetch::Network>,
+        tools: Vec<String>,
+    ) -> JsEngine {
         JsEngine {
             memory_bytes,
             output_cap,
             proxy,
+            tools,
         }
     }
 
     /// Runs `code` in a fresh runtime; the completion value of the script is the result.
     pub fn eval(&self, code: &str, timeout: Duration) -> EvalOutcome {
         let started = Instant::now();
-        let mut outcome = self.eval_inner(code, started + timeout);
+        let mut outcome = self.eval_inner(code, started + timeout, Arc::new(NoHost));
         outcome.duration_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         outcome
     }
@@ -111,27 +142,42 @@ impl JsEngine {
         Ok(Prepared { runtime, context })
     }
 
-    /// Runs `code` in `prepared` (which no other evaluation has used).
-    pub fn eval_prepared(&self, prepared: Prepared, code: &str, timeout: Duration) -> EvalOutcome {
+    /// Runs `code` in `prepared` (fresh, or a context's kept runtime); `host` performs its
+    /// tool calls.
+    pub fn eval_prepared(
+        &self,
+        prepared: &Prepared,
+        code: &str,
+        timeout: Duration,
+        host: Arc<dyn Host>,
+    ) -> EvalOutcome {
         let started = Instant::now();
-        let mut outcome = self.eval_in(prepared, code, started + timeout);
+        let mut outcome = self.eval_in(prepared, code, started + timeout, host);
         outcome.duration_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         outcome
     }
 
-    fn eval_inner(&self, code: &str, deadline: Instant) -> EvalOutcome {
+    fn eval_inner(&self, code: &str, deadline: Instant, host: Arc<dyn Host>) -> EvalOutcome {
         match self.prepare() {
-            Ok(prepared) => self.eval_in(prepared, code, deadline),
+            Ok(prepared) => self.eval_in(&prepared, code, deadline, host),
             Err(err) => EvalOutcome::failed(EvalErrorKind::Engine, err),
         }
     }
 
-    fn eval_in(&self, prepared: Prepared, code: &str, deadline: Instant) -> EvalOutcome {
+    fn eval_in(
+        &self,
+        prepared: &Prepared,
+        code: &str,
+        deadline: Instant,
+        host: Arc<dyn Host>,
+    ) -> EvalOutcome {
         let Prepared { runtime, context } = prepared;
         let timed_out = Rc::new(RefCell::new(false));
         let flag = timed_out.clone();
+        let deadline: Deadline = Rc::new(Cell::new(deadline));
+        let watched = deadline.clone();
         runtime.set_interrupt_handler(Some(Box::new(move || {
-            let late = Instant::now() >= deadline;
+            let late = Instant::now() >= watched.get();
             if late {
                 *flag.borrow_mut() = true;
             }
@@ -142,7 +188,13 @@ impl JsEngine {
             if let Err(err) = install_console(&ctx, &output, self.output_cap) {
                 return EvalOutcome::failed(EvalErrorKind::Engine, err.to_string());
             }
-            if let Err(err) = install_fetch(&ctx, self.proxy.clone(), deadline) {
+            if let Err(err) = install_fetch(&ctx, self.proxy.clone(), deadline.clone()) {
+                return EvalOutcome::failed(EvalErrorKind::Engine, err.to_string());
+            }
+            // Without tools there is no `tools` (and no glue to evaluate on the fast path).
+            if !self.tools.is_empty()
+                && let Err(err) = install_tools(&ctx, &self.tools, host, deadline.clone())
+            {
                 return EvalOutcome::failed(EvalErrorKind::Engine, err.to_string());
             }
             // A script whose value is a promise (an async function's) is run to its end.
@@ -175,7 +227,7 @@ impl JsEngine {
             if *timed_out.borrow() {
                 error.kind = EvalErrorKind::Timeout;
                 error.message = "the timeout passed; the script was interrupted".into();
-            } else if error.message.contains("out of memory") || self.near_limit(&runtime) {
+            } else if error.message.contains("out of memory") || self.near_limit(runtime) {
                 error.kind = EvalErrorKind::MemoryLimit;
                 error.message = format!(
                     "the memory limit of {} bytes was reached",
@@ -209,8 +261,8 @@ impl JsEngine {
 /// The host half of `fetch`: one HTTP request through the egress proxy, or a TypeError.
 fn install_fetch<'js>(
     ctx: &Ctx<'js>,
-    proxy: Option<String>,
-    deadline: Instant,
+    proxy: Option<crate::fetch::Network>,
+    deadline: Deadline,
 ) -> rquickjs::Result<()> {
     let http = Function::new(
         ctx.clone(),
@@ -228,7 +280,15 @@ fn install_fetch<'js>(
             };
             let headers: std::collections::BTreeMap<String, String> =
                 serde_json::from_str(&headers).unwrap_or_default();
-            match crate::fetch::fetch(proxy, &method, &url, &headers, body.as_deref(), deadline) {
+            let fetched = crate::fetch::fetch(
+                proxy,
+                &method,
+                &url,
+                &headers,
+                body.as_deref(),
+                deadline.get(),
+            );
+            match fetched {
                 Ok(fetched) => Ok(vec![
                     fetched.status.to_string(),
                     serde_json::to_string(&fetched.headers).unwrap_or_default(),
@@ -240,6 +300,38 @@ fn install_fetch<'js>(
     )?;
     ctx.globals().set("__airlock_http", http)?;
     ctx.eval::<(), _>(FETCH_GLUE)
+}
+
+/// `tools.NAME(args)`: the call goes to `host`; the guest waits, and the wait is added to its
+/// deadline (it is not the guest's time).
+fn install_tools<'js>(
+    ctx: &Ctx<'js>,
+    names: &[String],
+    host: Arc<dyn Host>,
+    deadline: Deadline,
+) -> rquickjs::Result<()> {
+    let known = names.to_vec();
+    let call = Function::new(
+        ctx.clone(),
+        move |ctx: Ctx<'js>, name: String, args: String| -> rquickjs::Result<String> {
+            let throw = |message: &str| Err(rquickjs::Exception::throw_message(&ctx, message));
+            if let Err(message) = check_tool(&known, &name) {
+                return throw(&message);
+            }
+            let args = serde_json::from_str(&args).unwrap_or(serde_json::Value::Null);
+            let asked = Instant::now();
+            let answer = host.call_tool(&name, args);
+            deadline.set(deadline.get() + asked.elapsed());
+            match answer {
+                Ok(value) => Ok(value.to_string()),
+                Err(message) => throw(&format!("tool {name}: {message}")),
+            }
+        },
+    )?;
+    ctx.globals().set("__airlock_tool", call)?;
+    let names = serde_json::to_string(names).unwrap_or_else(|_| "[]".to_owned());
+    let install: Function = ctx.eval(TOOLS_GLUE)?;
+    install.call::<_, ()>((ctx.json_parse(names)?,))
 }
 
 /// `console.log/info/debug` to stdout, `console.error/warn` to stderr; arguments joined by spaces.

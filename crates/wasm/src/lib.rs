@@ -9,20 +9,25 @@
 //!
 //! The worker itself runs inside the process tier's jail (the daemon starts it as the
 //! sandbox's one command), so an engine escape lands in a jail with the guest's policy.
-//! `serve` answers one JSON request line per connection with one JSON outcome line.
+//! `serve` answers one JSON request line per connection with one JSON outcome line; before
+//! it, the worker may send tool-call lines on the same connection and read their results
+//! (`host.rs`), which is how the guest's `tools.NAME(args)` reach the daemon.
 
+mod channel;
 mod confine;
 mod fetch;
 mod guests;
+mod host;
 mod js;
 mod python;
 mod wire;
 
-pub use confine::{ConfineError, confine, seccomp_rules};
-pub use fetch::proxy_from_env;
+pub use confine::{ConfineError, ENGINE_SYSCALLS, confine, seccomp_rules};
+pub use fetch::{Network, proxy_from_env, tls_config};
 pub use guests::{GuestError, Guests, PYTHON_WASM_SHA256};
+pub use host::{ConnectionHost, Host, NoHost};
 pub use js::{JsEngine, Prepared};
-pub use python::{Preopen, PythonEngine, PythonError, precompile};
+pub use python::{Preopen, PythonEngine, PythonError, PythonOptions, precompile};
 pub use wire::{EvalError, EvalErrorKind, EvalOutcome, EvalRequest, Language};
 
 /// The most of stdout, and separately of stderr, kept per evaluation.

@@ -10,9 +10,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
+use airlock_api::v1::DropContextLine;
 use airlock_wasm::{
-    DEFAULT_MEMORY_BYTES, DEFAULT_OUTPUT_CAP_BYTES, DEFAULT_TIMEOUT_MS, EvalErrorKind, EvalOutcome,
-    EvalRequest, Guests, JsEngine, Language, MAX_TIMEOUT_MS, Preopen, PythonEngine,
+    ConnectionHost, DEFAULT_MEMORY_BYTES, DEFAULT_OUTPUT_CAP_BYTES, DEFAULT_TIMEOUT_MS,
+    EvalErrorKind, EvalOutcome, EvalRequest, Guests, Host, JsEngine, Language, MAX_TIMEOUT_MS,
+    NoHost, Preopen, PythonEngine, PythonOptions,
 };
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -44,6 +46,12 @@ struct EngineArgs {
     /// Do not load CPython (a JavaScript-only worker starts in milliseconds).
     #[arg(long)]
     no_python: bool,
+    /// A tool the guest may call as `tools.NAME(args)` (the caller performs it).
+    #[arg(long = "tool")]
+    tools: Vec<String>,
+    /// The egress proxy (from the environment, read before the worker confines itself).
+    #[arg(skip)]
+    network: Option<airlock_wasm::Network>,
     /// `serve` only: skip the worker's own Landlock and seccomp (a host without Landlock).
     #[arg(long)]
     unconfined: bool,
@@ -91,8 +99,23 @@ struct Engines {
     js_thread: Option<std::sync::Mutex<mpsc::Sender<JsJob>>>,
 }
 
-/// One JavaScript evaluation for the JS thread, and where its outcome goes.
-type JsJob = (String, Duration, mpsc::Sender<EvalOutcome>);
+/// Work for the JS thread.
+enum JsJob {
+    /// One evaluation (in a context's kept runtime, if named), who performs its tool calls,
+    /// and where its outcome goes.
+    Eval {
+        code: String,
+        timeout: Duration,
+        context: Option<String>,
+        host: Arc<dyn Host>,
+        reply: mpsc::Sender<EvalOutcome>,
+    },
+    /// Forget a context's runtime.
+    Drop(String),
+}
+
+/// The most JavaScript contexts (kept runtimes) one worker keeps.
+const MAX_JS_CONTEXTS: usize = 16;
 
 /// QuickJS runtimes are bound to one thread: this one keeps the next evaluation's runtime and
 /// context made, so an evaluation pays only for its own code.
@@ -102,13 +125,56 @@ fn start_js_thread(js: JsEngine) -> anyhow::Result<mpsc::Sender<JsJob>> {
         .name("javascript".into())
         .spawn(move || {
             let mut next = js.prepare().ok();
-            for (code, timeout, reply) in jobs {
-                let outcome = match next.take() {
-                    Some(prepared) => js.eval_prepared(prepared, &code, timeout),
-                    None => js.eval(&code, timeout),
+            let mut kept: std::collections::HashMap<String, airlock_wasm::Prepared> =
+                std::collections::HashMap::new();
+            for job in jobs {
+                let (code, timeout, context, host, reply) = match job {
+                    JsJob::Drop(context) => {
+                        kept.remove(&context);
+                        continue;
+                    }
+                    JsJob::Eval {
+                        code,
+                        timeout,
+                        context,
+                        host,
+                        reply,
+                    } => (code, timeout, context, host, reply),
+                };
+                let outcome = match context {
+                    Some(context) => {
+                        if !kept.contains_key(&context) && kept.len() >= MAX_JS_CONTEXTS {
+                            let _ = reply.send(EvalOutcome::failed(
+                                EvalErrorKind::Invalid,
+                                format!("this worker already keeps {MAX_JS_CONTEXTS} JavaScript contexts; remove one"),
+                            ));
+                            continue;
+                        }
+                        let runtime = match kept.entry(context) {
+                            std::collections::hash_map::Entry::Occupied(entry) => {
+                                Ok(entry.into_mut())
+                            }
+                            std::collections::hash_map::Entry::Vacant(entry) => {
+                                match next.take().map_or_else(|| js.prepare(), Ok) {
+                                    Ok(prepared) => Ok(entry.insert(prepared)),
+                                    Err(err) => Err(err),
+                                }
+                            }
+                        };
+                        match runtime {
+                            Ok(runtime) => js.eval_prepared(runtime, &code, timeout, host),
+                            Err(err) => EvalOutcome::failed(EvalErrorKind::Engine, err),
+                        }
+                    }
+                    None => match next.take().map_or_else(|| js.prepare(), Ok) {
+                        Ok(prepared) => js.eval_prepared(&prepared, &code, timeout, host),
+                        Err(err) => EvalOutcome::failed(EvalErrorKind::Engine, err),
+                    },
                 };
                 let _ = reply.send(outcome);
-                next = js.prepare().ok();
+                if next.is_none() {
+                    next = js.prepare().ok();
+                }
             }
         })
         .context("cannot start the JavaScript thread")?;
@@ -120,7 +186,8 @@ impl Engines {
         let js = JsEngine::new(
             args.memory_bytes,
             args.output_cap_bytes,
-            airlock_wasm::proxy_from_env(),
+            args.network.clone(),
+            args.tools.clone(),
         );
         let python = if args.no_python {
             None
@@ -129,9 +196,13 @@ impl Engines {
             let python = PythonEngine::new(
                 &guests,
                 guests.dir(),
-                args.preopens.clone(),
-                args.memory_bytes,
-                args.output_cap_bytes,
+                PythonOptions {
+                    preopens: args.preopens.clone(),
+                    memory_bytes: args.memory_bytes,
+                    output_cap: args.output_cap_bytes,
+                    tools: args.tools.clone(),
+                    proxy: args.network.clone(),
+                },
             )
             .context("cannot start the Python engine")?;
             Some(python)
@@ -143,7 +214,28 @@ impl Engines {
         })
     }
 
-    fn eval(&self, request: &EvalRequest) -> EvalOutcome {
+    /// Forgets context `id` in both engines.
+    fn drop_context(&self, id: &str) {
+        if let Some(python) = &self.python {
+            python.drop_context(id);
+        }
+        if let Some(thread) = &self.js_thread {
+            let _ = thread
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .send(JsJob::Drop(id.to_owned()));
+        }
+    }
+
+    fn eval(&self, request: &EvalRequest, host: Arc<dyn Host>) -> EvalOutcome {
+        if let Some(context) = &request.context_id
+            && !airlock_api::v1::valid_context_id(context)
+        {
+            return EvalOutcome::failed(
+                EvalErrorKind::Invalid,
+                "context_id: 1 to 64 of A-Z a-z 0-9 _ . -",
+            );
+        }
         let timeout_ms = request.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
         if timeout_ms == 0 || timeout_ms > MAX_TIMEOUT_MS {
             return EvalOutcome::failed(
@@ -156,11 +248,16 @@ impl Engines {
             Language::Javascript => match &self.js_thread {
                 Some(thread) => {
                     let (reply, outcome) = mpsc::channel();
-                    let sent = thread.lock().unwrap_or_else(|e| e.into_inner()).send((
-                        request.code.clone(),
-                        timeout,
-                        reply,
-                    ));
+                    let sent = thread
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .send(JsJob::Eval {
+                            code: request.code.clone(),
+                            timeout,
+                            context: request.context_id.clone(),
+                            host,
+                            reply,
+                        });
                     match sent.ok().and_then(|()| outcome.recv().ok()) {
                         Some(outcome) => outcome,
                         None => EvalOutcome::failed(
@@ -171,9 +268,12 @@ impl Engines {
                 }
                 None => self.js.eval(&request.code, timeout),
             },
-            Language::Python => match &self.python {
-                Some(python) => python.eval(&request.code, timeout),
-                None => EvalOutcome::failed(
+            Language::Python => match (&self.python, &request.context_id) {
+                (Some(python), Some(context)) => {
+                    python.eval_kept(context, &request.code, timeout, host.as_ref())
+                }
+                (Some(python), None) => python.eval(&request.code, timeout, host.as_ref()),
+                (None, _) => EvalOutcome::failed(
                     EvalErrorKind::Invalid,
                     "this worker has no Python engine (template wasm-js)",
                 ),
@@ -204,7 +304,11 @@ fn guests_dir(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Serve { listen, engines } => {
+        Command::Serve {
+            listen,
+            mut engines,
+        } => {
+            engines.network = airlock_wasm::proxy_from_env();
             let listener =
                 TcpListener::bind(&listen).with_context(|| format!("cannot listen on {listen}"))?;
             if !engines.unconfined {
@@ -231,14 +335,19 @@ fn main() -> anyhow::Result<()> {
             language,
             code,
             timeout_ms,
-            engines,
+            mut engines,
         } => {
+            engines.network = airlock_wasm::proxy_from_env();
             let engines = Engines::start(&engines)?;
-            let outcome = engines.eval(&EvalRequest {
-                language,
-                code,
-                timeout_ms,
-            });
+            let outcome = engines.eval(
+                &EvalRequest {
+                    language,
+                    code,
+                    timeout_ms,
+                    context_id: None,
+                },
+                Arc::new(NoHost),
+            );
             println!("{}", serde_json::to_string(&outcome)?);
             Ok(())
         }
@@ -252,11 +361,20 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn serve_one(engines: &Engines, stream: TcpStream) {
+    let Ok(writer) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(stream);
     let mut line = String::new();
-    let read = BufReader::new((&stream).take(MAX_REQUEST_BYTES)).read_line(&mut line);
+    let read = (&mut reader).take(MAX_REQUEST_BYTES).read_line(&mut line);
+    let host = Arc::new(ConnectionHost::new(reader));
     let outcome = match read {
         Ok(_) => match serde_json::from_str::<EvalRequest>(&line) {
-            Ok(request) => engines.eval(&request),
+            Ok(request) => engines.eval(&request, host),
+            Err(_) if let Ok(drop) = serde_json::from_str::<DropContextLine>(&line) => {
+                engines.drop_context(&drop.drop_context);
+                EvalOutcome::ok(None)
+            }
             Err(err) => EvalOutcome::failed(EvalErrorKind::Invalid, format!("bad request: {err}")),
         },
         Err(err) => EvalOutcome::failed(EvalErrorKind::Invalid, format!("cannot read: {err}")),
@@ -265,5 +383,5 @@ fn serve_one(engines: &Engines, stream: TcpStream) {
         return;
     };
     answer.push(b'\n');
-    let _ = (&stream).write_all(&answer);
+    let _ = (&writer).write_all(&answer);
 }

@@ -19,10 +19,11 @@ use wasmtime::{
 };
 use wasmtime_wasi::cli::InputFile;
 use wasmtime_wasi::p1::WasiP1Ctx;
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder};
 
+use crate::channel::{CappedPipe, Heard, Tap};
 use crate::guests::{GuestError, Guests};
+use crate::host::{Host, check_tool};
 use crate::wire::{EvalError, EvalErrorKind, EvalOutcome};
 
 /// The engine version a `.cwasm` in the cache was compiled by (part of its file name).
@@ -36,33 +37,91 @@ const RESULT_MARK: char = '\u{1e}';
 /// Runs in every instance: imports first (the waiting part), then the snippet from stdin. A
 /// trailing expression is the result, as in a notebook cell.
 const PRELUDE: &str = r#"
-import ast, json, os, sys, traceback
-def _airlock_eval(source):
+import ast, json, os, sys, traceback, types
+_airlock_stdin = sys.stdin.buffer
+class ToolError(Exception):
+    """A tool call or a fetch the host refused or could not perform."""
+def _airlock_host(request):
+    # One frame on stdout (see channel.rs), one answer line on stdin.
+    sys.stdout.flush()
+    frame = b"\x1d\x1dairlock-host-call\x1d" + json.dumps(request).encode() + b"\n"
+    while frame:
+        frame = frame[os.write(1, frame):]
+    answer = json.loads(_airlock_stdin.readline() or b'{"error": "the host went away"}')
+    if "error" in answer:
+        raise ToolError(answer["error"])
+    return answer["ok"]
+class _Tools:
+    def __init__(self, names):
+        self._names = names
+    def __dir__(self):
+        return list(self._names)
+    def __getattr__(self, name):
+        if name not in self._names:
+            known = ", ".join(self._names) or "none"
+            raise AttributeError(f"no tool {name!r} in this sandbox (its tools: {known})")
+        def call(args=None, **kwargs):
+            return _airlock_host({"tool": name, "args": kwargs if args is None and kwargs else args})
+        return call
+class Response:
+    def __init__(self, url, status, headers, body):
+        self.url, self.status, self.headers, self._body = url, status, headers, body
+        self.ok = 200 <= status < 300
+    def text(self):
+        return self._body
+    def json(self):
+        return json.loads(self._body)
+def fetch(url, method="GET", headers=None, body=None):
+    """One HTTP request through the sandbox's egress proxy (its rules apply)."""
+    got = _airlock_host({"fetch": {"url": str(url), "method": str(method).upper(),
+        "headers": dict(headers or {}), "body": None if body is None else str(body)}})
+    return Response(str(url), got["status"], got["headers"], got["body"])
+_airlock = types.ModuleType("airlock")
+_airlock.tools = _Tools([n for n in os.environ.get("AIRLOCK_TOOLS", "").split(",") if n])
+_airlock.fetch, _airlock.Response, _airlock.ToolError = fetch, Response, ToolError
+sys.modules["airlock"] = _airlock
+def _airlock_scope():
+    return {"__name__": "__main__", "__builtins__": __builtins__,
+            "tools": _airlock.tools, "fetch": fetch, "ToolError": ToolError}
+def _airlock_eval(source, scope):
     tree = ast.parse(source, "<eval>", "exec")
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    scope = {"__name__": "__main__", "__builtins__": __builtins__}
     exec(compile(tree, "<eval>", "exec"), scope)
-    value = None if last is None else eval(compile(last, "<eval>", "eval"), scope)
-    sys.stdout.flush()
-    sys.stdout.write("\x1e" + json.dumps(value, default=repr) + "\n")
-    sys.stdout.flush()
-try:
-    _airlock_eval(sys.stdin.read())
-    _airlock_status = 0
-except SystemExit as stop:
-    if stop.code is None or isinstance(stop.code, int):
-        _airlock_status = stop.code or 0
-    else:
+    return None if last is None else eval(compile(last, "<eval>", "eval"), scope)
+def _airlock_cell(scope):
+    """Reads one code frame (its length in bytes on a line, then the code; stdin stays open
+    for the answers to host calls) and runs it: its exit status and value."""
+    size = _airlock_stdin.readline()
+    if not size:
+        os._exit(0)
+    source = _airlock_stdin.read(int(size)).decode()
+    try:
+        return 0, _airlock_eval(source, scope)
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            return stop.code or 0, None
         print(stop.code, file=sys.stderr)
-        _airlock_status = 1
-except BaseException:
-    traceback.print_exc()
-    _airlock_status = 1
+        return 1, None
+    except BaseException:
+        traceback.print_exc()
+        return 1, None
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+if os.environ.get("AIRLOCK_SESSION"):
+    # A kept instance (a context): one scope for every cell; each cell's end is a frame.
+    _airlock_kept = _airlock_scope()
+    while True:
+        _airlock_status, _airlock_value = _airlock_cell(_airlock_kept)
+        _airlock_host({"done": {"status": _airlock_status,
+            "value": json.loads(json.dumps(_airlock_value, default=repr))}})
+_airlock_status, _airlock_value = _airlock_cell(_airlock_scope())
+if _airlock_status == 0:
+    sys.stdout.write("\x1e" + json.dumps(_airlock_value, default=repr) + "\n")
+    sys.stdout.flush()
 # The instance is thrown away: skip the interpreter's finalisation (tens of milliseconds).
-sys.stdout.flush()
-sys.stderr.flush()
 os._exit(_airlock_status)
 "#;
 
@@ -157,14 +216,36 @@ impl ResourceLimiter for Limiter {
 struct Waiting {
     stdin: std::io::PipeWriter,
     deadline: Arc<Mutex<Option<Instant>>>,
-    done: mpsc::Receiver<Ended>,
+    /// Its host calls, then its end.
+    heard: mpsc::Receiver<Heard<Ended>>,
+    /// Its output and its limiter's note (a kept instance's are per cell).
+    stdout: CappedPipe,
+    stderr: CappedPipe,
+    refused: Arc<AtomicBool>,
 }
+
+/// How handing code to an instance ended.
+enum Driven {
+    /// A kept instance finished the cell (its exit status and value).
+    Done {
+        status: i64,
+        value: Option<serde_json::Value>,
+    },
+    /// The instance ended (how the code was handed over, too).
+    Ended(Ended, std::io::Result<()>),
+    Vanished,
+}
+
+/// The most contexts (kept Python instances) one worker keeps.
+const MAX_CONTEXTS: usize = 16;
+/// How long a kept instance may wait for its next cell before its deadline stops it.
+const KEPT_IDLE_LIMIT: Duration = Duration::from_secs(24 * 3600);
 
 /// How an instance's run ended.
 struct Ended {
     status: Result<(), wasmtime::Error>,
-    stdout: MemoryOutputPipe,
-    stderr: MemoryOutputPipe,
+    stdout: CappedPipe,
+    stderr: CappedPipe,
     memory_refused: bool,
 }
 
@@ -175,7 +256,23 @@ pub struct PythonEngine {
     preopens: Vec<Preopen>,
     memory_bytes: u64,
     output_cap: usize,
+    /// The names of `tools`' functions.
+    tools: Vec<String>,
+    /// The egress proxy for `fetch`; `None`: no network.
+    proxy: Option<crate::fetch::Network>,
     waiting: Mutex<Option<Waiting>>,
+    /// Kept instances by context id; each serves one evaluation at a time.
+    contexts: Mutex<std::collections::HashMap<String, Arc<Mutex<Option<Waiting>>>>>,
+}
+
+/// What the Python engine is started with, beside the guests.
+#[derive(Debug, Clone, Default)]
+pub struct PythonOptions {
+    pub preopens: Vec<Preopen>,
+    pub memory_bytes: u64,
+    pub output_cap: usize,
+    pub tools: Vec<String>,
+    pub proxy: Option<crate::fetch::Network>,
 }
 
 impl std::fmt::Debug for PythonEngine {
@@ -228,10 +325,15 @@ impl PythonEngine {
     pub fn new(
         guests: &Guests,
         cache_dir: &Path,
-        preopens: Vec<Preopen>,
-        memory_bytes: u64,
-        output_cap: usize,
+        options: PythonOptions,
     ) -> Result<Arc<PythonEngine>, PythonError> {
+        let PythonOptions {
+            preopens,
+            memory_bytes,
+            output_cap,
+            tools,
+            proxy,
+        } = options;
         let engine = Engine::new(&engine_config()).map_err(engine_error("start wasmtime"))?;
         let (bytes, hash) = guests.python()?;
         let cached = cache_path(cache_dir, &hash);
@@ -274,9 +376,12 @@ impl PythonEngine {
             preopens,
             memory_bytes,
             output_cap,
+            tools,
+            proxy,
             waiting: Mutex::new(None),
+            contexts: Mutex::default(),
         });
-        let first = python.start_instance()?;
+        let first = python.start_instance(false)?;
         *python.lock_waiting() = Some(first);
         Ok(python)
     }
@@ -285,20 +390,21 @@ impl PythonEngine {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `code` in the waiting instance (or a new one) and starts the next.
-    pub fn eval(self: &Arc<Self>, code: &str, timeout: Duration) -> EvalOutcome {
+    /// Runs `code` in the waiting instance (or a new one) and starts the next; `host`
+    /// performs its tool calls.
+    pub fn eval(self: &Arc<Self>, code: &str, timeout: Duration, host: &dyn Host) -> EvalOutcome {
         let started = Instant::now();
         let taken = self.lock_waiting().take();
         let instance = match taken {
             Some(waiting) => Ok(waiting),
-            None => self.start_instance(),
+            None => self.start_instance(false),
         };
         // The next evaluation's instance initialises while this one runs.
         let next = self.clone();
         let _ = std::thread::Builder::new()
             .name("python-warm".into())
             .spawn(move || {
-                if let Ok(waiting) = next.start_instance() {
+                if let Ok(waiting) = next.start_instance(false) {
                     let mut slot = next.lock_waiting();
                     if slot.is_none() {
                         *slot = Some(waiting);
@@ -306,37 +412,56 @@ impl PythonEngine {
                 }
             });
         let mut outcome = match instance {
-            Ok(waiting) => self.run(waiting, code, started + timeout),
+            Ok(waiting) => self.run(waiting, code, started + timeout, host),
             Err(err) => EvalOutcome::failed(EvalErrorKind::Engine, err.to_string()),
         };
         outcome.duration_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         outcome
     }
 
-    fn run(&self, waiting: Waiting, code: &str, deadline: Instant) -> EvalOutcome {
-        *waiting.deadline.lock().unwrap_or_else(|e| e.into_inner()) = Some(deadline);
-        let Waiting {
-            mut stdin, done, ..
-        } = waiting;
-        // The prelude reads to end of file: the code, then the closed pipe.
-        let fed = stdin.write_all(code.as_bytes());
-        drop(stdin);
-        let Ok(ended) = done.recv() else {
-            return EvalOutcome::failed(EvalErrorKind::Engine, "the Python instance vanished");
-        };
-        let stdout = String::from_utf8_lossy(&ended.stdout.contents()).into_owned();
-        let stderr = String::from_utf8_lossy(&ended.stderr.contents()).into_owned();
-        let (stdout, result) = split_result(stdout);
-        let error = match ended.status {
-            Ok(()) => None,
-            Err(err) => Some(self.classify(&err, &stderr, ended.memory_refused)),
-        };
-        let error = error.or_else(|| {
-            fed.err().map(|err| EvalError {
-                kind: EvalErrorKind::Engine,
-                message: format!("cannot hand the code to the instance: {err}"),
-            })
-        });
+    fn run(
+        &self,
+        mut waiting: Waiting,
+        code: &str,
+        deadline: Instant,
+        host: &dyn Host,
+    ) -> EvalOutcome {
+        match self.drive(&mut waiting, code, deadline, host) {
+            Driven::Ended(ended, fed) => {
+                drop(waiting);
+                let stdout = String::from_utf8_lossy(&ended.stdout.take()).into_owned();
+                let stderr = String::from_utf8_lossy(&ended.stderr.take()).into_owned();
+                let (stdout, result) = split_result(stdout);
+                let error = match ended.status {
+                    Ok(()) => None,
+                    Err(err) => Some(self.classify(&err, &stderr, ended.memory_refused)),
+                };
+                let error = error.or_else(|| {
+                    fed.err().map(|err| EvalError {
+                        kind: EvalErrorKind::Engine,
+                        message: format!("cannot hand the code to the instance: {err}"),
+                    })
+                });
+                self.finish(result, stdout, stderr, error)
+            }
+            Driven::Done { .. } => EvalOutcome::failed(
+                EvalErrorKind::Engine,
+                "a fresh instance answered like a kept one",
+            ),
+            Driven::Vanished => {
+                EvalOutcome::failed(EvalErrorKind::Engine, "the Python instance vanished")
+            }
+        }
+    }
+
+    /// The outcome, with a full output buffer named as the cause of a failure.
+    fn finish(
+        &self,
+        result: Option<serde_json::Value>,
+        stdout: String,
+        stderr: String,
+        error: Option<EvalError>,
+    ) -> EvalOutcome {
         // A full pipe refuses the write (CPython raises OSError EIO): the cap is the cause.
         let full = stdout.len().max(stderr.len()) >= self.output_cap;
         let error = match error {
@@ -353,6 +478,201 @@ impl PythonEngine {
             error,
             duration_us: 0,
         }
+    }
+
+    /// Hands `code` to the instance and answers its host calls until the cell is done (a kept
+    /// instance) or the instance ends.
+    fn drive(
+        &self,
+        waiting: &mut Waiting,
+        code: &str,
+        deadline: Instant,
+        host: &dyn Host,
+    ) -> Driven {
+        *waiting.deadline.lock().unwrap_or_else(|e| e.into_inner()) = Some(deadline);
+        waiting.refused.store(false, Ordering::Relaxed);
+        // The code as one frame (its length, then itself); stdin stays open for answers.
+        let fed = waiting
+            .stdin
+            .write_all(format!("{}\n", code.len()).as_bytes())
+            .and_then(|()| waiting.stdin.write_all(code.as_bytes()));
+        loop {
+            let call = match waiting.heard.recv() {
+                Ok(Heard::Call(call)) => call,
+                Ok(Heard::Ended(ended)) => return Driven::Ended(ended, fed),
+                Err(_) => return Driven::Vanished,
+            };
+            let done = call
+                .as_ref()
+                .ok()
+                .and_then(|c| serde_json::from_slice::<serde_json::Value>(c).ok())
+                .and_then(|c| c.get("done").cloned());
+            let answer = match &done {
+                Some(_) => serde_json::json!({ "ok": null }),
+                None => {
+                    let asked = Instant::now();
+                    let answer = self.answer(call, host, deadline_of(&waiting.deadline));
+                    // The guest waited: that time is not charged to its timeout.
+                    if let Some(d) = waiting
+                        .deadline
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .as_mut()
+                    {
+                        *d += asked.elapsed();
+                    }
+                    answer
+                }
+            };
+            let mut line = serde_json::to_vec(&answer).unwrap_or_default();
+            line.push(b'\n');
+            // An instance that stopped reading has ended or will: its end follows.
+            let _ = waiting.stdin.write_all(&line);
+            if let Some(done) = done {
+                // Idle between cells: no deadline but a far one.
+                *waiting.deadline.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(Instant::now() + KEPT_IDLE_LIMIT);
+                let status = done["status"].as_i64().unwrap_or(1);
+                return Driven::Done {
+                    status,
+                    value: done.get("value").cloned(),
+                };
+            }
+        }
+    }
+
+    /// Runs `code` in the kept instance of `context` (started by its first evaluation): the
+    /// state of the context's earlier evaluations is there. A timeout or a trap ends the
+    /// instance, and its state with it.
+    pub fn eval_kept(
+        self: &Arc<Self>,
+        context: &str,
+        code: &str,
+        timeout: Duration,
+        host: &dyn Host,
+    ) -> EvalOutcome {
+        let started = Instant::now();
+        let slot = {
+            let mut contexts = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
+            if !contexts.contains_key(context) && contexts.len() >= MAX_CONTEXTS {
+                return EvalOutcome::failed(
+                    EvalErrorKind::Invalid,
+                    format!("this worker already keeps {MAX_CONTEXTS} Python contexts; remove one"),
+                );
+            }
+            contexts.entry(context.to_owned()).or_default().clone()
+        };
+        let mut kept = slot.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.is_none() {
+            match self.start_instance(true) {
+                Ok(instance) => *kept = Some(instance),
+                Err(err) => return EvalOutcome::failed(EvalErrorKind::Engine, err.to_string()),
+            }
+        }
+        let Some(instance) = kept.as_mut() else {
+            return EvalOutcome::failed(EvalErrorKind::Engine, "no kept instance");
+        };
+        // The timeout counts from the request, the kept instance's start included.
+        let mut outcome = match self.drive(instance, code, started + timeout, host) {
+            Driven::Done { status, value } => {
+                let stdout = String::from_utf8_lossy(&instance.stdout.take()).into_owned();
+                let stderr = String::from_utf8_lossy(&instance.stderr.take()).into_owned();
+                let memory_refused = instance.refused.load(Ordering::Relaxed);
+                let error = (status != 0).then(|| {
+                    self.classify(
+                        &wasmtime::Error::new(I32Exit(i32::try_from(status).unwrap_or(1))),
+                        &stderr,
+                        memory_refused,
+                    )
+                });
+                self.finish(value, stdout, stderr, error)
+            }
+            Driven::Ended(ended, _) => {
+                *kept = None;
+                let stdout = String::from_utf8_lossy(&ended.stdout.take()).into_owned();
+                let stderr = String::from_utf8_lossy(&ended.stderr.take()).into_owned();
+                let mut error = match ended.status {
+                    Ok(()) => EvalError {
+                        kind: EvalErrorKind::Exit,
+                        message: "the kept instance exited".to_owned(),
+                    },
+                    Err(err) => self.classify(&err, &stderr, ended.memory_refused),
+                };
+                error
+                    .message
+                    .push_str(" (the context's state is lost; its next evaluation starts afresh)");
+                self.finish(None, stdout, stderr, Some(error))
+            }
+            Driven::Vanished => {
+                *kept = None;
+                EvalOutcome::failed(EvalErrorKind::Engine, "the Python instance vanished")
+            }
+        };
+        outcome.duration_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        outcome
+    }
+
+    /// Forgets a context: its kept instance reads end of file and exits.
+    pub fn drop_context(&self, context: &str) -> bool {
+        self.contexts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(context)
+            .is_some()
+    }
+
+    /// The answer line to one host call: `{"ok": value}` or `{"error": message}`.
+    fn answer(
+        &self,
+        call: Result<Vec<u8>, String>,
+        host: &dyn Host,
+        deadline: Instant,
+    ) -> serde_json::Value {
+        match self.perform(call, host, deadline) {
+            Ok(value) => serde_json::json!({ "ok": value }),
+            Err(message) => serde_json::json!({ "error": message }),
+        }
+    }
+
+    fn perform(
+        &self,
+        call: Result<Vec<u8>, String>,
+        host: &dyn Host,
+        deadline: Instant,
+    ) -> Result<serde_json::Value, String> {
+        let call: serde_json::Value =
+            serde_json::from_slice(&call?).map_err(|e| format!("a bad host call: {e}"))?;
+        if let Some(name) = call.get("tool").and_then(|n| n.as_str()) {
+            check_tool(&self.tools, name)?;
+            let args = call.get("args").cloned().unwrap_or_default();
+            return host
+                .call_tool(name, args)
+                .map_err(|message| format!("tool {name}: {message}"));
+        }
+        let Some(request) = call.get("fetch") else {
+            return Err("a host call that is neither a tool nor a fetch".to_owned());
+        };
+        let Some(proxy) = &self.proxy else {
+            return Err("fetch: this sandbox has no network (its policy needs `network: proxy` and egress rules)".to_owned());
+        };
+        let text = |key: &str| request.get(key).and_then(|v| v.as_str());
+        let headers: std::collections::BTreeMap<String, String> = request
+            .get("headers")
+            .and_then(|h| serde_json::from_value(h.clone()).ok())
+            .unwrap_or_default();
+        let fetched = crate::fetch::fetch(
+            proxy,
+            text("method").unwrap_or("GET"),
+            text("url").unwrap_or_default(),
+            &headers,
+            text("body"),
+            deadline,
+        )?;
+        Ok(serde_json::json!({
+            "status": fetched.status,
+            "headers": fetched.headers,
+            "body": fetched.body,
+        }))
     }
 
     fn classify(&self, err: &wasmtime::Error, stderr: &str, memory_refused: bool) -> EvalError {
@@ -413,22 +733,36 @@ impl PythonEngine {
         }
     }
 
-    /// Starts an instance on its own thread; it initialises CPython and blocks on stdin.
-    fn start_instance(&self) -> Result<Waiting, PythonError> {
+    /// Starts an instance on its own thread; it initialises CPython and blocks on stdin. A
+    /// kept one (`session`) runs cell after cell in one scope.
+    fn start_instance(&self, session: bool) -> Result<Waiting, PythonError> {
         let (reader, writer) = std::io::pipe().map_err(|err| PythonError::Engine {
             what: "create a stdin pipe",
             message: err.to_string(),
         })?;
-        let stdout = MemoryOutputPipe::new(self.output_cap);
-        let stderr = MemoryOutputPipe::new(self.output_cap);
+        let stdout = CappedPipe::new(self.output_cap);
+        let stderr = CappedPipe::new(self.output_cap);
+        let (sender, heard) = mpsc::channel();
         let mut builder = WasiCtxBuilder::new();
+        // The sandbox's environment, as a process would have it (credential placeholders,
+        // never secrets), without the proxy's and the worker's own variables.
+        for (name, value) in std::env::vars() {
+            let internal = name.starts_with("AIRLOCK_")
+                || name.to_ascii_lowercase().ends_with("_proxy")
+                || name.starts_with("PYTHON");
+            if !internal {
+                builder.env(&name, &value);
+            }
+        }
         builder
             .args(&["python", "-I", "-c", PRELUDE])
             .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env("AIRLOCK_TOOLS", self.tools.join(","))
+            .env("AIRLOCK_SESSION", if session { "1" } else { "" })
             .stdin(InputFile::new(std::fs::File::from(
                 std::os::fd::OwnedFd::from(reader),
             )))
-            .stdout(stdout.clone())
+            .stdout(Tap::new(stdout.clone(), sender.clone()))
             .stderr(stderr.clone());
         for preopen in &self.preopens {
             let perms = if preopen.writable {
@@ -444,6 +778,8 @@ impl PythonEngine {
                 })?;
         }
         let refused = Arc::new(AtomicBool::new(false));
+        let (stdout_kept, stderr_kept, refused_kept) =
+            (stdout.clone(), stderr.clone(), refused.clone());
         let mut store = Store::new(
             &self.engine,
             State {
@@ -472,7 +808,6 @@ impl PythonEngine {
             })
         });
         let pre = self.pre.clone();
-        let (sender, done) = mpsc::channel();
         std::thread::Builder::new()
             .name("python".into())
             .spawn(move || {
@@ -485,12 +820,12 @@ impl PythonEngine {
                     Err(err) if err.downcast_ref::<I32Exit>().is_some_and(|e| e.0 == 0) => Ok(()),
                     other => other,
                 };
-                let _ = sender.send(Ended {
+                let _ = sender.send(Heard::Ended(Ended {
                     status,
                     stdout,
                     stderr,
                     memory_refused: refused.load(Ordering::Relaxed),
-                });
+                }));
             })
             .map_err(|err| PythonError::Engine {
                 what: "start an instance thread",
@@ -499,9 +834,19 @@ impl PythonEngine {
         Ok(Waiting {
             stdin: writer,
             deadline,
-            done,
+            heard,
+            stdout: stdout_kept,
+            stderr: stderr_kept,
+            refused: refused_kept,
         })
     }
+}
+
+fn deadline_of(deadline: &Mutex<Option<Instant>>) -> Instant {
+    deadline
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .unwrap_or_else(Instant::now)
 }
 
 /// Maps a module compiled earlier by this engine version and configuration, if there is one.

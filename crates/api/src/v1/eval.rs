@@ -38,6 +38,20 @@ pub struct EvalRequest {
     )]
     #[schemars(range(min = 1, max = MAX_EVAL_TIMEOUT_MS))]
     pub timeout_ms: Option<u64>,
+    /// Run in the kept instance of this context (made by its first use) instead of a fresh
+    /// one: what the context's earlier evaluations defined is still there, as in a notebook.
+    /// A timeout ends a Python context's instance, and its state with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64), extend("pattern" = "^[A-Za-z0-9_.-]+$"))]
+    pub context_id: Option<String>,
+}
+
+/// Whether `id` can name an evaluation context.
+pub fn valid_context_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
 /// What an evaluation gave.

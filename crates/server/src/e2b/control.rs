@@ -340,7 +340,10 @@ async fn create(ctx: &mut Ctx, v2: bool) -> Result<Response<Body>, E2bError> {
     let timeout_ms = timeout_ms(&daemon, request.timeout_s.unwrap_or(default_s))?;
     let secure = v2 || request.secure == Some(true);
     let lifecycle = lifecycle(&request)?;
-    let metadata = request.metadata.unwrap_or_default();
+    let mut metadata = request.metadata.unwrap_or_default();
+    // Nor has it tools: `airlock.tools` (a JSON array of bindings) declares a wasm sandbox's.
+    let tools =
+        crate::lifecycle::tools_from_metadata(&mut metadata).map_err(E2bError::bad_request)?;
     // E2B's create has no workspace: `airlock.git.url` (and `.ref`, `.branch`) in the
     // metadata ask for a repository workspace.
     let workspace = crate::lifecycle::workspace_from_metadata(&metadata).unwrap_or_default();
@@ -352,6 +355,7 @@ async fn create(ctx: &mut Ctx, v2: bool) -> Result<Response<Body>, E2bError> {
             metadata,
             workspace,
             lifecycle,
+            tools,
             ..CreateSandboxRequest::default()
         })
         .await?;

@@ -57,6 +57,10 @@ async fn route(
         let Some(body) = body.take() else {
             return internal("the request body was already read");
         };
+        // A wasm sandbox runs no Jupyter kernel: the daemon answers the code interpreter.
+        if target.port == crate::lifecycle::INTERPRETER_PORT && daemon.is_wasm_sandbox(id) {
+            return super::wasm_interpreter::serve(daemon, id, parts, body).await;
+        }
         let cdp_port = target.port == super::cdp::CDP_PORT;
         if cdp_port && let Err(reason) = super::cdp::authorize(daemon, parts, id) {
             return unauthorized(parts.uri.path(), &reason);

@@ -240,6 +240,7 @@ async fn evaluate(
         language,
         code,
         timeout_ms: Some(timeout_ms),
+        context_id: None,
     };
     match daemon.eval(id, &request).await {
         Ok(answer) => {

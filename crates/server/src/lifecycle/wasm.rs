@@ -13,10 +13,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use airlock_api::policy::{NetworkMode, PathAccess, PolicyDocument};
-use airlock_api::v1::{ErrorCode, EvalRequest, EvalResponse};
+use airlock_api::v1::{
+    DropContextLine, ErrorCode, EvalRequest, EvalResponse, ToolCallLine, ToolResult, ToolResultLine,
+};
 use hyper_util::rt::TokioIo;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 use super::Daemon;
 use crate::e2b::tunnel::{self, TunnelError};
@@ -154,6 +156,16 @@ impl Daemon {
         if template == WASM_JS_TEMPLATE {
             args.push("--no-python".to_owned());
         }
+        // The guest knows the tools' names only; the daemon performs the calls.
+        let tools = self
+            .store
+            .get_sandbox(id)?
+            .map(|row| row.request.tools)
+            .unwrap_or_default();
+        for tool in &tools {
+            args.push("--tool".to_owned());
+            args.push(tool.name().to_owned());
+        }
         let process = json!({
             "cmd": worker_binary()?,
             "args": args,
@@ -170,9 +182,10 @@ impl Daemon {
             language: airlock_api::v1::EvalLanguage::Javascript,
             code: "1".into(),
             timeout_ms: Some(1_000),
+            context_id: None,
         };
         loop {
-            match ask(agent.socket(), &probe).await {
+            match ask(agent.socket(), &probe, None).await {
                 Ok(answer) if answer.error.is_none() => return Ok(()),
                 Ok(answer) => {
                     return Err(ApiError::internal(format!(
@@ -244,8 +257,30 @@ impl Daemon {
             ));
         }
         let agent = self.agent(id).await?;
-        match ask(agent.socket(), request).await {
+        match ask(agent.socket(), request, Some((self, id))).await {
             Ok(answer) => Ok(answer),
+            Err(Ask::NotListening) => Err(ApiError::new(
+                ErrorCode::AgentError,
+                "the sandbox's wasm worker is not running",
+            )),
+            Err(Ask::Failed(err)) => Err(err),
+        }
+    }
+}
+
+impl Daemon {
+    /// Forgets evaluation context `context` of wasm sandbox `id` (its kept instances end).
+    pub async fn drop_eval_context(
+        self: &Arc<Self>,
+        id: &str,
+        context: &str,
+    ) -> Result<(), ApiError> {
+        let agent = self.agent(id).await?;
+        let line = DropContextLine {
+            drop_context: context.to_owned(),
+        };
+        match ask(agent.socket(), &line, None).await {
+            Ok(_) => Ok(()),
             Err(Ask::NotListening) => Err(ApiError::new(
                 ErrorCode::AgentError,
                 "the sandbox's wasm worker is not running",
@@ -260,32 +295,57 @@ enum Ask {
     Failed(ApiError),
 }
 
-/// One request line to the worker through the agent's tunnel, one answer line back.
-async fn ask(socket: &std::path::Path, request: &EvalRequest) -> Result<EvalResponse, Ask> {
+/// One request line to the worker through the agent's tunnel, one answer line back. Before
+/// it, the worker may send tool calls (`ToolCallLine`): `tools` (the daemon and the sandbox)
+/// performs each and sends its result; without it (the readiness probe) each is refused.
+async fn ask(
+    socket: &std::path::Path,
+    request: &impl serde::Serialize,
+    tools: Option<(&Arc<Daemon>, &str)>,
+) -> Result<EvalResponse, Ask> {
     let agent_error = |what: String| Ask::Failed(ApiError::new(ErrorCode::AgentError, what));
     let upgraded = match tunnel::open(socket, WASM_PORT).await {
         Ok(upgraded) => upgraded,
         Err(TunnelError::PortClosed(_)) => return Err(Ask::NotListening),
         Err(err) => return Err(agent_error(err.to_string())),
     };
-    let mut stream = TokioIo::new(upgraded);
+    let mut stream = tokio::io::BufReader::new(TokioIo::new(upgraded));
     let mut line = serde_json::to_vec(request)
         .map_err(|e| Ask::Failed(ApiError::internal(format!("cannot encode: {e}"))))?;
     line.push(b'\n');
     stream
+        .get_mut()
         .write_all(&line)
         .await
         .map_err(|e| agent_error(format!("cannot send to the wasm worker: {e}")))?;
-    let mut answer = Vec::new();
-    (&mut stream)
-        .take(MAX_ANSWER_BYTES)
-        .read_to_end(&mut answer)
-        .await
-        .map_err(|e| agent_error(format!("the wasm worker's answer broke: {e}")))?;
-    if answer.is_empty() {
-        // Accepted and closed before the engines were up: still starting.
-        return Err(Ask::NotListening);
+    loop {
+        let mut answer = Vec::new();
+        (&mut stream)
+            .take(MAX_ANSWER_BYTES)
+            .read_until(b'\n', &mut answer)
+            .await
+            .map_err(|e| agent_error(format!("the wasm worker's answer broke: {e}")))?;
+        if answer.is_empty() {
+            // Accepted and closed before the engines were up: still starting.
+            return Err(Ask::NotListening);
+        }
+        let Ok(ToolCallLine { tool_call }) = serde_json::from_slice::<ToolCallLine>(&answer) else {
+            return serde_json::from_slice(&answer)
+                .map_err(|e| agent_error(format!("the wasm worker answered nonsense: {e}")));
+        };
+        let tool_result = match tools {
+            Some((daemon, id)) => daemon.perform_tool(id, tool_call).await,
+            None => ToolResult::Error {
+                message: "no tools during the readiness probe".to_owned(),
+            },
+        };
+        let mut line = serde_json::to_vec(&ToolResultLine { tool_result })
+            .map_err(|e| Ask::Failed(ApiError::internal(format!("cannot encode: {e}"))))?;
+        line.push(b'\n');
+        stream
+            .get_mut()
+            .write_all(&line)
+            .await
+            .map_err(|e| agent_error(format!("cannot answer the wasm worker: {e}")))?;
     }
-    serde_json::from_slice(&answer)
-        .map_err(|e| agent_error(format!("the wasm worker answered nonsense: {e}")))
 }

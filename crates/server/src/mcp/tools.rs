@@ -287,6 +287,7 @@ impl AirlockMcp {
             language: args.language,
             code: args.code,
             timeout_ms: args.timeout_ms,
+            context_id: None,
         };
         let answer = client.eval(&id, &request).await;
         if fresh {

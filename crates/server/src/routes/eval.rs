@@ -18,6 +18,13 @@ pub async fn eval(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
             "timeout_ms must be 1..={MAX_EVAL_TIMEOUT_MS}, not {timeout_ms}"
         )));
     }
+    if let Some(context) = &request.context_id
+        && !airlock_api::v1::valid_context_id(context)
+    {
+        return Err(ApiError::invalid(
+            "context_id must be 1 to 64 of A-Z a-z 0-9 _ . -",
+        ));
+    }
     let answer = ctx.daemon.eval(&ctx.id, &request).await?;
     ctx.daemon.audit_eval(&ctx.id, &request, &answer);
     Ok(json_response(StatusCode::OK, &answer))
