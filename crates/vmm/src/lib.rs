@@ -24,6 +24,7 @@ pub mod fork;
 pub mod fuzzing;
 pub mod guest_code;
 pub mod host;
+pub mod linux;
 pub mod memory;
 pub mod seccomp;
 pub mod snapshot;

@@ -10,6 +10,13 @@
 //! - `airlock-vmm fork ... --then-open PATH`: the same, then tries to open PATH, which the
 //!   allow-list answers by killing the process (the proof that the filter is in force).
 //!
+//! - `airlock-vmm linux --kernel VMLINUX [--initrd FILE] [--cmdline TEXT] [--memory-mib N]`:
+//!   boots a Linux guest through its PVH entry with a virtio-rng device, its console on this
+//!   process's standard output, until the guest reboots or shuts down (`reboot=t` or
+//!   `reboot=k`); `--cmdline-devices` also declares the devices as `virtio_mmio.device=`;
+//!   `--vsock-socket PATH [--guest-cid N]` adds a vsock device (CID 3 by default) whose host
+//!   side listens on PATH (`CONNECT <port>\n`, Firecracker's convention).
+//!
 //! `--kvm-fd N` takes `/dev/kvm` from inherited descriptor N instead of opening it: how the
 //! VMM runs inside the process tier's jail, whose view has no `/dev/kvm` and whose user could
 //! not open it (the caller opens it; Landlock's device-ioctl right follows the opener).
@@ -21,7 +28,9 @@ use std::process::ExitCode;
 
 use airlock_vmm::fork::Template;
 use airlock_vmm::guest_code::{self, CODE_ADDRESS, COUNTER_ADDRESS};
-use airlock_vmm::vm::{Vm, VmConfig, VmExit, VmShell, Vmm};
+use airlock_vmm::linux::LinuxBoot;
+use airlock_vmm::virtio::Device;
+use airlock_vmm::vm::{self, Vm, VmConfig, VmExit, VmShell, Vmm};
 use airlock_vmm::{seccomp, snapshot};
 use anyhow::{Context, bail};
 
@@ -32,6 +41,13 @@ struct Args {
     identity: u64,
     then_open: Option<PathBuf>,
     kvm_fd: Option<i32>,
+    kernel: Option<PathBuf>,
+    initrd: Option<PathBuf>,
+    cmdline: String,
+    memory_mib: u64,
+    cmdline_devices: bool,
+    vsock_socket: Option<PathBuf>,
+    guest_cid: u64,
 }
 
 fn parse() -> anyhow::Result<Args> {
@@ -46,8 +62,19 @@ fn parse() -> anyhow::Result<Args> {
         identity: 1,
         then_open: None,
         kvm_fd: None,
+        kernel: None,
+        initrd: None,
+        cmdline: "console=ttyS0 reboot=t panic=-1".into(),
+        memory_mib: 256,
+        cmdline_devices: false,
+        vsock_socket: None,
+        guest_cid: 3,
     };
     while let Some(flag) = args.next() {
+        if flag == "--cmdline-devices" {
+            parsed.cmdline_devices = true;
+            continue;
+        }
         let value = args
             .next()
             .with_context(|| format!("{flag} needs a value"))?;
@@ -57,10 +84,20 @@ fn parse() -> anyhow::Result<Args> {
             "--identity" => parsed.identity = value.parse().context("--identity")?,
             "--then-open" => parsed.then_open = Some(PathBuf::from(value)),
             "--kvm-fd" => parsed.kvm_fd = Some(value.parse().context("--kvm-fd")?),
+            "--kernel" => parsed.kernel = Some(PathBuf::from(value)),
+            "--initrd" => parsed.initrd = Some(PathBuf::from(value)),
+            "--cmdline" => parsed.cmdline = value,
+            "--memory-mib" => parsed.memory_mib = value.parse().context("--memory-mib")?,
+            "--vsock-socket" => parsed.vsock_socket = Some(PathBuf::from(value)),
+            "--guest-cid" => parsed.guest_cid = value.parse().context("--guest-cid")?,
             other => bail!("unknown flag {other}"),
         }
     }
-    if parsed.snapshot.as_os_str().is_empty() {
+    if parsed.mode == "linux" {
+        if parsed.kernel.is_none() {
+            bail!("linux needs --kernel VMLINUX");
+        }
+    } else if parsed.snapshot.as_os_str().is_empty() {
         bail!("--snapshot DIR is required");
     }
     Ok(parsed)
@@ -114,8 +151,45 @@ fn main_inner() -> anyhow::Result<()> {
                 println!("opened {}: {}", path.display(), opened.is_ok());
             }
         }
-        other => bail!("unknown mode {other} (template or fork)"),
+        "linux" => run_linux(&vmm, &args)?,
+        other => bail!("unknown mode {other} (template, fork or linux)"),
     }
+    Ok(())
+}
+
+fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
+    let mut devices = vec![Device::Rng(airlock_vmm::virtio::Rng::new())];
+    let listener = match &args.vsock_socket {
+        Some(path) => {
+            let _ = std::fs::remove_file(path);
+            let listener = std::os::unix::net::UnixListener::bind(path)
+                .with_context(|| format!("binding {}", path.display()))?;
+            devices.push(Device::Vsock(airlock_vmm::virtio::Vsock::new(
+                args.guest_cid,
+                None,
+            )));
+            Some(listener)
+        }
+        None => None,
+    };
+    let mut cmdline = args.cmdline.clone();
+    if args.cmdline_devices {
+        cmdline = format!("{cmdline} {}", vm::virtio_cmdline_devices(devices.len()));
+    }
+    let boot = LinuxBoot {
+        kernel: args.kernel.clone().context("--kernel")?,
+        initrd: args.initrd.clone(),
+        cmdline,
+    };
+    let shell = VmShell::create(vmm, devices.len(), args.memory_mib << 20)?;
+    let mut vm = Vm::boot_linux(vmm, shell, &boot, devices)?;
+    eprintln!("airlock-vmm: booting {}", boot.kernel.display());
+    vm.console().echo_to_stdout();
+    if listener.is_some() {
+        vm.start_vsock_host(listener)?;
+    }
+    let exit = vm.run(None)?;
+    eprintln!("airlock-vmm: the guest ended: {exit:?}");
     Ok(())
 }
 

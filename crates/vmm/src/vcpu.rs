@@ -56,9 +56,19 @@ pub struct VcpuState {
 }
 
 /// The host's CPUID for guests, with the APIC id of vCPU 0.
+/// Leaf 1 also says "running under a hypervisor" (ECX bit 31), without which Linux looks
+/// for no KVM leaves: no kvm-clock, no TSC frequency, no paravirtual features.
 pub fn supported_cpuid(kvm: &Kvm) -> Result<CpuId, VcpuError> {
-    kvm.get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
-        .map_err(VcpuError::SupportedCpuid)
+    let mut cpuid = kvm
+        .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+        .map_err(VcpuError::SupportedCpuid)?;
+    for entry in cpuid.as_mut_slice() {
+        if entry.function == 1 {
+            entry.ecx |= 1 << 31;
+            entry.ebx &= 0x00ff_ffff; // initial APIC id 0
+        }
+    }
+    Ok(cpuid)
 }
 
 fn flat_segment(selector: u16, type_: u8) -> kvm_segment {
