@@ -10,15 +10,16 @@
 # VMM onto L1's, which is QEMU's standard output); this script fails on any FAIL and on any
 # expected PASS line missing.
 #
-# Cached under target/microvm-rig/<key>/ (key: this script, the package list and the
-# versions apt resolves): the .debs, the unpacked tree and the extracted vmlinux. Built per
+# Cached under target/microvm-rig/<key>/ (key: the fetch steps' format number, the package
+# list and the versions apt resolves): the .debs, the unpacked tree and the extracted vmlinux. Built per
 # run: the two initramfs images (they hold this build's binaries).
 # Usage: scripts/microvm-nested.sh [TARGET_DIR]  (default target/x86_64-unknown-linux-gnu/debug)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${1:-target/x86_64-unknown-linux-gnu/debug}"
-for binary in airlock-vmm; do
-    [ -x "$bin/$binary" ] || { echo "microvm-nested: $bin/$binary is missing (cargo build first)" >&2; exit 1; }
+driver="$(ls -t "$bin"/deps/microvm_guest-* 2>/dev/null | grep -v '\.d$' | head -n1 || true)"
+for binary in "$bin/airlock-vmm" "$bin/airlock-agent" "$driver"; do
+    [ -x "$binary" ] || { echo "microvm-nested: ${binary:-the microvm_guest test} is missing (cargo build -p airlock-vmm -p airlock-agent; cargo test -p airlock-agent --test microvm_guest --no-run)" >&2; exit 1; }
 done
 
 kernel_package="$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')"
@@ -34,7 +35,9 @@ for package in "${packages[@]}"; do
     [ -n "$version" ] && [ "$version" != "(none)" ] || { echo "microvm-nested: $package is not in the apt sources" >&2; exit 1; }
     versions+="$package=$version "
 done
-key="$(cat scripts/microvm-nested.sh scripts/initramfs.py <(echo "$versions") | sha256sum | cut -c1-16)"
+# Bump when the fetch-and-unpack steps below change.
+rig_format=1
+key="$(echo "format=$rig_format $versions" | sha256sum | cut -c1-16)"
 rig="$PWD/target/microvm-rig/$key"
 root="$rig/root"
 if [ ! -f "$rig/ready" ]; then
@@ -69,25 +72,31 @@ mkdir -p "$run"
 busybox_tree() {
     mkdir -p "$1/bin" "$1/proc" "$1/sys" "$1/dev" "$1/tmp" "$1/modules"
     cp "$busybox" "$1/bin/busybox"
-    for applet in sh mount insmod echo cat ls head grep sleep poweroff reboot mkdir dd od wc; do
+    for applet in sh mount insmod echo cat ls head grep sleep poweroff reboot mkdir dd od wc mv kill uname; do
         ln -s busybox "$1/bin/$applet"
     done
 }
 
-# L2: the virtio modules Debian's kernel needs, then the checks.
+# L2: the virtio and vsock modules Debian's kernel needs, a few checks, then the agent as
+# the init (an initramfs root: no block device yet).
 l2="$run/l2"
 busybox_tree "$l2"
+mkdir -p "$l2/root"
 for module in drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_mmio \
-    drivers/char/hw_random/virtio-rng; do
+    drivers/char/hw_random/virtio-rng net/vmw_vsock/vsock \
+    net/vmw_vsock/vmw_vsock_virtio_transport_common net/vmw_vsock/vmw_vsock_virtio_transport; do
     cp "$modules/$module.ko" "$l2/modules/"
 done
+strip --strip-debug -o "$l2/bin/airlock-agent" "$bin/airlock-agent"
 cat > "$l2/init" <<'EOF'
 #!/bin/sh
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 echo "E2E PASS l2-init"
-for m in virtio_ring virtio virtio_mmio virtio-rng; do insmod /modules/$m.ko || echo "E2E FAIL l2-insmod $m"; done
+for m in virtio_ring virtio virtio_mmio virtio-rng vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport; do
+    insmod /modules/$m.ko || echo "E2E FAIL l2-insmod $m"
+done
 if grep -q '^0x0004$' /sys/bus/virtio/devices/*/device 2>/dev/null; then
     echo "E2E PASS l2-virtio-mmio-acpi"
 else
@@ -98,7 +107,13 @@ if [ "$(dd if=/dev/hwrng bs=16 count=1 2>/dev/null | wc -c)" = 16 ]; then
 else
     echo "E2E FAIL l2-virtio-rng-read"
 fi
-reboot -f
+if grep -q '^0x0013$' /sys/bus/virtio/devices/*/device 2>/dev/null; then
+    echo "E2E PASS l2-virtio-vsock-device"
+else
+    echo "E2E FAIL l2-virtio-vsock-device: no virtio device of type 19 (vsock)"
+fi
+export HOME=/root PATH=/bin
+exec /bin/airlock-agent --listen-vsock 49983
 EOF
 chmod +x "$l2/init"
 python3 scripts/initramfs.py "$l2" "$run/l2.cpio"
@@ -109,7 +124,8 @@ busybox_tree "$l1"
 for module in virt/lib/irqbypass arch/x86/kvm/kvm drivers/crypto/ccp/ccp arch/x86/kvm/kvm-amd; do
     cp "$modules/$module.ko" "$l1/modules/"
 done
-cp "$bin/airlock-vmm" "$l1/bin/"
+strip --strip-debug -o "$l1/bin/airlock-vmm" "$bin/airlock-vmm"
+strip --strip-debug -o "$l1/bin/microvm-guest" "$driver"
 cp "$rig/vmlinux" "$l1/vmlinux"
 cp "$run/l2.cpio" "$l1/l2.cpio"
 cat > "$l1/init" <<'EOF'
@@ -119,19 +135,21 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 for m in irqbypass kvm ccp kvm-amd; do insmod /modules/$m.ko || echo "E2E FAIL l1-insmod $m"; done
 if [ -c /dev/kvm ]; then echo "E2E PASS l1-kvm"; else echo "E2E FAIL l1-kvm: no /dev/kvm"; fi
-/bin/airlock-vmm linux --kernel /vmlinux --initrd /l2.cpio --memory-mib 512 \
-    --cmdline "console=ttyS0 reboot=t panic=-1 mitigations=off pci=off tsc=reliable L2_LOG" \
-    && echo "E2E PASS l1-vmm-exit" || echo "E2E FAIL l1-vmm-exit: status $?"
+mkdir -p /tmp /run/e2e
+if AIRLOCK_E2E_VMM=/bin/airlock-vmm AIRLOCK_E2E_KERNEL=/vmlinux AIRLOCK_E2E_INITRD=/l2.cpio \
+    AIRLOCK_E2E_DIR=/run/e2e /bin/microvm-guest --ignored --nocapture --test-threads 1; then
+    echo "E2E PASS l1-driver"
+else
+    echo "E2E FAIL l1-driver: the microvm_guest test failed"
+fi
 poweroff -f
 EOF
-# AIRLOCK_RIG_VERBOSE=1: L2's whole kernel log (slow: each console byte is two exits).
-l2_log=quiet
-[ -z "${AIRLOCK_RIG_VERBOSE:-}" ] || l2_log="earlyprintk=ttyS0 loglevel=7"
-sed -i "s/L2_LOG/$l2_log/" "$l1/init"
 chmod +x "$l1/init"
 python3 scripts/initramfs.py "$l1" "$run/l1.cpio"
 
-expected=(l1-kvm l2-init l2-virtio-mmio-acpi l2-virtio-rng-read l1-vmm-exit)
+expected=(l1-kvm l2-init l2-virtio-mmio-acpi l2-virtio-rng-read l2-virtio-vsock-device
+    vsock-connect envd-health envd-command envd-file snapshot-written restore-vsock-connect
+    restore-still-counting l1-driver)
 log="$run/console.log"
 echo "microvm-nested: booting L1 (QEMU TCG, nested SVM); the console goes to $log"
 started=$SECONDS

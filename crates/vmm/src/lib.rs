@@ -26,6 +26,7 @@ pub mod guest_code;
 pub mod host;
 pub mod linux;
 pub mod memory;
+pub mod pause;
 pub mod seccomp;
 pub mod snapshot;
 pub mod vcpu;

@@ -15,7 +15,11 @@
 //!   process's standard output, until the guest reboots or shuts down (`reboot=t` or
 //!   `reboot=k`); `--cmdline-devices` also declares the devices as `virtio_mmio.device=`;
 //!   `--vsock-socket PATH [--guest-cid N]` adds a vsock device (CID 3 by default) whose host
-//!   side listens on PATH (`CONNECT <port>\n`, Firecracker's convention).
+//!   side listens on PATH (`CONNECT <port>\n`, Firecracker's convention). With
+//!   `--snapshot DIR`, SIGUSR1 pauses the guest, writes its snapshot to DIR and exits 0;
+//! - `airlock-vmm restore --snapshot DIR [--vsock-socket PATH]`: resumes such a snapshot
+//!   (memory mapped copy-on-write) where it stopped; vsock connections do not survive it (the
+//!   guest gets a transport reset), so the host connects again.
 //!
 //! `--kvm-fd N` takes `/dev/kvm` from inherited descriptor N instead of opening it: how the
 //! VMM runs inside the process tier's jail, whose view has no `/dev/kvm` and whose user could
@@ -152,26 +156,51 @@ fn main_inner() -> anyhow::Result<()> {
             }
         }
         "linux" => run_linux(&vmm, &args)?,
-        other => bail!("unknown mode {other} (template, fork or linux)"),
+        "restore" => run_restore(&vmm, &args)?,
+        other => bail!("unknown mode {other} (template, fork, linux or restore)"),
+    }
+    Ok(())
+}
+
+/// Binds the vsock device's host socket, replacing a stale one.
+fn bind_vsock(path: &std::path::Path) -> anyhow::Result<std::os::unix::net::UnixListener> {
+    let _ = std::fs::remove_file(path);
+    std::os::unix::net::UnixListener::bind(path)
+        .with_context(|| format!("binding {}", path.display()))
+}
+
+/// Runs a Linux guest until it ends, or (with `--snapshot`) until SIGUSR1, then snapshots it.
+/// The vsock host thread is started with SIGUSR1 blocked, so the signal interrupts the vCPU.
+fn run_guest(
+    mut vm: Vm,
+    listener: Option<std::os::unix::net::UnixListener>,
+    snapshot_dir: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    vm.console().echo_to_stdout();
+    if snapshot_dir.is_some() {
+        airlock_vmm::pause::install_sigusr1()?;
+    }
+    if listener.is_some() {
+        airlock_vmm::pause::spawn_without_sigusr1(|| vm.start_vsock_host(listener))??;
+    }
+    let exit = vm.run(None)?;
+    eprintln!("airlock-vmm: the guest ended: {exit:?}");
+    if let (VmExit::Paused, Some(dir)) = (exit, snapshot_dir) {
+        snapshot::save(&mut vm, dir)?;
+        eprintln!("airlock-vmm: snapshot written to {}", dir.display());
     }
     Ok(())
 }
 
 fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
     let mut devices = vec![Device::Rng(airlock_vmm::virtio::Rng::new())];
-    let listener = match &args.vsock_socket {
-        Some(path) => {
-            let _ = std::fs::remove_file(path);
-            let listener = std::os::unix::net::UnixListener::bind(path)
-                .with_context(|| format!("binding {}", path.display()))?;
-            devices.push(Device::Vsock(airlock_vmm::virtio::Vsock::new(
-                args.guest_cid,
-                None,
-            )));
-            Some(listener)
-        }
-        None => None,
-    };
+    let listener = args.vsock_socket.as_deref().map(bind_vsock).transpose()?;
+    if listener.is_some() {
+        devices.push(Device::Vsock(airlock_vmm::virtio::Vsock::new(
+            args.guest_cid,
+            None,
+        )));
+    }
     let mut cmdline = args.cmdline.clone();
     if args.cmdline_devices {
         cmdline = format!("{cmdline} {}", vm::virtio_cmdline_devices(devices.len()));
@@ -182,15 +211,18 @@ fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
         cmdline,
     };
     let shell = VmShell::create(vmm, devices.len(), args.memory_mib << 20)?;
-    let mut vm = Vm::boot_linux(vmm, shell, &boot, devices)?;
+    let vm = Vm::boot_linux(vmm, shell, &boot, devices)?;
     eprintln!("airlock-vmm: booting {}", boot.kernel.display());
-    vm.console().echo_to_stdout();
-    if listener.is_some() {
-        vm.start_vsock_host(listener)?;
-    }
-    let exit = vm.run(None)?;
-    eprintln!("airlock-vmm: the guest ended: {exit:?}");
-    Ok(())
+    let snapshot_dir = (!args.snapshot.as_os_str().is_empty()).then_some(args.snapshot.as_path());
+    run_guest(vm, listener, snapshot_dir)
+}
+
+fn run_restore(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
+    let listener = args.vsock_socket.as_deref().map(bind_vsock).transpose()?;
+    let template = Template::from_snapshot(snapshot::load(&args.snapshot)?);
+    let vm = template.fork(vmm, None)?;
+    eprintln!("airlock-vmm: restored {}", args.snapshot.display());
+    run_guest(vm, listener, None)
 }
 
 fn main() -> ExitCode {

@@ -75,6 +75,12 @@ pub enum VmExit {
     Paused,
 }
 
+/// Set (by a signal handler, say) to pause the VM at the next exit: [`Vm::run`] then returns
+/// [`VmExit::Paused`]. A signal interrupts KVM_RUN (EINTR) when it lands on the vCPU thread;
+/// one that lands just before KVM_RUN waits for the guest's next exit, so senders repeat it.
+pub static PAUSE_REQUESTED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// A KVM handle and what it can save, shared by the VMs of one process.
 #[derive(Debug)]
 pub struct Vmm {
@@ -452,7 +458,9 @@ impl Vm {
     fn run_loop(&mut self, max_exits: Option<u64>) -> Result<VmExit, VmError> {
         let mut exits: u64 = 0;
         loop {
-            if max_exits.is_some_and(|max| exits >= max) {
+            if max_exits.is_some_and(|max| exits >= max)
+                || PAUSE_REQUESTED.swap(false, std::sync::atomic::Ordering::SeqCst)
+            {
                 self.complete_pending_exit()?;
                 return Ok(VmExit::Paused);
             }

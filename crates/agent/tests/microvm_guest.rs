@@ -1,0 +1,213 @@
+//! The agent as a microVM guest's init, reached over virtio-vsock through Airlock's VMM, end
+//! to end. Run by scripts/microvm-nested.sh inside the nested rig's level-1 Linux (the only
+//! place on these machines with a /dev/kvm that boots a stock Linux guest), not by a plain
+//! `cargo test` (hence `#[ignore]`): it starts `airlock-vmm linux` with Debian's kernel and an
+//! initramfs whose init execs `airlock-agent --listen-vsock 49983`, and prints one
+//! `E2E PASS <check>` line per check that held (the rig fails on any line missing).
+//!
+//! Environment: AIRLOCK_E2E_VMM, AIRLOCK_E2E_KERNEL, AIRLOCK_E2E_INITRD (paths),
+//! AIRLOCK_E2E_DIR (a scratch directory for the sockets and the snapshot).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests: failing loudly is the point"
+)]
+
+#[cfg(test)]
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use common::{Body, Conn, collect};
+use serde_json::json;
+
+/// envd's port, as E2B's SDKs dial it.
+const ENVD_PORT: u32 = 49983;
+const L2_CMDLINE: &str = "console=ttyS0 reboot=t panic=-1 quiet mitigations=off pci=off";
+
+fn env_path(name: &str) -> PathBuf {
+    PathBuf::from(std::env::var_os(name).unwrap_or_else(|| panic!("{name} is not set")))
+}
+
+fn pass(check: &str) {
+    println!("E2E PASS {check}");
+}
+
+/// Connects through the VMM's vsock socket (Firecracker's `CONNECT <port>` handshake),
+/// retrying while the guest is still booting (the VMM closes the socket when the guest
+/// refuses). Bounded as a guard against a hang, not as an assertion about speed.
+fn connect_guest(socket: &Path) -> Conn {
+    for _ in 0..1200 {
+        if let Ok(mut stream) = UnixStream::connect(socket) {
+            stream
+                .set_read_timeout(Some(Duration::from_secs(300)))
+                .unwrap();
+            stream
+                .write_all(format!("CONNECT {ENVD_PORT}\n").as_bytes())
+                .unwrap();
+            let mut reader = BufReader::new(stream);
+            let mut line = String::new();
+            if reader.read_line(&mut line).is_ok() && line.starts_with("OK ") {
+                return Conn::from_stream(reader);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    panic!("the guest's agent never accepted on vsock port {ENVD_PORT}");
+}
+
+fn run(conn: &mut Conn, script: &str) -> String {
+    let start = json!({"process": {"cmd": "/bin/sh", "args": ["-c", script]}, "stdin": false});
+    let mut stream = conn.open_stream("process.Process/Start", &start, &[]);
+    let collected = collect(&mut stream);
+    String::from_utf8_lossy(&collected.stdout).into_owned()
+}
+
+fn get_file(conn: &mut Conn, path: &str) -> (u16, Vec<u8>) {
+    conn.send("GET", &format!("/files?path={path}"), &[], Body::None);
+    let (head, body) = conn.response();
+    (head.status, body)
+}
+
+fn put_file(conn: &mut Conn, path: &str, data: &[u8]) -> u16 {
+    let boundary = "airlock-e2e-boundary";
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{path}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+    )
+    .into_bytes();
+    body.extend_from_slice(data);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    let content_type = format!("multipart/form-data; boundary={boundary}");
+    conn.send(
+        "POST",
+        &format!("/files?path={path}"),
+        &[("Content-Type", &content_type)],
+        Body::Fixed(&body),
+    );
+    conn.response().0.status
+}
+
+fn counter(conn: &mut Conn) -> u64 {
+    let (status, body) = get_file(conn, "/tmp/count");
+    assert_eq!(status, 200, "reading /tmp/count");
+    String::from_utf8_lossy(&body).trim().parse().unwrap()
+}
+
+struct Vmm(Child);
+
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+#[ignore = "needs a /dev/kvm that boots a stock Linux guest: run by scripts/microvm-nested.sh"]
+fn test_microvm_guest_agent_over_vsock_serves_envd_and_resumes_from_a_snapshot() {
+    let vmm_binary = env_path("AIRLOCK_E2E_VMM");
+    let dir = env_path("AIRLOCK_E2E_DIR");
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("vsock.sock");
+    let snapshot = dir.join("snapshot");
+    let mut booted = Vmm(Command::new(&vmm_binary)
+        .arg("linux")
+        .arg("--kernel")
+        .arg(env_path("AIRLOCK_E2E_KERNEL"))
+        .arg("--initrd")
+        .arg(env_path("AIRLOCK_E2E_INITRD"))
+        .args(["--memory-mib", "384", "--cmdline", L2_CMDLINE])
+        .arg("--vsock-socket")
+        .arg(&socket)
+        .arg("--snapshot")
+        .arg(&snapshot)
+        .spawn()
+        .unwrap());
+
+    let mut conn = connect_guest(&socket);
+    pass("vsock-connect");
+
+    conn.send("GET", "/health", &[], Body::None);
+    let (head, body) = conn.response();
+    assert_eq!((head.status, body.len()), (204, 0), "envd health");
+    pass("envd-health");
+
+    let output = run(&mut conn, "echo hello-from-l2; cat /proc/version");
+    assert!(output.contains("hello-from-l2"), "{output}");
+    assert!(output.contains("Linux version 6.1"), "{output}");
+    pass("envd-command");
+
+    let data = b"written over vsock\n".repeat(500);
+    assert_eq!(put_file(&mut conn, "/tmp/e2e.txt", &data), 200, "upload");
+    let (status, back) = get_file(&mut conn, "/tmp/e2e.txt");
+    assert_eq!(status, 200);
+    assert!(
+        back == data,
+        "the file read back differs ({} bytes)",
+        back.len()
+    );
+    pass("envd-file");
+
+    run(
+        &mut conn,
+        "(i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 1; done) </dev/null >/dev/null 2>&1 & echo $! > /tmp/count.pid",
+    );
+    while counter(&mut conn) < 2 {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (_, pid) = get_file(&mut conn, "/tmp/count.pid");
+    let pid = String::from_utf8_lossy(&pid).trim().to_owned();
+    let before = counter(&mut conn);
+    drop(conn);
+
+    // SIGUSR1 until the VMM has written the snapshot and exited (one that lands just before
+    // KVM_RUN waits for the guest's next exit).
+    let pid_text = booted.0.id().to_string();
+    let status = loop {
+        let _ = Command::new("kill").args(["-USR1", &pid_text]).status();
+        if let Some(status) = booted.0.try_wait().unwrap() {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(status.success(), "the VMM failed to snapshot: {status}");
+    assert!(snapshot.join("state.json").exists());
+    pass("snapshot-written");
+
+    let restored_socket = dir.join("vsock-restored.sock");
+    let _restored = Vmm(Command::new(&vmm_binary)
+        .arg("restore")
+        .arg("--snapshot")
+        .arg(&snapshot)
+        .arg("--vsock-socket")
+        .arg(&restored_socket)
+        .spawn()
+        .unwrap());
+    let mut conn = connect_guest(&restored_socket);
+    pass("restore-vsock-connect");
+    let mut after = counter(&mut conn);
+    for _ in 0..600 {
+        if after > before {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        after = counter(&mut conn);
+    }
+    assert!(
+        after > before,
+        "the counter stood still: {before} then {after}"
+    );
+    let alive = run(&mut conn, &format!("kill -0 {pid} && echo alive"));
+    assert_eq!(
+        alive.trim(),
+        "alive",
+        "process {pid} is gone after the restore"
+    );
+    println!("E2E counter before the snapshot {before}, after the restore {after}, pid {pid}");
+    pass("restore-still-counting");
+}
