@@ -22,7 +22,12 @@ for binary in "$bin/airlock-vmm" "$bin/airlock-agent" "$driver"; do
     [ -x "$binary" ] || { echo "microvm-nested: ${binary:-the microvm_guest test} is missing (cargo build -p airlock-vmm -p airlock-agent; cargo test -p airlock-agent --test microvm_guest --no-run)" >&2; exit 1; }
 done
 
-kernel_package="$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')"
+kernel_package() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'; }
+kernel_package="$(kernel_package)"
+if [ -z "$kernel_package" ]; then
+    apt-get -o DPkg::Lock::Timeout=900 update -qq
+    kernel_package="$(kernel_package)"
+fi
 [ -n "$kernel_package" ] || { echo "microvm-nested: apt knows no linux-image-amd64 (run apt-get update)" >&2; exit 1; }
 kernel_release="${kernel_package#linux-image-}"
 # QEMU and the libraries of its that this image lacks, the kernel, busybox.

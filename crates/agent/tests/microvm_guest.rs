@@ -64,6 +64,8 @@ fn connect_guest(socket: &Path) -> Conn {
 fn run(conn: &mut Conn, script: &str) -> String {
     let start = json!({"process": {"cmd": "/bin/sh", "args": ["-c", script]}, "stdin": false});
     let mut stream = conn.open_stream("process.Process/Start", &start, &[]);
+    let (_, started) = stream.envelope().expect("no start event");
+    assert!(started["event"]["start"]["pid"].is_u64(), "{started}");
     let collected = collect(&mut stream);
     String::from_utf8_lossy(&collected.stdout).into_owned()
 }
