@@ -347,7 +347,10 @@ impl Vsock {
         }
     }
 
-    fn open(&mut self, stream: UnixStream, guest_port: u32) {
+    /// Asks the guest for a connection to `guest_port` on behalf of `stream` (what a host
+    /// socket's `CONNECT` line does; also how the fuzzer and tests attach a socket pair).
+    pub fn open(&mut self, stream: UnixStream, guest_port: u32) {
+        let _ = stream.set_nonblocking(true);
         let host_port = self.next_host_port;
         self.next_host_port = self.next_host_port.wrapping_add(1).max(FIRST_HOST_PORT);
         self.connections.push(Connection {
