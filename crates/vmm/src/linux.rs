@@ -213,3 +213,148 @@ fn load_initrd(
         .map_err(LinuxError::Write)?;
     Ok((address, size))
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests: failing loudly is the point")]
+
+    use super::*;
+    use vm_memory::{ByteValued, GuestMemoryMmap};
+
+    const LOAD_AT: u64 = 0x100_0000;
+    const ENTRY: u32 = 0x100_0008;
+
+    /// A minimal ELF64 "kernel": one PT_LOAD of 16 bytes at 16 MiB and, when `pvh`, a PT_NOTE
+    /// with the Xen PHYS32_ENTRY note.
+    fn tiny_elf(pvh: bool) -> Vec<u8> {
+        let mut elf = vec![0u8; 0x210];
+        elf[..4].copy_from_slice(b"\x7fELF");
+        elf[4] = 2; // 64-bit
+        elf[5] = 1; // little-endian
+        elf[6] = 1;
+        elf[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+        elf[18..20].copy_from_slice(&62u16.to_le_bytes()); // x86-64
+        elf[20..24].copy_from_slice(&1u32.to_le_bytes());
+        elf[24..32].copy_from_slice(&LOAD_AT.to_le_bytes()); // e_entry
+        elf[32..40].copy_from_slice(&64u64.to_le_bytes()); // e_phoff
+        elf[52..54].copy_from_slice(&64u16.to_le_bytes());
+        elf[54..56].copy_from_slice(&56u16.to_le_bytes());
+        elf[56..58].copy_from_slice(&2u16.to_le_bytes()); // e_phnum
+        let phdr = |at: usize, elf: &mut Vec<u8>, kind: u32, offset: u64, paddr: u64, size: u64| {
+            elf[at..at + 4].copy_from_slice(&kind.to_le_bytes());
+            elf[at + 8..at + 16].copy_from_slice(&offset.to_le_bytes());
+            elf[at + 16..at + 24].copy_from_slice(&paddr.to_le_bytes());
+            elf[at + 24..at + 32].copy_from_slice(&paddr.to_le_bytes());
+            elf[at + 32..at + 40].copy_from_slice(&size.to_le_bytes());
+            elf[at + 40..at + 48].copy_from_slice(&(size.max(0x1000)).to_le_bytes());
+        };
+        phdr(64, &mut elf, 1, 0x200, LOAD_AT, 16);
+        // A PT_NOTE with another note type when not `pvh`.
+        phdr(120, &mut elf, 4, 0x180, 0, 20);
+        let note_type: u32 = if pvh { 18 } else { 1 };
+        elf[0x180..0x184].copy_from_slice(&4u32.to_le_bytes());
+        elf[0x184..0x188].copy_from_slice(&4u32.to_le_bytes());
+        elf[0x188..0x18c].copy_from_slice(&note_type.to_le_bytes());
+        elf[0x18c..0x190].copy_from_slice(b"Xen\0");
+        elf[0x190..0x194].copy_from_slice(&ENTRY.to_le_bytes());
+        elf[0x200..0x210].copy_from_slice(b"kernel code here");
+        elf
+    }
+
+    fn scratch(name: &str, bytes: &[u8]) -> PathBuf {
+        let path =
+            std::env::temp_dir().join(format!("airlock-linux-{}-{name}", std::process::id()));
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    #[test]
+    fn test_load_pvh_kernel_writes_start_info_memmap_cmdline_and_initrd() {
+        let memory_bytes: u64 = 64 << 20;
+        let memory =
+            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), memory_bytes as usize)])
+                .unwrap();
+        let kernel = scratch("kernel", &tiny_elf(true));
+        let initrd = scratch("initrd", &[7u8; 5000]);
+        let boot = LinuxBoot {
+            kernel: kernel.clone(),
+            initrd: Some(initrd.clone()),
+            cmdline: "console=ttyS0 quiet".into(),
+        };
+        let devices = [acpi::MmioDevice {
+            base: 0xd000_0000,
+            size: 0x1000,
+            gsi: 5,
+        }];
+        let entry = load(&memory, memory_bytes, &boot, &devices).unwrap();
+        assert_eq!(entry.entry, u64::from(ENTRY));
+        let mut code = [0u8; 16];
+        memory.read_slice(&mut code, GuestAddress(LOAD_AT)).unwrap();
+        assert_eq!(&code, b"kernel code here");
+
+        let info: hvm_start_info = memory.read_obj(GuestAddress(entry.start_info)).unwrap();
+        assert_eq!((info.magic, info.version), (XEN_HVM_START_MAGIC, 1));
+        assert_eq!(info.rsdp_paddr, acpi::RSDP_ADDRESS);
+        let mut cmdline = vec![0u8; 20];
+        memory
+            .read_slice(&mut cmdline, GuestAddress(info.cmdline_paddr))
+            .unwrap();
+        assert_eq!(&cmdline, b"console=ttyS0 quiet\0");
+        assert_eq!(info.memmap_entries, 3);
+        let last: hvm_memmap_table_entry = memory
+            .read_obj(GuestAddress(info.memmap_paddr + 2 * 24))
+            .unwrap();
+        assert_eq!(
+            (last.addr, last.addr + last.size),
+            (HIGH_MEMORY, memory_bytes)
+        );
+        assert_eq!(info.nr_modules, 1);
+        let module: hvm_modlist_entry = memory.read_obj(GuestAddress(info.modlist_paddr)).unwrap();
+        assert_eq!(module.size, 5000);
+        assert_eq!(module.paddr % (2 << 20), 0);
+        assert!(module.paddr + module.size <= memory_bytes);
+        assert!(
+            module.paddr >= LOAD_AT + 0x1000,
+            "the initrd overlaps the kernel"
+        );
+        let mut rsdp = [0u8; 8];
+        memory
+            .read_slice(&mut rsdp, GuestAddress(acpi::RSDP_ADDRESS))
+            .unwrap();
+        assert_eq!(&rsdp, b"RSD PTR ");
+        assert_eq!(info.as_slice().len(), 56);
+        std::fs::remove_file(kernel).unwrap();
+        std::fs::remove_file(initrd).unwrap();
+    }
+
+    #[test]
+    fn test_load_kernel_without_pvh_note_is_refused_by_name() {
+        let memory = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 32 << 20)]).unwrap();
+        let kernel = scratch("nopvh", &tiny_elf(false));
+        let boot = LinuxBoot {
+            kernel: kernel.clone(),
+            initrd: None,
+            cmdline: String::new(),
+        };
+        let err = load(&memory, 32 << 20, &boot, &[]).unwrap_err();
+        assert!(matches!(err, LinuxError::NoPvhEntry(_)), "{err}");
+        assert!(err.to_string().contains("PVH"), "{err}");
+        std::fs::remove_file(kernel).unwrap();
+    }
+
+    #[test]
+    fn test_load_initrd_larger_than_ram_is_refused() {
+        let memory = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 32 << 20)]).unwrap();
+        let kernel = scratch("big-initrd-kernel", &tiny_elf(true));
+        let initrd = scratch("big-initrd", &vec![0u8; 17 << 20]);
+        let boot = LinuxBoot {
+            kernel: kernel.clone(),
+            initrd: Some(initrd.clone()),
+            cmdline: String::new(),
+        };
+        let err = load(&memory, 32 << 20, &boot, &[]).unwrap_err();
+        assert!(matches!(err, LinuxError::InitrdTooLarge { .. }), "{err}");
+        std::fs::remove_file(kernel).unwrap();
+        std::fs::remove_file(initrd).unwrap();
+    }
+}
