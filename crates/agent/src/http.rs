@@ -24,7 +24,7 @@ use crate::connect::{
 use crate::files::{self, drain, http_error};
 use crate::process::{self, StreamOptions};
 use crate::user::{self, User};
-use crate::{claim, filesystem, tunnel, watch};
+use crate::{claim, filesystem, resume, tunnel, watch};
 
 /// Largest accepted RPC request message.
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
@@ -168,6 +168,10 @@ async fn handle(agent: &Agent, request: Request<Incoming>) -> HttpResponse {
         }
         (&Method::POST, claim::PATH) => match read_body(&mut body).await {
             Ok(data) => claim::apply(agent, &data),
+            Err(e) => http_error(StatusCode::BAD_REQUEST, e.message),
+        },
+        (&Method::POST, resume::PATH) => match read_body(&mut body).await {
+            Ok(data) => resume::apply(agent, &data),
             Err(e) => http_error(StatusCode::BAD_REQUEST, e.message),
         },
         (&Method::POST, rpc)

@@ -19,6 +19,7 @@ pub mod multipart;
 pub mod process;
 mod process_io;
 pub mod relay;
+pub mod resume;
 pub mod tunnel;
 pub mod user;
 pub mod watch;

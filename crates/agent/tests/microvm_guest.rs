@@ -2,7 +2,8 @@
 //! to end. Run by scripts/microvm-nested.sh inside the nested rig's level-1 Linux (the only
 //! place on these machines with a /dev/kvm that boots a stock Linux guest), not by a plain
 //! `cargo test` (hence `#[ignore]`): it starts `airlock-vmm linux` with Debian's kernel and an
-//! initramfs whose init execs `airlock-agent --listen-vsock 49983`, and prints one
+//! initramfs whose init execs `airlock-agent --listen-vsock 49983`, snapshots it, restores
+//! it twice (two forks, each reseeded with its own identity), and prints one
 //! `E2E PASS <check>` line per check that held (the rig fails on any line missing).
 //!
 //! Environment: AIRLOCK_E2E_VMM, AIRLOCK_E2E_KERNEL, AIRLOCK_E2E_INITRD (paths),
@@ -100,6 +101,39 @@ fn counter(conn: &mut Conn) -> u64 {
     String::from_utf8_lossy(&body).trim().parse().unwrap()
 }
 
+/// `POST /airlock/resume`: fresh entropy from this host and the fork's own identity.
+fn resume(conn: &mut Conn, identity: &str) {
+    use std::io::Read as _;
+    let mut entropy = [0u8; 64];
+    std::fs::File::open("/dev/urandom")
+        .unwrap()
+        .read_exact(&mut entropy)
+        .unwrap();
+    let body = json!({
+        "entropy_b64": common::b64(&entropy),
+        "env": {"AIRLOCK_SANDBOX_ID": identity, "AIRLOCK_ACCESS_TOKEN": format!("token-{identity}")},
+    })
+    .to_string();
+    conn.send(
+        "POST",
+        "/airlock/resume",
+        &[("Content-Type", "application/json")],
+        Body::Fixed(body.as_bytes()),
+    );
+    let (head, body) = conn.response();
+    assert_eq!(head.status, 204, "{}", String::from_utf8_lossy(&body));
+}
+
+/// The fork's identity, token and 32 bytes of its kernel's randomness.
+fn identity_and_random(conn: &mut Conn) -> (String, String) {
+    let out = run(
+        conn,
+        "echo \"$AIRLOCK_SANDBOX_ID $AIRLOCK_ACCESS_TOKEN\"; head -c 32 /dev/urandom | od -An -tx1",
+    );
+    let (first, rest) = out.split_once('\n').unwrap_or((&out, ""));
+    (first.to_owned(), rest.split_whitespace().collect())
+}
+
 struct Vmm(Child);
 
 impl Drop for Vmm {
@@ -182,7 +216,7 @@ fn test_microvm_guest_agent_over_vsock_serves_envd_and_resumes_from_a_snapshot()
     pass("snapshot-written");
 
     let restored_socket = dir.join("vsock-restored.sock");
-    let _restored = Vmm(Command::new(&vmm_binary)
+    let restored = Vmm(Command::new(&vmm_binary)
         .arg("restore")
         .arg("--snapshot")
         .arg(&snapshot)
@@ -221,4 +255,33 @@ fn test_microvm_guest_agent_over_vsock_serves_envd_and_resumes_from_a_snapshot()
         "E2E counter before the snapshot {before}, at the restore {resumed}, then {after}, pid {pid}"
     );
     pass("restore-still-counting");
+
+    // Two forks of the one snapshot: each reseeded from the host and given its own identity.
+    resume(&mut conn, "fork-a");
+    let (identity_a, random_a) = identity_and_random(&mut conn);
+    assert_eq!(identity_a, "fork-a token-fork-a");
+    drop(conn);
+    drop(restored);
+    let second_socket = dir.join("vsock-second.sock");
+    let _second = Vmm(Command::new(&vmm_binary)
+        .arg("restore")
+        .arg("--snapshot")
+        .arg(&snapshot)
+        .arg("--vsock-socket")
+        .arg(&second_socket)
+        .spawn()
+        .unwrap());
+    let mut conn = connect_guest(&second_socket);
+    resume(&mut conn, "fork-b");
+    let (identity_b, random_b) = identity_and_random(&mut conn);
+    assert_eq!(identity_b, "fork-b token-fork-b");
+    assert_eq!(random_a.len(), 64, "{random_a}");
+    assert_ne!(random_a, random_b, "two forks read the same randomness");
+    let alive = run(&mut conn, &format!("kill -0 {pid} && echo alive"));
+    assert_eq!(
+        alive.trim(),
+        "alive",
+        "process {pid} is gone in the second fork"
+    );
+    pass("forks-reseeded-own-identity");
 }

@@ -117,7 +117,7 @@ impl Device {
             Device::Vsock(vsock) => match index {
                 vsock::RX_QUEUE => vsock.process_rx(queue, memory),
                 vsock::TX_QUEUE => vsock.process_tx(queue, memory),
-                vsock::EVENT_QUEUE => vsock.process_event(queue, memory),
+                vsock::EVENT_QUEUE => vsock.event_notified(queue, memory),
                 _ => Ok(false),
             },
         }

@@ -155,6 +155,10 @@ pub struct Vsock {
     next_host_port: u32,
     /// A transport reset event is owed to the guest (after a restore).
     reset_event: bool,
+    /// The reset event was delivered but the guest has not handed the buffer back yet (it
+    /// does, with a notification, once it has dropped its old connections): until then no
+    /// host connection is opened, or the guest's reset would drop it too.
+    reset_unacknowledged: bool,
     /// Written when the host thread should look at the sockets again.
     wake: Option<EventFd>,
 }
@@ -170,6 +174,7 @@ impl Vsock {
             control: VecDeque::new(),
             next_host_port: FIRST_HOST_PORT,
             reset_event: false,
+            reset_unacknowledged: false,
             wake: None,
         }
     }
@@ -257,7 +262,9 @@ impl Vsock {
     /// every guest notification.
     pub fn service_host(&mut self) {
         self.accept();
-        self.read_handshakes();
+        if !self.reset_event && !self.reset_unacknowledged {
+            self.read_handshakes();
+        }
         let mut closed = Vec::new();
         for (index, c) in self.connections.iter_mut().enumerate() {
             if !flush(c) {
@@ -546,7 +553,22 @@ impl Vsock {
             .add_used(memory, head, 4)
             .map_err(DeviceError::UsedRing)?;
         self.reset_event = false;
+        self.reset_unacknowledged = true;
         Ok(true)
+    }
+
+    /// The guest notified the event queue: it gave a buffer back (after handling a reset).
+    pub fn event_notified(
+        &mut self,
+        queue: &mut Queue,
+        memory: &GuestMemoryMmap,
+    ) -> Result<bool, DeviceError> {
+        if !self.reset_event {
+            self.reset_unacknowledged = false;
+        }
+        let used = self.process_event(queue, memory)?;
+        self.service_host();
+        Ok(used)
     }
 
     fn has_packet(&self) -> bool {
