@@ -153,7 +153,7 @@ chmod +x "$l1/init"
 python3 scripts/initramfs.py "$l1" "$run/l1.cpio"
 
 expected=(l1-kvm l2-init l2-virtio-mmio-acpi l2-virtio-rng-read l2-virtio-vsock-device
-    vsock-connect envd-health envd-command envd-file snapshot-written restore-vsock-connect
+    vsock-connect envd-health envd-command envd-file snapshot-written restore-vsock-connect restore-vmm-confined
     restore-still-counting forks-reseeded-own-identity l1-driver)
 log="$run/console.log"
 echo "microvm-nested: booting L1 (QEMU TCG, nested SVM); the console goes to $log"

@@ -328,6 +328,16 @@ mod tests {
     }
 
     #[test]
+    fn test_cmdline_devices_match_the_acpi_windows() {
+        assert_eq!(
+            crate::vm::virtio_cmdline_devices(2),
+            "virtio_mmio.device=4K@0xd0000000:5 virtio_mmio.device=4K@0xd0001000:6"
+        );
+        let windows = crate::vm::mmio_windows(2);
+        assert_eq!((windows[1].base, windows[1].gsi), (0xd000_1000, 6));
+    }
+
+    #[test]
     fn test_load_kernel_without_pvh_note_is_refused_by_name() {
         let memory = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 32 << 20)]).unwrap();
         let kernel = scratch("nopvh", &tiny_elf(false));

@@ -17,7 +17,10 @@
 //!   `--vsock-socket PATH [--guest-cid N]` adds a vsock device (CID 3 by default) whose host
 //!   side listens on PATH (`CONNECT <port>\n`, Firecracker's convention). With
 //!   `--snapshot DIR`, SIGUSR1 pauses the guest, writes its snapshot to DIR and exits 0;
+//!   Without `--snapshot` the VMM's allow-list is installed (on all threads) before the guest
+//!   first runs;
 //! - `airlock-vmm restore --snapshot DIR [--vsock-socket PATH]`: resumes such a snapshot
+//!   under the allow-list
 //!   (memory mapped copy-on-write) where it stopped; vsock connections do not survive it (the
 //!   guest gets a transport reset), so the host connects again.
 //!
@@ -182,6 +185,11 @@ fn run_guest(
     }
     if listener.is_some() {
         airlock_vmm::pause::spawn_without_sigusr1(|| vm.start_vsock_host(listener))??;
+    }
+    // The allow-list, on the vsock thread too; not with a snapshot to write at the end,
+    // which creates files (the guest is then confined by KVM alone, the VMM by the caller).
+    if snapshot_dir.is_none() {
+        seccomp::install_all_threads()?;
     }
     let exit = vm.run(None)?;
     eprintln!("airlock-vmm: the guest ended: {exit:?}");

@@ -311,7 +311,7 @@ impl Vsock {
         };
         while let Ok((stream, _)) = listener.accept() {
             if self.handshakes.len() + self.connections.len() >= MAX_CONNECTIONS
-                || stream.set_nonblocking(true).is_err()
+                || set_nonblocking(&stream, true).is_err()
             {
                 continue;
             }
@@ -357,7 +357,7 @@ impl Vsock {
     /// Asks the guest for a connection to `guest_port` on behalf of `stream` (what a host
     /// socket's `CONNECT` line does; also how the fuzzer and tests attach a socket pair).
     pub fn open(&mut self, stream: UnixStream, guest_port: u32) {
-        let _ = stream.set_nonblocking(true);
+        let _ = set_nonblocking(&stream, true);
         let host_port = self.next_host_port;
         self.next_host_port = self.next_host_port.wrapping_add(1).max(FIRST_HOST_PORT);
         self.connections.push(Connection {
@@ -465,7 +465,7 @@ impl Vsock {
             (OP_SHUTDOWN, State::Established) => {
                 // Pass on what the guest sent, then close; the reset tells the guest.
                 let mut c = self.connections.remove(index);
-                let _ = c.stream.set_nonblocking(false);
+                let _ = set_nonblocking(&c.stream, false);
                 let _ = c.stream.write_all(&c.to_host);
                 let _ = c.stream.shutdown(std::net::Shutdown::Both);
                 self.reset(header.dst_port, header.src_port);
@@ -648,6 +648,28 @@ fn flush(c: &mut Connection) -> bool {
         }
     }
     true
+}
+
+/// O_NONBLOCK through fcntl: std's `set_nonblocking` uses the FIONBIO ioctl, which the VMM's
+/// allow-list refuses (only KVM ioctls pass).
+fn set_nonblocking(stream: &UnixStream, on: bool) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = stream.as_raw_fd();
+    // SAFETY: F_GETFL on a descriptor the stream owns; no memory is passed.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let flags = if on {
+        flags | libc::O_NONBLOCK
+    } else {
+        flags & !libc::O_NONBLOCK
+    };
+    // SAFETY: F_SETFL with an integer on the same descriptor; the result is checked.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `CONNECT <port>` → the port.
