@@ -20,7 +20,7 @@ use airlock_policy::{IdMap, Plan, RlimitResource, RootPlan, ScratchPlan, Workspa
 
 use crate::helper_live::{self, HostFds};
 use crate::report::{self, CONTROL_FD, HOLD_FD, Phase, REPORT_FD, Report, SPEC_FD, mark};
-use crate::spec::{Evaluation, HelperSpec};
+use crate::spec::{self, Evaluation, HelperSpec};
 use crate::sys::{self, Forked};
 use crate::{landlock, mountfs, relay, seccomp, view};
 
@@ -74,7 +74,7 @@ fn report_failure(failure: Failure) -> i32 {
 }
 
 fn start() -> Result<(), Failure> {
-    let spec = read_spec()?;
+    let (spec, mut channel) = read_spec()?;
     report::set_tracing(spec.trace);
     if spec.agent.is_some() {
         helper_live::detach_from_caller()
@@ -88,19 +88,13 @@ fn start() -> Result<(), Failure> {
         // The supervisor died before our death signal was armed: nobody is listening.
         return Err(Failure::setup("the supervisor is gone"));
     }
-    for file in &spec.cgroup_join {
-        std::fs::write(file, "0").map_err(|e| {
-            with_source(
-                &format!("joining the sandbox cgroup through {}", file.display()),
-                &e,
-            )
-        })?;
-    }
+    // Descriptors only, while the supervisor makes the cgroup: nothing here creates a process
+    // or fills memory that the sandbox's limits should count.
     let agent = spec
         .agent
         .as_ref()
         .map(|agent| {
-            helper_live::prepare(agent, spec.workload_cgroup.as_ref()).map_err(|e| {
+            helper_live::prepare(agent).map_err(|e| {
                 with_source(
                     &format!("preparing the agent at {}", agent.socket.display()),
                     &e,
@@ -132,6 +126,28 @@ fn start() -> Result<(), Failure> {
         }
         ScratchPlan::Memory { .. } => None,
     };
+    let cgroups = spec::read_cgroups(&mut channel)
+        .map_err(|e| with_source("receiving the sandbox cgroup", &e))?;
+    drop(channel);
+    for file in &cgroups.join {
+        std::fs::write(file, "0").map_err(|e| {
+            with_source(
+                &format!("joining the sandbox cgroup through {}", file.display()),
+                &e,
+            )
+        })?;
+    }
+    let agent = match (agent, &cgroups.workload) {
+        (Some(agent), Some(workload)) => {
+            Some(agent.with_workload_cgroup(workload).map_err(|e| {
+                with_source(
+                    &format!("opening the workload cgroup {}", workload.procs.display()),
+                    &e,
+                )
+            })?)
+        }
+        (agent, _) => agent,
+    };
     let image_upper = mountfs::ImageUpper::prepare(&spec.plan)
         .map_err(|e| with_source("preparing the image's upper directory", &e))?;
     let host = HostFds {
@@ -140,16 +156,16 @@ fn start() -> Result<(), Failure> {
         scratch,
         image_upper,
     };
-    run(&spec.plan, &spec.cgroup_leave, host, spec.evaluation)
+    run(&spec.plan, &cgroups.leave, host, spec.evaluation)
 }
 
-fn read_spec() -> Result<HelperSpec, Failure> {
+/// The spec from [`SPEC_FD`], and the channel, on which the cgroup follows.
+fn read_spec() -> Result<(HelperSpec, File), Failure> {
     // SAFETY: the supervisor placed the spec pipe at SPEC_FD for us alone; we take ownership.
     let mut file = unsafe { File::from_raw_fd(SPEC_FD) };
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes)
-        .map_err(|e| with_source("reading the sandbox spec", &e))?;
-    serde_json::from_slice(&bytes).map_err(|e| with_source("the sandbox spec is invalid", &e))
+    let spec =
+        spec::read_spec(&mut file).map_err(|e| with_source("reading the sandbox spec", &e))?;
+    Ok((spec, file))
 }
 
 fn warn_or_fail(compat: Compat, message: String) -> Result<(), Failure> {

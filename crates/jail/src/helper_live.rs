@@ -89,7 +89,7 @@ pub fn detach_from_caller() -> io::Result<()> {
     Ok(())
 }
 
-pub fn prepare(agent: &AgentSpec, workload: Option<&WorkloadCgroupSpec>) -> io::Result<AgentFds> {
+pub fn prepare(agent: &AgentSpec) -> io::Result<AgentFds> {
     match std::fs::symlink_metadata(&agent.socket) {
         Ok(meta) if std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) => {
             std::fs::remove_file(&agent.socket)?;
@@ -104,22 +104,25 @@ pub fn prepare(agent: &AgentSpec, workload: Option<&WorkloadCgroupSpec>) -> io::
         .mode(0o600)
         .open(&agent.log)?;
     let binary = sys::open_tree_clone(None, &agent.binary, false)?;
-    // Above the descriptors init installs for the agent, so that installing one cannot
-    // clobber another.
-    let high = |file: File| sys::dup_above(&OwnedFd::from(file), AGENT_OOM_EVENTS_FD + 1);
-    let workload_cgroup = workload
-        .map(|cgroup| -> io::Result<(OwnedFd, OwnedFd)> {
-            let procs = high(File::options().write(true).open(&cgroup.procs)?)?;
-            let oom = high(File::open(&cgroup.oom_events)?)?;
-            Ok((procs, oom))
-        })
-        .transpose()?;
     Ok(AgentFds {
         listener: OwnedFd::from(listener),
         log: OwnedFd::from(log),
         binary,
-        workload_cgroup,
+        workload_cgroup: None,
     })
+}
+
+impl AgentFds {
+    /// Adds the workload cgroup's files, once the supervisor has made it.
+    pub fn with_workload_cgroup(mut self, cgroup: &WorkloadCgroupSpec) -> io::Result<AgentFds> {
+        // Above the descriptors init installs for the agent, so that installing one cannot
+        // clobber another.
+        let high = |file: File| sys::dup_above(&OwnedFd::from(file), AGENT_OOM_EVENTS_FD + 1);
+        let procs = high(File::options().write(true).open(&cgroup.procs)?)?;
+        let oom = high(File::open(&cgroup.oom_events)?)?;
+        self.workload_cgroup = Some((procs, oom));
+        Ok(self)
+    }
 }
 
 /// Init's last step in a long-lived sandbox: become the agent. Returns only on failure. The

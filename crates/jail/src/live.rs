@@ -198,6 +198,71 @@ pub fn sweep(layout: &Layout, keep: impl Fn(&str) -> bool) -> Vec<String> {
     doomed.into_iter().map(|(name, _)| name).collect()
 }
 
+/// How old a task-less sandbox cgroup must be before [`sweep_abandoned`] takes it: a create
+/// makes the cgroup a moment before its helper joins it.
+pub const ABANDONED_AFTER: Duration = Duration::from_secs(60);
+
+/// Removes long-lived sandboxes' cgroups that nobody will remove: no task in them or below
+/// them in any hierarchy, and unchanged for `min_age`. Those are left by a supervisor killed
+/// while it was starting a sandbox (its helper dies with it) when no daemon on its state
+/// directory comes back to sweep its owner tag. A running sandbox always has its agent in its
+/// cgroup and a frozen one its frozen tasks, so no sandbox of any owner is ended. Returns the
+/// names removed.
+pub fn sweep_abandoned(layout: &Layout, min_age: Duration) -> Vec<String> {
+    let mut by_name: Vec<(String, Vec<PathBuf>)> = Vec::new();
+    for dir in cgroup::find_named(layout, CGROUP_PREFIX) {
+        let Some(name) = dir.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
+            continue;
+        };
+        match by_name.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, dirs)) => dirs.push(dir),
+            None => by_name.push((name, vec![dir])),
+        }
+    }
+    let mut removed = Vec::new();
+    for (name, dirs) in by_name {
+        let mut tree: Vec<PathBuf> = Vec::new();
+        for dir in &dirs {
+            tree.extend(cgroup_tree(dir));
+        }
+        let abandoned = tree.iter().all(|dir| {
+            let old = std::fs::metadata(dir)
+                .and_then(|meta| meta.modified())
+                .is_ok_and(|at| at.elapsed().is_ok_and(|age| age >= min_age));
+            let empty = std::fs::read_to_string(dir.join("cgroup.procs"))
+                .is_ok_and(|procs| procs.trim().is_empty());
+            old && empty
+        });
+        if !abandoned {
+            continue;
+        }
+        // Deepest first; the kernel refuses a directory that has gained a task since.
+        tree.sort_by_key(|dir| std::cmp::Reverse(dir.components().count()));
+        if tree.iter().all(|dir| std::fs::remove_dir(dir).is_ok()) {
+            removed.push(name);
+        }
+    }
+    removed
+}
+
+/// `dir` and every cgroup below it.
+fn cgroup_tree(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut tree = vec![dir.to_path_buf()];
+    let mut next = 0;
+    while let Some(current) = tree.get(next).cloned() {
+        next += 1;
+        if let Ok(entries) = std::fs::read_dir(&current) {
+            tree.extend(
+                entries
+                    .flatten()
+                    .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|entry| entry.path()),
+            );
+        }
+    }
+    tree
+}
+
 /// Reads the agent log's last `max_bytes`, for `airlock sandbox logs`.
 pub fn tail(path: &std::path::Path, max_bytes: u64) -> io::Result<String> {
     use std::io::{Seek, SeekFrom};

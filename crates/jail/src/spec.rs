@@ -9,21 +9,67 @@ pub struct HelperSpec {
     pub plan: Plan,
     /// The helper exits at once if its parent is not this process (it died before we started).
     pub supervisor_pid: libc::pid_t,
-    /// Files the helper writes `0` to, first thing, to join the sandbox's cgroup.
-    pub cgroup_join: Vec<std::path::PathBuf>,
-    /// Files the helper writes `0` to once init exists, to leave the sandbox's cgroup.
-    pub cgroup_leave: Vec<std::path::PathBuf>,
     /// Report the time of each setup phase (`airlock bench start --phases`).
     pub trace: bool,
     /// Set for a long-lived sandbox: init execs the agent instead of a workload.
     pub agent: Option<AgentSpec>,
-    /// Set when the workload has a memory cgroup of its own (a long-lived sandbox with a
-    /// memory limit): the helper opens its files for the agent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub workload_cgroup: Option<WorkloadCgroupSpec>,
     /// Layers switched off or marked for a security evaluation; the default changes nothing.
     #[serde(default, skip_serializing_if = "Evaluation::is_default")]
     pub evaluation: Evaluation,
+}
+
+/// The sandbox's cgroup, sent on the same descriptor after the [`HelperSpec`], once the
+/// supervisor has made it: the helper opens its host descriptors meanwhile, and joins the
+/// cgroup before it creates any process. Empty when limits are not enforced (best effort).
+///
+/// Wire: the spec's length (4 bytes, little-endian) and its JSON, then this JSON up to the end
+/// of the pipe.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CgroupSpec {
+    /// Files the helper writes `0` to, before anything else that counts, to join the cgroup.
+    pub join: Vec<std::path::PathBuf>,
+    /// Files the helper writes `0` to once init exists, to leave the sandbox's cgroup.
+    pub leave: Vec<std::path::PathBuf>,
+    /// Set when the workload has a memory cgroup of its own (a long-lived sandbox with a
+    /// memory limit): the helper opens its files for the agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<WorkloadCgroupSpec>,
+}
+
+/// The longest spec a helper reads (a plan is about 15 KiB).
+const MAX_SPEC_BYTES: u32 = 16 << 20;
+
+/// The spec as the supervisor writes it: its length, then its JSON.
+pub fn encode_spec(spec: &HelperSpec) -> serde_json::Result<Vec<u8>> {
+    let json = serde_json::to_vec(spec)?;
+    let len = u32::try_from(json.len()).unwrap_or(u32::MAX);
+    let mut bytes = len.to_le_bytes().to_vec();
+    bytes.extend(json);
+    Ok(bytes)
+}
+
+/// Reads the spec [`encode_spec`] wrote; the [`CgroupSpec`] follows on the same reader.
+pub fn read_spec(reader: &mut impl std::io::Read) -> std::io::Result<HelperSpec> {
+    let mut len = [0u8; 4];
+    reader.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len);
+    if len > MAX_SPEC_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a spec of {len} bytes (at most {MAX_SPEC_BYTES})"),
+        ));
+    }
+    let mut json = vec![0u8; len as usize];
+    reader.read_exact(&mut json)?;
+    serde_json::from_slice(&json).map_err(std::io::Error::other)
+}
+
+/// Reads the [`CgroupSpec`] that follows the spec, up to the end of the pipe.
+pub fn read_cgroups(reader: &mut impl std::io::Read) -> std::io::Result<CgroupSpec> {
+    let mut json = Vec::new();
+    reader.read_to_end(&mut json)?;
+    serde_json::from_slice(&json).map_err(std::io::Error::other)
 }
 
 /// Changes to the confinement that only `airlock seceval` makes, one run at a time, to prove
@@ -94,11 +140,8 @@ mod tests {
         HelperSpec {
             plan,
             supervisor_pid: 1,
-            cgroup_join: vec!["/sys/fs/cgroup/pids/airlock-1-0/tasks".into()],
-            cgroup_leave: vec!["/sys/fs/cgroup/pids/tasks".into()],
             trace: false,
             agent: None,
-            workload_cgroup: None,
             evaluation: Evaluation::default(),
         }
     }
@@ -108,6 +151,31 @@ mod tests {
         let spec = spec();
         let bytes = serde_json::to_vec(&spec).unwrap();
         assert_eq!(serde_json::from_slice::<HelperSpec>(&bytes).unwrap(), spec);
+    }
+
+    #[test]
+    fn test_spec_then_cgroups_share_one_stream() {
+        let cgroups = CgroupSpec {
+            join: vec!["/sys/fs/cgroup/pids/airlock-1-0/tasks".into()],
+            leave: vec!["/sys/fs/cgroup/pids/tasks".into()],
+            workload: None,
+        };
+        let mut bytes = encode_spec(&spec()).unwrap();
+        bytes.extend(serde_json::to_vec(&cgroups).unwrap());
+        let mut reader = std::io::Cursor::new(bytes);
+        assert_eq!(read_spec(&mut reader).unwrap(), spec());
+        assert_eq!(read_cgroups(&mut reader).unwrap(), cgroups);
+    }
+
+    #[test]
+    fn test_a_cut_or_oversized_spec_is_refused() {
+        let bytes = encode_spec(&spec()).unwrap();
+        let cut = read_spec(&mut std::io::Cursor::new(&bytes[..bytes.len() - 1])).unwrap_err();
+        assert_eq!(cut.kind(), std::io::ErrorKind::UnexpectedEof);
+        let huge = read_spec(&mut std::io::Cursor::new(u32::MAX.to_le_bytes())).unwrap_err();
+        assert!(huge.to_string().contains("at most"), "{huge}");
+        // A supervisor that failed to make the cgroup closes the pipe without one.
+        assert!(read_cgroups(&mut std::io::Cursor::new(Vec::new())).is_err());
     }
 
     #[test]

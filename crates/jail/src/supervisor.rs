@@ -18,7 +18,7 @@ use airlock_policy::Plan;
 
 use crate::cgroup::{self, CgroupError, Layout, SandboxCgroup};
 use crate::report::{CONTROL_FD, HOLD_FD, Phase, REPORT_FD, Report, SPEC_FD};
-use crate::spec::{AgentSpec, HelperSpec};
+use crate::spec::{self, AgentSpec, CgroupSpec, HelperSpec};
 use crate::sys;
 
 /// What can go wrong on the supervisor's side.
@@ -168,9 +168,9 @@ static SANDBOX_COUNTER: AtomicU64 = AtomicU64::new(0);
 const GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Sandbox {
-    /// Starts the helper, creates the cgroup while the helper execs, then hands the helper its
-    /// spec. The helper blocks on the spec, and joins the cgroup before it creates any other
-    /// process, so no process of the sandbox ever runs outside it.
+    /// Starts the helper and hands it its spec, then creates the cgroup while the helper execs
+    /// and opens its host descriptors, then hands it the cgroup. The helper joins the cgroup
+    /// before it creates any other process, so no process of the sandbox ever runs outside it.
     pub fn spawn(plan: &Plan, options: &SpawnOptions) -> Result<Sandbox, JailError> {
         let name = format!(
             "{}{}-{}",
@@ -268,6 +268,18 @@ impl Sandbox {
             warnings: Vec::new(),
         };
         sandbox.mark(Phase::HelperSpawned);
+        // The spec first: the helper reads it and opens its host descriptors while the cgroup
+        // is made, then waits for the cgroup before it creates any process.
+        let spec = HelperSpec {
+            plan: plan.clone(),
+            supervisor_pid: sys::getpid(),
+            trace: options.trace,
+            agent,
+            evaluation: options.evaluation,
+        };
+        let bytes = spec::encode_spec(&spec).map_err(|e| JailError::SendSpec(e.into()))?;
+        let mut spec_w = File::from(spec_w);
+        spec_w.write_all(&bytes).map_err(JailError::SendSpec)?;
         match SandboxCgroup::create(&options.cgroups, name, &plan.cgroup) {
             Ok(cgroup) => sandbox.cgroup = Some(cgroup),
             Err(err) if plan.compat == Compat::BestEffort => sandbox.warnings.push(format!(
@@ -278,38 +290,25 @@ impl Sandbox {
             Err(err) => return Err(JailError::Cgroup(err)),
         }
         sandbox.mark(Phase::CgroupCreated);
-        let cgroup_join = sandbox
+        let cgroups = sandbox
             .cgroup
             .as_ref()
-            .map(SandboxCgroup::join_files)
+            .map(|cgroup| CgroupSpec {
+                join: cgroup.join_files(),
+                leave: cgroup.leave_files().to_vec(),
+                workload: cgroup.workload_files(),
+            })
             .unwrap_or_default();
-        let cgroup_leave = sandbox
-            .cgroup
-            .as_ref()
-            .map(|cgroup| cgroup.leave_files().to_vec())
-            .unwrap_or_default();
-        let workload_cgroup = sandbox
-            .cgroup
-            .as_ref()
-            .and_then(SandboxCgroup::workload_files);
-        let spec = HelperSpec {
-            plan: plan.clone(),
-            supervisor_pid: sys::getpid(),
-            cgroup_join,
-            cgroup_leave,
-            trace: options.trace,
-            agent,
-            workload_cgroup,
-            evaluation: options.evaluation,
-        };
-        let bytes = serde_json::to_vec(&spec).map_err(|e| JailError::SendSpec(e.into()))?;
-        File::from(spec_w)
-            .write_all(&bytes)
-            .map_err(JailError::SendSpec)?;
+        let bytes = serde_json::to_vec(&cgroups).map_err(|e| JailError::SendSpec(e.into()))?;
+        spec_w.write_all(&bytes).map_err(JailError::SendSpec)?;
+        drop(spec_w);
         // Cgroups of Airlock processes killed with -9 are collected once per process, while the
         // helper is still busy starting.
         static SWEPT: std::sync::Once = std::sync::Once::new();
-        SWEPT.call_once(|| cgroup::sweep_stale(&options.cgroups));
+        SWEPT.call_once(|| {
+            cgroup::sweep_stale(&options.cgroups);
+            crate::live::sweep_abandoned(&options.cgroups, crate::live::ABANDONED_AFTER);
+        });
         Ok(sandbox)
     }
 

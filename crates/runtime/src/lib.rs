@@ -174,6 +174,15 @@ impl Runtime {
             .collect()
     }
 
+    /// Whether this host can run `tier`'s backend; None when this build has none for it.
+    /// Probes that one backend only (a create asks for one; the microvm probe opens /dev/kvm).
+    pub fn backend(&self, tier: airlock_api::Tier) -> Option<BackendSupport> {
+        Backend::all()
+            .iter()
+            .find(|b| b.tier() == tier)
+            .map(|b| b.probe(&self.support))
+    }
+
     /// Starts a sandbox; returns it with its deadline.
     pub fn start(
         &self,

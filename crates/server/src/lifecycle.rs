@@ -140,7 +140,7 @@ pub struct Daemon {
     git: GitState,
     /// Language servers waiting for their WebSocket (`crate::lsp`).
     pub lsp: Arc<crate::lsp::LspSessions>,
-    pools: pool::Pools,
+    pools: Arc<pool::Pools>,
     /// Held (locked) for the daemon's whole life.
     _lock: File,
 }
@@ -208,7 +208,7 @@ impl Daemon {
             slots: Mutex::new(HashMap::new()),
             git,
             lsp: Arc::default(),
-            pools: pool::Pools::default(),
+            pools: Arc::default(),
             _lock: lock,
         });
         Ok(daemon)

@@ -254,3 +254,27 @@ async fn test_pool_size_persists_and_members_end_with_their_daemon() {
     common::assert_sandbox_gone(&state_dir, &stopped[0], None);
     daemon.keep_state = false;
 }
+
+/// SIGTERM while the fillers are still starting members: the daemon waits for those starts
+/// and destroys them too, so no member's cgroup outlives it (the next daemon on this state
+/// directory would sweep one, but a deleted state directory has no next daemon).
+#[tokio::test]
+async fn test_a_daemon_stopped_mid_fill_leaves_no_member_behind() {
+    common::require_binaries();
+    let mut daemon = TestDaemon::start("pool-stop-mid-fill", &["--pool-fill-concurrency", "2"]);
+    let client = daemon.client();
+    client.set_pool("base", 8).await.unwrap();
+    let mut polls = 0;
+    while client.pool("base").await.unwrap().starting == 0 {
+        polls += 1;
+        assert!(polls < 10_000, "no member ever started");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let state_dir = daemon.state_dir.clone();
+    assert!(daemon.terminate());
+    let left = common::owner_cgroups(&state_dir);
+    assert!(
+        left.is_empty(),
+        "members' cgroups outlived their daemon: {left:?}"
+    );
+}

@@ -146,15 +146,10 @@ impl Daemon {
             }
             _ => {}
         }
-        let unavailable = self
-            .runtime
-            .backends()
-            .into_iter()
-            .find(|b| b.tier == request.tier)
-            .map_or_else(
-                || Some("not supported by this daemon".to_owned()),
-                |b| b.unavailable,
-            );
+        let unavailable = self.runtime.backend(request.tier).map_or_else(
+            || Some("not supported by this daemon".to_owned()),
+            |b| b.unavailable,
+        );
         if let Some(reason) = unavailable {
             return Err(ApiError::unprocessable(format!(
                 "the {} tier is unavailable: {reason}",

@@ -49,6 +49,8 @@ use crate::store::{RowState, SandboxRow, now_ms};
 const RECHECK: Duration = Duration::from_millis(250);
 /// The longest wait after failed fills of one pool.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How long a stopping daemon waits for the sandboxes it is still starting.
+const STOP_WAIT: Duration = Duration::from_secs(15);
 
 /// Every template's pool.
 #[derive(Debug, Default)]
@@ -57,6 +59,8 @@ pub(super) struct Pools {
     wake: tokio::sync::Notify,
     /// Creates in flight (cold ones and claims): fills wait while there are any.
     creates_in_flight: AtomicUsize,
+    /// Members being destroyed now.
+    destroying: AtomicUsize,
     closed: AtomicBool,
 }
 
@@ -102,6 +106,18 @@ impl Pools {
         self.inner
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Members and creates being started now, and members being destroyed.
+    fn busy(&self) -> usize {
+        let members: usize = self
+            .lock()
+            .values()
+            .map(|pool| pool.starting as usize)
+            .sum();
+        members
+            + self.creates_in_flight.load(Ordering::SeqCst)
+            + self.destroying.load(Ordering::SeqCst)
     }
 
     /// Members ready or starting, in every pool: what they hold of `--max-sandboxes`.
@@ -324,10 +340,16 @@ impl Daemon {
             .collect()
     }
 
-    /// Destroys every member and stops the fillers (a daemon's graceful stop).
+    /// Stops the fillers, waits (at most [`STOP_WAIT`]) for the members and creates still
+    /// starting, and destroys every member (a daemon's graceful stop). A start cut short by
+    /// the process's exit would leave its cgroup behind, with no record for a later daemon.
     pub async fn stop_pools(&self) {
         self.pools.closed.store(true, Ordering::SeqCst);
         self.pools.wake.notify_waiters();
+        let deadline = tokio::time::Instant::now() + STOP_WAIT;
+        while self.pools.busy() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let members: Vec<Member> = self
             .pools
             .lock()
@@ -358,10 +380,15 @@ impl Daemon {
             return;
         }
         let images = self.images.clone();
+        // Counted in the blocking task itself: it runs to its end even if this future is
+        // dropped.
+        let pools = self.pools.clone();
+        pools.destroying.fetch_add(1, Ordering::SeqCst);
         let _ = tokio::task::spawn_blocking(move || {
             members
                 .into_iter()
                 .for_each(|member| destroy(&images, member));
+            pools.destroying.fetch_sub(1, Ordering::SeqCst);
         })
         .await;
     }

@@ -267,6 +267,21 @@ pub fn create_key(state_dir: &Path, name: &str) -> String {
 /// first levels of every hierarchy.
 pub fn sandbox_cgroups(id: &str) -> Vec<PathBuf> {
     let suffix = format!("-{id}");
+    cgroups_named(|name| name.starts_with("airlock-sbx-") && name.ends_with(&suffix))
+}
+
+/// The long-lived sandbox cgroups of the daemon on `state_dir` (`airlock-sbx-<owner>-<id>`,
+/// the owner tag being the first 12 hex digits of the SHA-256 of its canonical path).
+pub fn owner_cgroups(state_dir: &Path) -> Vec<PathBuf> {
+    use sha2::Digest;
+    let canonical = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    let digest = sha2::Sha256::digest(canonical.to_string_lossy().as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    let prefix = format!("airlock-sbx-{}-", &hex[..12]);
+    cgroups_named(|name| name.starts_with(&prefix))
+}
+
+fn cgroups_named(wanted: impl Fn(&str) -> bool) -> Vec<PathBuf> {
     let mut found = Vec::new();
     let mut dirs = vec![(PathBuf::from("/sys/fs/cgroup"), 0)];
     while let Some((dir, depth)) = dirs.pop() {
@@ -279,7 +294,7 @@ pub fn sandbox_cgroups(id: &str) -> Vec<PathBuf> {
             }
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            if name.starts_with("airlock-sbx-") && name.ends_with(&suffix) {
+            if wanted(&name) {
                 found.push(entry.path());
             } else if depth < 4 {
                 dirs.push((entry.path(), depth + 1));
