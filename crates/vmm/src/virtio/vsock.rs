@@ -211,8 +211,11 @@ impl Vsock {
         if let Some(listener) = &self.listener {
             set.push((listener.as_raw_fd(), libc::POLLIN));
         }
-        for handshake in &self.handshakes {
-            set.push((handshake.stream.as_raw_fd(), libc::POLLIN));
+        // Held after a restore until the guest's reset is acknowledged (no busy loop on them).
+        if !self.reset_event && !self.reset_unacknowledged {
+            for handshake in &self.handshakes {
+                set.push((handshake.stream.as_raw_fd(), libc::POLLIN));
+            }
         }
         for c in &self.connections {
             let mut events = 0;
