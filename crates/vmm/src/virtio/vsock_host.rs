@@ -58,10 +58,17 @@ impl VsockHost {
         let stop = Arc::new(AtomicBool::new(false));
         let thread_stop = stop.clone();
         let thread_wake = wake.try_clone().map_err(VsockHostError::EventFd)?;
+        // The thread says it has started before this returns: its start-up syscalls (rseq,
+        // robust list, name) then happen before the caller installs the allow-list on it.
+        let (started, running) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("vsock-host".into())
-            .spawn(move || serve(&transport, &memory, &irq, &thread_wake, &thread_stop))
+            .spawn(move || {
+                let _ = started.send(());
+                serve(&transport, &memory, &irq, &thread_wake, &thread_stop)
+            })
             .map_err(VsockHostError::Spawn)?;
+        let _ = running.recv();
         Ok(VsockHost {
             stop,
             wake,
