@@ -33,3 +33,4 @@ run server request_bodies
 run image apply_layer
 run vmm mmio_transport
 run vmm rng_queue
+run vmm vsock_queues

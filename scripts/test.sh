@@ -105,6 +105,12 @@ AIRLOCK_FUZZ_ITERATIONS=50000 cargo test --locked -p airlock-agent -p airlock-se
 AIRLOCK_FUZZ_ITERATIONS=50000 cargo test --locked -p airlock-policy --test fuzz_policy
 AIRLOCK_FUZZ_ITERATIONS=20000 cargo test --locked -p airlock-image --test fuzz_layers
 AIRLOCK_FUZZ_ITERATIONS=50000 cargo test --locked -p airlock-vmm --test fuzz
+# The microVM tier end to end: Debian's kernel booted by our VMM as a nested guest inside QEMU
+# (TCG with SVM; this host's /dev/kvm is PVM), the agent serving envd over vsock, a snapshot
+# restored with a process still counting. Packages fetched with apt-get download, cached.
+cargo build --locked -p airlock-vmm -p airlock-agent
+cargo test --locked -p airlock-agent --test microvm_guest --no-run
+scripts/microvm-nested.sh
 scripts/fuzz.sh 10
 # Nothing outlives a sandbox: no cgroup, mount, loop device or process of any test is left.
 scripts/leftovers.sh check target/leftovers-before.txt

@@ -27,15 +27,8 @@ pub fn apply(agent: &Agent, body: &[u8]) -> HttpResponse {
         Ok(claim) => claim,
         Err(e) => return http_error(StatusCode::BAD_REQUEST, format!("invalid claim: {e}")),
     };
-    if let Some((name, _)) = claim
-        .env
-        .iter()
-        .find(|(name, value)| name.is_empty() || name.contains(['=', '\0']) || value.contains('\0'))
-    {
-        return http_error(
-            StatusCode::BAD_REQUEST,
-            format!("invalid claim: {name:?} is not a valid environment variable"),
-        );
+    if let Err(e) = check_env(&claim.env) {
+        return http_error(StatusCode::BAD_REQUEST, format!("invalid claim: {e}"));
     }
     if agent
         .claimed
@@ -48,8 +41,19 @@ pub fn apply(agent: &Agent, body: &[u8]) -> HttpResponse {
     no_content()
 }
 
+/// Refuses names and values no environment can hold.
+pub(crate) fn check_env(env: &BTreeMap<String, String>) -> Result<(), String> {
+    match env
+        .iter()
+        .find(|(name, value)| name.is_empty() || name.contains(['=', '\0']) || value.contains('\0'))
+    {
+        Some((name, _)) => Err(format!("{name:?} is not a valid environment variable")),
+        None => Ok(()),
+    }
+}
+
 /// `extra` over `base`: a name already present takes the new value in place.
-fn merge(base: &mut Vec<(OsString, OsString)>, extra: BTreeMap<String, String>) {
+pub(crate) fn merge(base: &mut Vec<(OsString, OsString)>, extra: BTreeMap<String, String>) {
     for (name, value) in extra {
         let (name, value) = (OsString::from(name), OsString::from(value));
         match base.iter_mut().find(|(existing, _)| *existing == name) {

@@ -24,39 +24,58 @@ use crate::connect::{
 use crate::files::{self, drain, http_error};
 use crate::process::{self, StreamOptions};
 use crate::user::{self, User};
-use crate::{claim, filesystem, tunnel, watch};
+use crate::{claim, filesystem, resume, tunnel, watch};
 
 /// Largest accepted RPC request message.
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
+/// Where the agent accepts connections: a Unix socket (process and container tiers) or an
+/// AF_VSOCK port (the microVM tier, whose host reaches the guest only over vsock).
+#[derive(Debug)]
+pub enum Listener {
+    Unix(UnixListener),
+    Vsock(tokio_vsock::VsockListener),
+}
+
 /// Accepts connections forever.
-pub async fn serve(listener: UnixListener, agent: Arc<Agent>) {
+pub async fn serve(listener: Listener, agent: Arc<Agent>) {
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                eprintln!("airlock-agent: accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let agent = agent.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |request| {
-                let agent = agent.clone();
-                async move { Ok::<_, Infallible>(handle(&agent, request).await) }
-            });
-            if let Err(e) = http1::Builder::new()
-                .keep_alive(true)
-                .serve_connection(TokioIo::new(stream), service)
-                .with_upgrades()
+        let accepted = match &listener {
+            Listener::Unix(unix) => unix
+                .accept()
                 .await
-                && !e.is_incomplete_message()
-            {
-                eprintln!("airlock-agent: connection error: {e}");
-            }
-        });
+                .map(|(stream, _)| spawn_connection(stream, agent.clone())),
+            Listener::Vsock(vsock) => vsock
+                .accept()
+                .await
+                .map(|(stream, _)| spawn_connection(stream, agent.clone())),
+        };
+        if let Err(e) = accepted {
+            eprintln!("airlock-agent: accept failed: {e}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
+}
+
+fn spawn_connection<S>(stream: S, agent: Arc<Agent>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let service = service_fn(move |request| {
+            let agent = agent.clone();
+            async move { Ok::<_, Infallible>(handle(&agent, request).await) }
+        });
+        if let Err(e) = http1::Builder::new()
+            .keep_alive(true)
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades()
+            .await
+            && !e.is_incomplete_message()
+        {
+            eprintln!("airlock-agent: connection error: {e}");
+        }
+    });
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -149,6 +168,10 @@ async fn handle(agent: &Agent, request: Request<Incoming>) -> HttpResponse {
         }
         (&Method::POST, claim::PATH) => match read_body(&mut body).await {
             Ok(data) => claim::apply(agent, &data),
+            Err(e) => http_error(StatusCode::BAD_REQUEST, e.message),
+        },
+        (&Method::POST, resume::PATH) => match read_body(&mut body).await {
+            Ok(data) => resume::apply(agent, &data),
             Err(e) => http_error(StatusCode::BAD_REQUEST, e.message),
         },
         (&Method::POST, rpc)

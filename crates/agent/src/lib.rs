@@ -19,6 +19,7 @@ pub mod multipart;
 pub mod process;
 mod process_io;
 pub mod relay;
+pub mod resume;
 pub mod tunnel;
 pub mod user;
 pub mod watch;
@@ -28,7 +29,6 @@ pub mod workload;
 use std::ffi::OsString;
 use std::sync::Arc;
 
-use tokio::net::UnixListener;
 use tokio::signal::unix::{SignalKind, signal};
 
 /// Shared state of the agent.
@@ -47,7 +47,7 @@ pub struct Agent {
 /// Reaps every child of this process, orphans included, as PID 1 must. Processes join
 /// `workload`'s cgroup when there is one.
 pub async fn run(
-    listener: UnixListener,
+    listener: http::Listener,
     workload: Option<workload::WorkloadCgroup>,
 ) -> std::io::Result<()> {
     let agent = Arc::new(Agent {

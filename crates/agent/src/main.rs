@@ -1,5 +1,6 @@
-//! `airlock-agent --listen-fd N` (an inherited, listening AF_UNIX stream socket) or
-//! `airlock-agent --listen PATH` (binds PATH; for tests and development), optionally with
+//! `airlock-agent --listen-fd N` (an inherited, listening AF_UNIX stream socket),
+//! `airlock-agent --listen PATH` (binds PATH; for tests and development) or
+//! `airlock-agent --listen-vsock PORT` (AF_VSOCK, any CID: a microVM guest's init), optionally with
 //! `--egress-relay PORT:SOCKET` (see `relay`); or `--egress-relay PORT:SOCKET` alone, for a
 //! sandbox whose pid 1 is not the agent. `--workload-cgroup-fd N --oom-events-fd M` hand it
 //! the workload's cgroup (see `airlock_agent::workload`).
@@ -15,9 +16,11 @@ use anyhow::{Context, bail};
 enum Listen {
     Fd(i32),
     Path(std::path::PathBuf),
+    /// An AF_VSOCK port on any CID: the agent as a microVM guest's init.
+    Vsock(u32),
 }
 
-const USAGE: &str = "usage: airlock-agent (--listen-fd N | --listen PATH) [--egress-relay PORT:SOCKET] [--workload-cgroup-fd N --oom-events-fd M] | --egress-relay PORT:SOCKET";
+const USAGE: &str = "usage: airlock-agent (--listen-fd N | --listen PATH | --listen-vsock PORT) [--egress-relay PORT:SOCKET] [--workload-cgroup-fd N --oom-events-fd M] | --egress-relay PORT:SOCKET";
 
 #[derive(Default)]
 struct Args {
@@ -49,6 +52,12 @@ fn parse_args() -> anyhow::Result<Args> {
                 *listen = Some(Listen::Fd(fd_arg(flag, value)?));
             }
             "--listen" if listen.is_none() => *listen = Some(Listen::Path(value.into())),
+            "--listen-vsock" if listen.is_none() => {
+                let port = value.parse().with_context(|| {
+                    format!("--listen-vsock needs a port number, got '{value}'")
+                })?;
+                *listen = Some(Listen::Vsock(port));
+            }
             "--egress-relay" if relay.is_none() => {
                 *relay = Some(RelaySpec::parse(value).map_err(anyhow::Error::msg)?);
             }
@@ -71,8 +80,23 @@ fn parse_args() -> anyhow::Result<Args> {
     Ok(parsed)
 }
 
-fn listener(listen: Listen) -> anyhow::Result<std::os::unix::net::UnixListener> {
+/// A listening socket before the runtime exists: Unix sockets are opened here (so that a
+/// bad path fails before anything starts); a vsock port is bound inside the runtime.
+enum Opened {
+    Unix(std::os::unix::net::UnixListener),
+    Vsock(u32),
+}
+
+fn listener(listen: Listen) -> anyhow::Result<Opened> {
+    if let Listen::Vsock(port) = listen {
+        return Ok(Opened::Vsock(port));
+    }
+    unix_listener(listen).map(Opened::Unix)
+}
+
+fn unix_listener(listen: Listen) -> anyhow::Result<std::os::unix::net::UnixListener> {
     match listen {
+        Listen::Vsock(_) => bail!("{USAGE}"),
         Listen::Fd(fd) => {
             airlock_jail::child::inherited_listener(fd).with_context(|| format!("--listen-fd {fd}"))
         }
@@ -112,7 +136,7 @@ fn main() -> anyhow::Result<()> {
     };
     let relay = args.relay;
     let listener = args.listen.map(listener).transpose()?;
-    if let Some(listener) = &listener {
+    if let Some(Opened::Unix(listener)) = &listener {
         listener
             .set_nonblocking(true)
             .context("making the listener non-blocking")?;
@@ -140,8 +164,18 @@ fn main() -> anyhow::Result<()> {
         let Some(listener) = listener else {
             return Ok(());
         };
-        let listener =
-            tokio::net::UnixListener::from_std(listener).context("registering the listener")?;
+        let listener = match listener {
+            Opened::Unix(listener) => airlock_agent::http::Listener::Unix(
+                tokio::net::UnixListener::from_std(listener).context("registering the listener")?,
+            ),
+            Opened::Vsock(port) => airlock_agent::http::Listener::Vsock(
+                tokio_vsock::VsockListener::bind(tokio_vsock::VsockAddr::new(
+                    tokio_vsock::VMADDR_CID_ANY,
+                    port,
+                ))
+                .with_context(|| format!("binding vsock port {port}"))?,
+            ),
+        };
         eprintln!("airlock-agent: serving (pid {})", std::process::id());
         airlock_agent::run(listener, workload)
             .await

@@ -435,3 +435,32 @@ fn watch_dir_streams_start_then_events_including_new_subdirectories() {
     std::fs::write(dir.join("later/file.txt"), b"x").unwrap();
     wait_for(&mut stream, "later/file.txt");
 }
+
+#[test]
+fn test_resume_refuses_short_entropy_unknown_fields_and_bad_env_names() {
+    let agent = TestAgent::start("resume-refusals");
+    let mut conn = agent.connect();
+    let short = common::b64(&[1u8; 8]);
+    let long = common::b64(&[1u8; 64]);
+    for (body, expected) in [
+        (json!({"entropy_b64": short}), "32 to 4096 bytes"),
+        (json!({"entropy_b64": "not base64!"}), "32 to 4096 bytes"),
+        (json!({"entropy_b64": long, "seed": 1}), "unknown field"),
+        (
+            json!({"entropy_b64": long, "env": {"A=B": "x"}}),
+            "not a valid environment variable",
+        ),
+    ] {
+        let text = body.to_string();
+        conn.send(
+            "POST",
+            "/airlock/resume",
+            &[("Content-Type", "application/json")],
+            Body::Fixed(text.as_bytes()),
+        );
+        let (head, reply) = conn.response();
+        let reply = String::from_utf8_lossy(&reply);
+        assert_eq!(head.status, 400, "{text}: {reply}");
+        assert!(reply.contains(expected), "{text}: {reply}");
+    }
+}

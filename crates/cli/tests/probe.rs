@@ -44,7 +44,7 @@ fn test_probe_reports_kvm_kind_and_microvm_tier_reason() {
     assert!(kvm.contains(expected), "expected {expected:?} in {kvm:?}");
     let microvm = line("tier microvm");
     assert!(
-        microvm.contains("unavailable: the VMM boots only freestanding test guests so far"),
+        microvm.contains("unavailable: no runtime path starts the VMM's Linux guest"),
         "{microvm}"
     );
 }

@@ -13,6 +13,7 @@ pub mod beneath;
 pub mod cgroup;
 pub mod child;
 pub mod disk;
+pub mod entropy;
 pub mod freezer;
 pub mod helper;
 mod helper_live;

@@ -1,6 +1,7 @@
-//! What the microVM tier is on this host. Airlock's VMM (`airlock-vmm`) runs freestanding
-//! guests, snapshots and forks them, but cannot yet boot a Linux guest with the agent, so
-//! the tier is never offered to sandboxes; the probe says that, and what KVM the host has.
+//! What the microVM tier is on this host. Airlock's VMM (`airlock-vmm`) boots a Linux guest
+//! whose init is the agent, serving envd over vsock, and snapshots and restores it (shown in
+//! the nested rig, `scripts/microvm-nested.sh`), but no runtime path starts one for a
+//! sandbox yet, so the tier is never offered; the probe says that, and what KVM the host has.
 
 use airlock_api::Tier;
 use airlock_vmm::host::KvmKind;
@@ -20,7 +21,7 @@ pub fn support(kvm: &KvmKind) -> BackendSupport {
     BackendSupport {
         tier: Tier::Microvm,
         unavailable: Some(format!(
-            "the VMM boots only freestanding test guests so far, not a Linux guest with the agent, {host}"
+            "no runtime path starts the VMM's Linux guest for a sandbox yet, {host}"
         )),
         degraded: Vec::new(),
     }
@@ -44,7 +45,7 @@ mod tests {
         ] {
             let reason = support.unavailable.unwrap_or_default();
             assert!(
-                reason.contains("not a Linux guest with the agent"),
+                reason.contains("no runtime path starts the VMM's Linux guest"),
                 "{reason}"
             );
             assert!(reason.contains(host), "{reason}");

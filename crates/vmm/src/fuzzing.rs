@@ -4,6 +4,8 @@
 //! guest-chosen memory (descriptor tables, rings, buffers). Each function panics when an
 //! invariant breaks; a guest error must come back as a [`TransportError`] naming the device.
 
+pub mod vsock;
+
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 

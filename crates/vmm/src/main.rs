@@ -10,6 +10,20 @@
 //! - `airlock-vmm fork ... --then-open PATH`: the same, then tries to open PATH, which the
 //!   allow-list answers by killing the process (the proof that the filter is in force).
 //!
+//! - `airlock-vmm linux --kernel VMLINUX [--initrd FILE] [--cmdline TEXT] [--memory-mib N]`:
+//!   boots a Linux guest through its PVH entry with a virtio-rng device, its console on this
+//!   process's standard output, until the guest reboots or shuts down (`reboot=t` or
+//!   `reboot=k`); `--cmdline-devices` also declares the devices as `virtio_mmio.device=`;
+//!   `--vsock-socket PATH [--guest-cid N]` adds a vsock device (CID 3 by default) whose host
+//!   side listens on PATH (`CONNECT <port>\n`, Firecracker's convention). With
+//!   `--snapshot DIR`, SIGUSR1 pauses the guest, writes its snapshot to DIR and exits 0;
+//!   Without `--snapshot` the VMM's allow-list is installed (on all threads) before the guest
+//!   first runs;
+//! - `airlock-vmm restore --snapshot DIR [--vsock-socket PATH]`: resumes such a snapshot
+//!   under the allow-list
+//!   (memory mapped copy-on-write) where it stopped; vsock connections do not survive it (the
+//!   guest gets a transport reset), so the host connects again.
+//!
 //! `--kvm-fd N` takes `/dev/kvm` from inherited descriptor N instead of opening it: how the
 //! VMM runs inside the process tier's jail, whose view has no `/dev/kvm` and whose user could
 //! not open it (the caller opens it; Landlock's device-ioctl right follows the opener).
@@ -21,7 +35,9 @@ use std::process::ExitCode;
 
 use airlock_vmm::fork::Template;
 use airlock_vmm::guest_code::{self, CODE_ADDRESS, COUNTER_ADDRESS};
-use airlock_vmm::vm::{Vm, VmConfig, VmExit, VmShell, Vmm};
+use airlock_vmm::linux::LinuxBoot;
+use airlock_vmm::virtio::Device;
+use airlock_vmm::vm::{self, Vm, VmConfig, VmExit, VmShell, Vmm};
 use airlock_vmm::{seccomp, snapshot};
 use anyhow::{Context, bail};
 
@@ -32,6 +48,13 @@ struct Args {
     identity: u64,
     then_open: Option<PathBuf>,
     kvm_fd: Option<i32>,
+    kernel: Option<PathBuf>,
+    initrd: Option<PathBuf>,
+    cmdline: String,
+    memory_mib: u64,
+    cmdline_devices: bool,
+    vsock_socket: Option<PathBuf>,
+    guest_cid: u64,
 }
 
 fn parse() -> anyhow::Result<Args> {
@@ -46,8 +69,19 @@ fn parse() -> anyhow::Result<Args> {
         identity: 1,
         then_open: None,
         kvm_fd: None,
+        kernel: None,
+        initrd: None,
+        cmdline: "console=ttyS0 reboot=t panic=-1".into(),
+        memory_mib: 256,
+        cmdline_devices: false,
+        vsock_socket: None,
+        guest_cid: 3,
     };
     while let Some(flag) = args.next() {
+        if flag == "--cmdline-devices" {
+            parsed.cmdline_devices = true;
+            continue;
+        }
         let value = args
             .next()
             .with_context(|| format!("{flag} needs a value"))?;
@@ -57,10 +91,20 @@ fn parse() -> anyhow::Result<Args> {
             "--identity" => parsed.identity = value.parse().context("--identity")?,
             "--then-open" => parsed.then_open = Some(PathBuf::from(value)),
             "--kvm-fd" => parsed.kvm_fd = Some(value.parse().context("--kvm-fd")?),
+            "--kernel" => parsed.kernel = Some(PathBuf::from(value)),
+            "--initrd" => parsed.initrd = Some(PathBuf::from(value)),
+            "--cmdline" => parsed.cmdline = value,
+            "--memory-mib" => parsed.memory_mib = value.parse().context("--memory-mib")?,
+            "--vsock-socket" => parsed.vsock_socket = Some(PathBuf::from(value)),
+            "--guest-cid" => parsed.guest_cid = value.parse().context("--guest-cid")?,
             other => bail!("unknown flag {other}"),
         }
     }
-    if parsed.snapshot.as_os_str().is_empty() {
+    if parsed.mode == "linux" {
+        if parsed.kernel.is_none() {
+            bail!("linux needs --kernel VMLINUX");
+        }
+    } else if parsed.snapshot.as_os_str().is_empty() {
         bail!("--snapshot DIR is required");
     }
     Ok(parsed)
@@ -114,9 +158,79 @@ fn main_inner() -> anyhow::Result<()> {
                 println!("opened {}: {}", path.display(), opened.is_ok());
             }
         }
-        other => bail!("unknown mode {other} (template or fork)"),
+        "linux" => run_linux(&vmm, &args)?,
+        "restore" => run_restore(&vmm, &args)?,
+        other => bail!("unknown mode {other} (template, fork, linux or restore)"),
     }
     Ok(())
+}
+
+/// Binds the vsock device's host socket, replacing a stale one.
+fn bind_vsock(path: &std::path::Path) -> anyhow::Result<std::os::unix::net::UnixListener> {
+    let _ = std::fs::remove_file(path);
+    std::os::unix::net::UnixListener::bind(path)
+        .with_context(|| format!("binding {}", path.display()))
+}
+
+/// Runs a Linux guest until it ends, or (with `--snapshot`) until SIGUSR1, then snapshots it.
+/// The vsock host thread is started with SIGUSR1 blocked, so the signal interrupts the vCPU.
+fn run_guest(
+    mut vm: Vm,
+    listener: Option<std::os::unix::net::UnixListener>,
+    snapshot_dir: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    vm.console().echo_to_stdout();
+    if snapshot_dir.is_some() {
+        airlock_vmm::pause::install_sigusr1()?;
+    }
+    if listener.is_some() {
+        airlock_vmm::pause::spawn_without_sigusr1(|| vm.start_vsock_host(listener))??;
+    }
+    // The allow-list, on the vsock thread too; not with a snapshot to write at the end,
+    // which creates files (the guest is then confined by KVM alone, the VMM by the caller).
+    if snapshot_dir.is_none() {
+        seccomp::install_all_threads()?;
+    }
+    let exit = vm.run(None)?;
+    eprintln!("airlock-vmm: the guest ended: {exit:?}");
+    if let (VmExit::Paused, Some(dir)) = (exit, snapshot_dir) {
+        snapshot::save(&mut vm, dir)?;
+        eprintln!("airlock-vmm: snapshot written to {}", dir.display());
+    }
+    Ok(())
+}
+
+fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
+    let mut devices = vec![Device::Rng(airlock_vmm::virtio::Rng::new())];
+    let listener = args.vsock_socket.as_deref().map(bind_vsock).transpose()?;
+    if listener.is_some() {
+        devices.push(Device::Vsock(airlock_vmm::virtio::Vsock::new(
+            args.guest_cid,
+            None,
+        )));
+    }
+    let mut cmdline = args.cmdline.clone();
+    if args.cmdline_devices {
+        cmdline = format!("{cmdline} {}", vm::virtio_cmdline_devices(devices.len()));
+    }
+    let boot = LinuxBoot {
+        kernel: args.kernel.clone().context("--kernel")?,
+        initrd: args.initrd.clone(),
+        cmdline,
+    };
+    let shell = VmShell::create(vmm, devices.len(), args.memory_mib << 20)?;
+    let vm = Vm::boot_linux(vmm, shell, &boot, devices)?;
+    eprintln!("airlock-vmm: booting {}", boot.kernel.display());
+    let snapshot_dir = (!args.snapshot.as_os_str().is_empty()).then_some(args.snapshot.as_path());
+    run_guest(vm, listener, snapshot_dir)
+}
+
+fn run_restore(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
+    let listener = args.vsock_socket.as_deref().map(bind_vsock).transpose()?;
+    let template = Template::from_snapshot(snapshot::load(&args.snapshot)?);
+    let vm = template.fork(vmm, None)?;
+    eprintln!("airlock-vmm: restored {}", args.snapshot.display());
+    run_guest(vm, listener, None)
 }
 
 fn main() -> ExitCode {

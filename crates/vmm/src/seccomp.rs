@@ -47,6 +47,8 @@ pub const ALLOWED: &[(&str, libc::c_long)] = &[
     ("mremap", libc::SYS_mremap),
     ("brk", libc::SYS_brk),
     ("madvise", libc::SYS_madvise),
+    // A thread's malloc arena grows by mprotect over its reserved heap (the vsock thread).
+    ("mprotect", libc::SYS_mprotect),
     // Mutexes (the console buffer) and the std runtime.
     ("futex", libc::SYS_futex),
     ("sched_yield", libc::SYS_sched_yield),
@@ -60,6 +62,17 @@ pub const ALLOWED: &[(&str, libc::c_long)] = &[
     ("sigaltstack", libc::SYS_sigaltstack),
     ("exit", libc::SYS_exit),
     ("exit_group", libc::SYS_exit_group),
+    // The vsock device's host thread: waiting on its sockets, taking host connections
+    // (non-blocking through fcntl, not ioctl), closing them, and its back-off sleep. Nothing
+    // here creates a socket or opens a file.
+    ("poll", libc::SYS_poll),
+    ("ppoll", libc::SYS_ppoll),
+    ("accept4", libc::SYS_accept4),
+    // std reads and writes sockets with recv/send (the descriptors it already holds).
+    ("recvfrom", libc::SYS_recvfrom),
+    ("sendto", libc::SYS_sendto),
+    ("shutdown", libc::SYS_shutdown),
+    ("clock_nanosleep", libc::SYS_clock_nanosleep),
 ];
 
 /// Errors of this module.
@@ -111,6 +124,16 @@ fn program() -> Vec<Insn> {
 
 /// Installs the allow-list on the calling thread (the VMM is single-threaded).
 pub fn install() -> Result<(), SeccompError> {
+    install_with(false)
+}
+
+/// [`install`] on every thread of the process at once (`SECCOMP_FILTER_FLAG_TSYNC`): a Linux
+/// guest's VMM has its vsock host thread running already.
+pub fn install_all_threads() -> Result<(), SeccompError> {
+    install_with(true)
+}
+
+fn install_with(all_threads: bool) -> Result<(), SeccompError> {
     let program = program();
     let fprog = libc::sock_fprog {
         len: program.len() as u16,
@@ -120,16 +143,29 @@ pub fn install() -> Result<(), SeccompError> {
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
         return Err(SeccompError::NoNewPrivs(std::io::Error::last_os_error()));
     }
-    // SAFETY: `fprog` points at `program`, a live array of `len` instructions laid out as
-    // `struct sock_filter` (repr(C), same fields); the kernel copies it before returning.
-    let result = unsafe {
-        libc::prctl(
-            libc::PR_SET_SECCOMP,
-            libc::SECCOMP_MODE_FILTER,
-            &fprog as *const libc::sock_fprog,
-            0,
-            0,
-        )
+    let result = if all_threads {
+        // SAFETY: as below; seccomp(2) with TSYNC applies the same copied program to every
+        // thread, and fails (checked) if one of them cannot take it.
+        unsafe {
+            libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                libc::SECCOMP_FILTER_FLAG_TSYNC,
+                &fprog as *const libc::sock_fprog,
+            ) as libc::c_int
+        }
+    } else {
+        // SAFETY: `fprog` points at `program`, a live array of `len` instructions laid out as
+        // `struct sock_filter` (repr(C), same fields); the kernel copies it before returning.
+        unsafe {
+            libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &fprog as *const libc::sock_fprog,
+                0,
+                0,
+            )
+        }
     };
     if result != 0 {
         return Err(SeccompError::Install(std::io::Error::last_os_error()));

@@ -23,20 +23,31 @@ pub enum VcpuError {
     SetMsrs { set: usize, wanted: usize },
 }
 
-/// MSRs a snapshot carries (the SYSCALL/SYSENTER set, TSC and kvmclock), filtered by what
-/// this host's KVM reports it can save.
-const SNAPSHOT_MSRS: [u32; 11] = [
+/// MSRs a snapshot carries (the SYSCALL/SYSENTER set, TSC, PAT, and what a Linux guest's
+/// paravirtual clock, timers and interrupts use), filtered by what this host's KVM reports it
+/// can save. Restored in this order: the TSC before its deadline (last).
+const SNAPSHOT_MSRS: &[u32] = &[
     0x0000_0010, // IA32_TSC
+    0x0000_003b, // IA32_TSC_ADJUST
     0x0000_0174, // IA32_SYSENTER_CS
     0x0000_0175, // IA32_SYSENTER_ESP
     0x0000_0176, // IA32_SYSENTER_EIP
     0x0000_01a0, // IA32_MISC_ENABLE
+    0x0000_0277, // IA32_PAT
     0xc000_0081, // STAR
     0xc000_0082, // LSTAR
     0xc000_0083, // CSTAR
     0xc000_0084, // SYSCALL_MASK
     0xc000_0102, // KERNEL_GS_BASE
+    0xc000_0103, // TSC_AUX
+    0x4b56_4d00, // MSR_KVM_WALL_CLOCK_NEW
     0x4b56_4d01, // MSR_KVM_SYSTEM_TIME_NEW (kvmclock)
+    0x4b56_4d02, // MSR_KVM_ASYNC_PF_EN
+    0x4b56_4d03, // MSR_KVM_STEAL_TIME
+    0x4b56_4d04, // MSR_KVM_PV_EOI_EN
+    0x4b56_4d05, // MSR_KVM_POLL_CONTROL
+    0x4b56_4d06, // MSR_KVM_ASYNC_PF_INT
+    0x0000_06e0, // IA32_TSC_DEADLINE (the guest's next timer interrupt)
 ];
 
 /// Everything of one vCPU a snapshot restores, in the order [`restore`] sets it.
@@ -56,9 +67,19 @@ pub struct VcpuState {
 }
 
 /// The host's CPUID for guests, with the APIC id of vCPU 0.
+/// Leaf 1 also says "running under a hypervisor" (ECX bit 31), without which Linux looks
+/// for no KVM leaves: no kvm-clock, no TSC frequency, no paravirtual features.
 pub fn supported_cpuid(kvm: &Kvm) -> Result<CpuId, VcpuError> {
-    kvm.get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
-        .map_err(VcpuError::SupportedCpuid)
+    let mut cpuid = kvm
+        .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+        .map_err(VcpuError::SupportedCpuid)?;
+    for entry in cpuid.as_mut_slice() {
+        if entry.function == 1 {
+            entry.ecx |= 1 << 31;
+            entry.ebx &= 0x00ff_ffff; // initial APIC id 0
+        }
+    }
+    Ok(cpuid)
 }
 
 fn flat_segment(selector: u16, type_: u8) -> kvm_segment {
@@ -151,7 +172,8 @@ impl SaveSet {
             .unwrap_or_default();
         SaveSet {
             msr_indices: SNAPSHOT_MSRS
-                .into_iter()
+                .iter()
+                .copied()
                 .filter(|index| saveable.contains(index))
                 .collect(),
             xcrs: kvm.check_extension(Cap::Xcrs),

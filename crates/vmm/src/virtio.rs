@@ -1,8 +1,11 @@
 //! Virtio over MMIO: the transport ([`mmio`]) and the devices behind it. Devices are a closed
-//! enum ([`Device`]); today the entropy device ([`rng`]).
+//! enum ([`Device`]): entropy ([`rng`]) and vsock ([`vsock`], whose host side
+//! [`vsock_host`] serves on its own thread).
 
 pub mod mmio;
 pub mod rng;
+pub mod vsock;
+pub mod vsock_host;
 
 use serde::{Deserialize, Serialize};
 use virtio_queue::Queue;
@@ -10,6 +13,7 @@ use vm_memory::GuestMemoryMmap;
 
 pub use mmio::{MmioTransport, TransportError, TransportState};
 pub use rng::Rng;
+pub use vsock::Vsock;
 
 /// Where the first virtio-mmio device sits; each further one 4 KiB higher.
 pub const MMIO_BASE: u64 = 0xd000_0000;
@@ -42,6 +46,7 @@ pub enum DeviceError {
 #[non_exhaustive]
 pub enum Device {
     Rng(Rng),
+    Vsock(Vsock),
 }
 
 /// What a snapshot keeps of a device besides its transport.
@@ -49,12 +54,17 @@ pub enum Device {
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DeviceState {
     Rng,
+    /// Connections do not survive a snapshot; the guest gets a transport reset.
+    Vsock {
+        guest_cid: u64,
+    },
 }
 
 impl Device {
     pub fn name(&self) -> &'static str {
         match self {
             Device::Rng(_) => "virtio-rng",
+            Device::Vsock(_) => "virtio-vsock",
         }
     }
 
@@ -62,6 +72,7 @@ impl Device {
     pub fn device_type(&self) -> u32 {
         match self {
             Device::Rng(_) => virtio_bindings::virtio_ids::VIRTIO_ID_RNG,
+            Device::Vsock(_) => virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK,
         }
     }
 
@@ -73,12 +84,21 @@ impl Device {
     pub fn queue_max_sizes(&self) -> &'static [u16] {
         match self {
             Device::Rng(_) => &[rng::QUEUE_SIZE],
+            Device::Vsock(_) => &[vsock::QUEUE_SIZE; 3],
         }
     }
 
-    /// Device configuration space reads (the entropy device has none).
-    pub fn read_config(&self, _offset: u64, data: &mut [u8]) {
+    /// Device configuration space reads: the vsock device's is its guest CID (le64); the
+    /// entropy device has none.
+    pub fn read_config(&self, offset: u64, data: &mut [u8]) {
         data.fill(0);
+        if let Device::Vsock(vsock) = self {
+            let config = vsock.guest_cid().to_le_bytes();
+            for (i, byte) in data.iter_mut().enumerate() {
+                let at = offset as usize + i;
+                *byte = config.get(at).copied().unwrap_or(0);
+            }
+        }
     }
 
     /// Handles queue `index` after the guest notified it; `Ok(true)` when buffers were used
@@ -94,18 +114,28 @@ impl Device {
                 0 => rng.process(queue, memory),
                 _ => Ok(false),
             },
+            Device::Vsock(vsock) => match index {
+                vsock::RX_QUEUE => vsock.process_rx(queue, memory),
+                vsock::TX_QUEUE => vsock.process_tx(queue, memory),
+                vsock::EVENT_QUEUE => vsock.event_notified(queue, memory),
+                _ => Ok(false),
+            },
         }
     }
 
     pub fn state(&self) -> DeviceState {
         match self {
             Device::Rng(_) => DeviceState::Rng,
+            Device::Vsock(vsock) => DeviceState::Vsock {
+                guest_cid: vsock.guest_cid(),
+            },
         }
     }
 
     pub fn restore(state: &DeviceState) -> Device {
         match state {
             DeviceState::Rng => Device::Rng(Rng::new()),
+            DeviceState::Vsock { guest_cid } => Device::Vsock(Vsock::restored(*guest_cid)),
         }
     }
 }

@@ -14,7 +14,9 @@ use crate::memory::{GuestRam, MemoryError, Reservation};
 use crate::snapshot::VmState;
 use crate::vcpu::{self, SaveSet, VcpuError};
 use crate::virtio::mmio::MmioAction;
+use crate::virtio::vsock_host::VsockHost;
 use crate::virtio::{self, Device, MmioTransport, TransportError};
+use std::sync::{Arc, Mutex};
 
 /// Errors of this module. Those marked as ending the VM leave it unusable; the host side
 /// carries on.
@@ -52,6 +54,10 @@ pub enum VmError {
     PrivateMemory,
     #[error("the VM was stopped by an earlier error")]
     Stopped,
+    #[error("starting the vsock device's host side failed")]
+    VsockHost(#[source] crate::virtio::vsock_host::VsockHostError),
+    #[error("loading the Linux guest failed")]
+    Linux(#[source] crate::linux::LinuxError),
     #[error("the shell has {actual} virtio interrupt lines, the VM needs {wanted}")]
     ShellDevices { wanted: usize, actual: usize },
 }
@@ -68,6 +74,12 @@ pub enum VmExit {
     /// The exit budget ran out; the vCPU is paused at an instruction boundary.
     Paused,
 }
+
+/// Set (by a signal handler, say) to pause the VM at the next exit: [`Vm::run`] then returns
+/// [`VmExit::Paused`]. A signal interrupts KVM_RUN (EINTR) when it lands on the vCPU thread;
+/// one that lands just before KVM_RUN waits for the guest's next exit, so senders repeat it.
+pub static PAUSE_REQUESTED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 /// A KVM handle and what it can save, shared by the VMs of one process.
 #[derive(Debug)]
@@ -245,12 +257,15 @@ pub struct VmConfig {
 /// A running (or paused) VM.
 #[derive(Debug)]
 pub struct Vm {
+    /// First: its thread is stopped and joined before the RAM it writes is unmapped.
+    vsock_host: Option<VsockHost>,
     vm: VmFd,
     vcpu: VcpuFd,
     save_set: SaveSet,
     ram: GuestRam,
     legacy: LegacyDevices,
-    virtio: Vec<MmioTransport>,
+    /// Shared with the vsock host thread, which fills the vsock device's queues.
+    virtio: Vec<Arc<Mutex<MmioTransport>>>,
     virtio_irqs: Vec<EventFd>,
     console: Console,
     /// The last exit was an I/O or MMIO exit KVM has not completed yet (it does so at the
@@ -280,6 +295,30 @@ impl Vm {
         };
         let vm = Self::assemble(vmm, shell, ram, None, virtio)?;
         vcpu::set_boot_state(&vm.vcpu, &vmm.cpuid, config.entry, 0).map_err(VmError::Vcpu)?;
+        Ok(vm)
+    }
+
+    /// Builds a VM in `shell` that boots a Linux kernel through its PVH entry, with `devices`
+    /// on virtio-mmio (window `i` at [`virtio::MMIO_BASE`] + `i` * [`virtio::MMIO_SIZE`], GSI
+    /// [`virtio::FIRST_IRQ`] + `i`; described in ACPI and, for kernels that read them, in the
+    /// command line's `virtio_mmio.device=` entries the caller adds with
+    /// [`virtio_cmdline_devices`]).
+    pub fn boot_linux(
+        vmm: &Vmm,
+        shell: VmShell,
+        boot: &crate::linux::LinuxBoot,
+        devices: Vec<Device>,
+    ) -> Result<Vm, VmError> {
+        let memory_bytes = shell.memory_bytes();
+        let (shell, reservation) = shell.split();
+        let ram = GuestRam::new_shared(reservation).map_err(VmError::Memory)?;
+        let windows = mmio_windows(devices.len());
+        let entry = crate::linux::load(&ram.memory, memory_bytes, boot, &windows)
+            .map_err(VmError::Linux)?;
+        let virtio = devices.into_iter().map(MmioTransport::new).collect();
+        let vm = Self::assemble(vmm, shell, ram, None, virtio)?;
+        vcpu::set_boot_state(&vm.vcpu, &vmm.cpuid, entry.entry, entry.start_info)
+            .map_err(VmError::Vcpu)?;
         Ok(vm)
     }
 
@@ -341,12 +380,16 @@ impl Vm {
                 .map_err(VmError::Serial)?,
         };
         Ok(Vm {
+            vsock_host: None,
             vm: shell.vm,
             vcpu: shell.vcpu,
             save_set: vmm.save_set.clone(),
             ram,
             legacy,
-            virtio,
+            virtio: virtio
+                .into_iter()
+                .map(|t| Arc::new(Mutex::new(t)))
+                .collect(),
             virtio_irqs: shell.virtio_irqs,
             console,
             exit_pending: false,
@@ -367,8 +410,36 @@ impl Vm {
         &self.vcpu
     }
 
-    pub fn virtio(&self) -> &[MmioTransport] {
-        &self.virtio
+    /// The virtio transports' state now.
+    pub fn virtio_states(&self) -> Vec<virtio::TransportState> {
+        self.virtio.iter().map(|t| lock(t).state()).collect()
+    }
+
+    /// Starts the host side of the VM's vsock device (if it has one), accepting host
+    /// connections on `listener` (a restored VM gets its listener here too).
+    pub fn start_vsock_host(
+        &mut self,
+        listener: Option<std::os::unix::net::UnixListener>,
+    ) -> Result<bool, VmError> {
+        let Some(index) = self
+            .virtio
+            .iter()
+            .position(|t| matches!(lock(t).device(), Device::Vsock(_)))
+        else {
+            return Ok(false);
+        };
+        let irq = self.virtio_irqs[index]
+            .try_clone()
+            .map_err(VmError::EventFd)?;
+        let host = VsockHost::start(
+            self.virtio[index].clone(),
+            self.ram.memory.clone(),
+            irq,
+            listener,
+        )
+        .map_err(VmError::VsockHost)?;
+        self.vsock_host = Some(host);
+        Ok(true)
     }
 
     /// Runs the vCPU until the guest resets, shuts down or halts, or until `max_exits` exits
@@ -387,7 +458,9 @@ impl Vm {
     fn run_loop(&mut self, max_exits: Option<u64>) -> Result<VmExit, VmError> {
         let mut exits: u64 = 0;
         loop {
-            if max_exits.is_some_and(|max| exits >= max) {
+            if max_exits.is_some_and(|max| exits >= max)
+                || PAUSE_REQUESTED.swap(false, std::sync::atomic::Ordering::SeqCst)
+            {
                 self.complete_pending_exit()?;
                 return Ok(VmExit::Paused);
             }
@@ -413,14 +486,14 @@ impl Vm {
                 VcpuExit::MmioRead(address, data) => {
                     data.fill(0xff);
                     if let Some((index, offset)) = virtio_window(address, self.virtio.len()) {
-                        self.virtio[index].read(offset, data);
+                        lock(&self.virtio[index]).read(offset, data);
                     }
                     self.exit_pending = true;
                 }
                 VcpuExit::MmioWrite(address, data) => {
                     self.exit_pending = true;
                     if let Some((index, offset)) = virtio_window(address, self.virtio.len()) {
-                        let action = self.virtio[index]
+                        let action = lock(&self.virtio[index])
                             .write(offset, data, &self.ram.memory)
                             .map_err(VmError::Device)?;
                         if action == MmioAction::Interrupt {
@@ -496,7 +569,7 @@ impl Vm {
                 .get_clock()
                 .map_err(|e| VmError::Kvm("KVM_GET_CLOCK", e))?,
             legacy: self.legacy.state(),
-            virtio: self.virtio.iter().map(MmioTransport::state).collect(),
+            virtio: self.virtio_states(),
         })
     }
 
@@ -520,6 +593,40 @@ impl Vm {
         drop(vm);
         ram
     }
+}
+
+/// A transport's lock; a panic while it was held cannot leave it half-updated in a way the
+/// guest could not also have caused, so a poisoned lock is used as it is.
+fn lock(transport: &Mutex<MmioTransport>) -> std::sync::MutexGuard<'_, MmioTransport> {
+    transport.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The virtio-mmio windows of `count` devices.
+pub fn mmio_windows(count: usize) -> Vec<crate::linux::acpi::MmioDevice> {
+    (0..count)
+        .map(|i| crate::linux::acpi::MmioDevice {
+            base: virtio::MMIO_BASE + i as u64 * virtio::MMIO_SIZE,
+            size: virtio::MMIO_SIZE,
+            gsi: virtio::FIRST_IRQ + i as u32,
+        })
+        .collect()
+}
+
+/// The `virtio_mmio.device=` command-line entries of `count` devices (for kernels built with
+/// `VIRTIO_MMIO_CMDLINE_DEVICES`, which then need `acpi=off` to not see them twice).
+pub fn virtio_cmdline_devices(count: usize) -> String {
+    mmio_windows(count)
+        .iter()
+        .map(|w| {
+            format!(
+                "virtio_mmio.device={}K@{:#x}:{}",
+                w.size / 1024,
+                w.base,
+                w.gsi
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Which virtio device window, and the offset in it, `address` falls into.

@@ -85,7 +85,7 @@ fn test_vm_entropy_driver_gets_random_bytes_through_the_queue() {
         "{buffer:?}"
     );
     // The guest acknowledged the interrupt it was sent.
-    assert_eq!(vm.virtio()[0].state().interrupt_status, 0);
+    assert_eq!(vm.virtio_states()[0].interrupt_status, 0);
 }
 
 #[test]
@@ -234,7 +234,7 @@ fn test_snapshot_keeps_device_state_of_console_and_virtio_queue() {
     let restored = Template::from_snapshot(snapshot::load(&dir).unwrap())
         .fork(&vmm, None)
         .unwrap();
-    let transport = restored.virtio()[0].state();
+    let transport = restored.virtio_states()[0].clone();
     assert_eq!(transport, before.virtio[0]);
     assert_eq!(
         (

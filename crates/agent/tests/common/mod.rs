@@ -112,6 +112,15 @@ pub struct Conn {
     writer: UnixStream,
 }
 
+impl Conn {
+    /// A connection over a stream already connected to an agent (e.g. through a VMM's vsock
+    /// socket after its `CONNECT` handshake); `reader` holds any bytes read past it.
+    pub fn from_stream(reader: BufReader<UnixStream>) -> Conn {
+        let writer = reader.get_ref().try_clone().unwrap();
+        Conn { reader, writer }
+    }
+}
+
 /// Reads a response body incrementally (chunked or by length).
 pub struct BodyReader<'a> {
     conn: &'a mut Conn,

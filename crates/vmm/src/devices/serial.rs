@@ -39,12 +39,21 @@ pub struct Console(Arc<Mutex<ConsoleBuffer>>);
 struct ConsoleBuffer {
     bytes: Vec<u8>,
     dropped: u64,
+    /// Also copy everything to the VMM's standard output (a Linux guest's console).
+    echo: bool,
 }
 
 impl Console {
     /// What the guest has written so far.
     pub fn contents(&self) -> Vec<u8> {
         self.0.lock().map(|b| b.bytes.clone()).unwrap_or_default()
+    }
+
+    /// Copies the guest's output to this process's standard output from now on.
+    pub fn echo_to_stdout(&self) {
+        if let Ok(mut b) = self.0.lock() {
+            b.echo = true;
+        }
     }
 
     /// Bytes the guest wrote beyond [`CONSOLE_LIMIT_BYTES`].
@@ -60,6 +69,11 @@ impl Write for Console {
             let kept = room.min(buf.len());
             b.bytes.extend_from_slice(&buf[..kept]);
             b.dropped += (buf.len() - kept) as u64;
+            if b.echo {
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(buf);
+                let _ = out.flush();
+            }
         }
         Ok(buf.len())
     }

@@ -322,21 +322,72 @@ impl MmioTransport {
                 queue: index,
             });
         }
-        match self.device.process_queue(index, queue, memory) {
-            Ok(true) => {
-                self.interrupt_status |= INTERRUPT_USED_BUFFER;
-                Ok(MmioAction::Interrupt)
-            }
-            Ok(false) => Ok(MmioAction::None),
+        let mut used = match self.device.process_queue(index, queue, memory) {
+            Ok(used) => used,
             Err(source) => {
                 self.status |= VIRTIO_CONFIG_S_NEEDS_RESET;
-                Err(TransportError::Device {
+                return Err(TransportError::Device {
                     device: device_name,
                     queue: index,
                     source,
-                })
+                });
+            }
+        };
+        // What the guest sent may have queued replies (vsock).
+        used |= self.service(memory)?;
+        if used {
+            self.interrupt_status |= INTERRUPT_USED_BUFFER;
+            return Ok(MmioAction::Interrupt);
+        }
+        Ok(MmioAction::None)
+    }
+
+    pub fn device_mut(&mut self) -> &mut Device {
+        &mut self.device
+    }
+
+    /// Lets a device with input of its own (the vsock device's host sockets) fill the queues
+    /// the guest reads; `Ok(true)` when buffers were used and the guest should be interrupted
+    /// (the interrupt status is already set). Ends the VM on a bad descriptor, as a
+    /// notification does.
+    pub fn service(&mut self, memory: &GuestMemoryMmap) -> Result<bool, TransportError> {
+        let Device::Vsock(vsock) = &mut self.device else {
+            return Ok(false);
+        };
+        if self.status & VIRTIO_CONFIG_S_DRIVER_OK == 0
+            || self.status & VIRTIO_CONFIG_S_NEEDS_RESET != 0
+        {
+            return Ok(false);
+        }
+        vsock.service_host();
+        let mut used = false;
+        for index in [super::vsock::RX_QUEUE, super::vsock::EVENT_QUEUE] {
+            let Some(queue) = self.queues.get_mut(index) else {
+                continue;
+            };
+            if !queue.ready() || !queue.is_valid(memory) {
+                continue;
+            }
+            let result = match index {
+                super::vsock::RX_QUEUE => vsock.process_rx(queue, memory),
+                _ => vsock.process_event(queue, memory),
+            };
+            match result {
+                Ok(u) => used |= u,
+                Err(source) => {
+                    self.status |= VIRTIO_CONFIG_S_NEEDS_RESET;
+                    return Err(TransportError::Device {
+                        device: "virtio-vsock",
+                        queue: index,
+                        source,
+                    });
+                }
             }
         }
+        if used {
+            self.interrupt_status |= INTERRUPT_USED_BUFFER;
+        }
+        Ok(used)
     }
 
     pub fn state(&self) -> TransportState {
