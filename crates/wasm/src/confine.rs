@@ -31,6 +31,7 @@ pub enum ConfineError {
 }
 
 const CLONE_THREAD: u32 = 0x0001_0000;
+const AF_UNIX: u32 = 1;
 const AF_INET: u32 = 2;
 const AF_INET6: u32 = 10;
 
@@ -118,6 +119,8 @@ pub const ENGINE_SYSCALLS: &[&str] = &[
     "faccessat",
     "faccessat2",
     "pipe2",
+    // A connected pair inside the worker (the runtime's wake-ups): it reaches nothing outside.
+    "socketpair",
     "dup",
     "dup3",
     // Sockets: the accepted evaluation connections, and TCP to the egress proxy.
@@ -234,6 +237,12 @@ pub fn seccomp_rules() -> Vec<SeccompRule> {
         ],
         eperm,
         "TCP to the egress proxy only",
+    ));
+    rules.push(deny(
+        "socketpair",
+        vec![check(0, u32::MAX, AF_UNIX, false)],
+        eperm,
+        "an anonymous Unix pair only",
     ));
     rules
 }
