@@ -37,6 +37,8 @@ const MAX_SIDE_PX: u32 = 8192;
 const ACTION_MS: u64 = 30_000;
 /// How long a started X server may take to answer.
 const DISPLAY_WAIT: Duration = Duration::from_secs(20);
+/// How long one xclip gets to take the clipboard before another is started.
+const CLIPBOARD_ATTEMPT: Duration = Duration::from_secs(3);
 /// The most of a command's stdout kept (a screenshot) and of its stderr (for errors).
 const MAX_STDOUT_BYTES: usize = 64 << 20;
 const MAX_STDERR_BYTES: usize = 4096;
@@ -426,15 +428,20 @@ impl Daemon {
                 // (a command's leftovers end with it), until another owner takes over.
                 let script = "printf %s \"$1\" | exec xclip -quiet -selection clipboard -i";
                 let argv = ["/bin/sh", "-c", script, "sh", text.as_str()];
-                drop(start(&agent, &argv, &env, None).await?);
                 let read = ["xclip", "-selection", "clipboard", "-o"];
                 let started = Instant::now();
+                // An xclip that did not get the selection (it lost a race with the X server's
+                // start, or died) is replaced: the newest owner wins, older ones exit.
                 while started.elapsed() < DISPLAY_WAIT {
-                    let out = run(&agent, &read, &env).await?;
-                    if out.code == 0 && out.stdout == text.as_bytes() {
-                        return Ok(ComputerResult::Done);
+                    drop(start(&agent, &argv, &env, None).await?);
+                    let attempt = Instant::now();
+                    while attempt.elapsed() < CLIPBOARD_ATTEMPT {
+                        let out = run(&agent, &read, &env).await?;
+                        if out.code == 0 && out.stdout == text.as_bytes() {
+                            return Ok(ComputerResult::Done);
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
                     }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Err(ApiError::new(
                     ErrorCode::Conflict,
