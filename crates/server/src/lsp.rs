@@ -119,7 +119,13 @@ impl LspSessions {
                     }
                 }
                 Some(Envelope::End(Some(err))) => {
-                    let missing = ["not found in PATH", "does not exist"];
+                    // A path that names nothing (ENOENT, ENOTDIR at exec) is missing too.
+                    let missing = [
+                        "not found in PATH",
+                        "does not exist",
+                        "(os error 2)",
+                        "(os error 20)",
+                    ];
                     return Err(if missing.iter().any(|m| err.message.contains(m)) {
                         ApiError::new(
                             ErrorCode::NotFound,

@@ -41,7 +41,11 @@ pub enum ToolBinding {
         #[serde(default, skip_serializing_if = "is_false")]
         approval: bool,
         /// 30 000 when absent.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(
+            default,
+            deserialize_with = "crate::whole::optional",
+            skip_serializing_if = "Option::is_none"
+        )]
         #[schemars(range(min = 1, max = 600_000))]
         timeout_ms: Option<u64>,
     },
@@ -54,6 +58,7 @@ pub enum ToolBinding {
         /// The sandbox the MCP server runs in (one of this daemon's, checked at create).
         sandbox_id: String,
         /// The server's port inside that sandbox.
+        #[serde(deserialize_with = "crate::whole::integer")]
         #[schemars(range(min = 1, max = 65535))]
         port: u16,
         /// `/mcp` when absent.
