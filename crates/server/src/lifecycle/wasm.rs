@@ -310,14 +310,7 @@ async fn ask(
         Err(err) => return Err(agent_error(err.to_string())),
     };
     let mut stream = tokio::io::BufReader::new(TokioIo::new(upgraded));
-    let mut line = serde_json::to_vec(request)
-        .map_err(|e| Ask::Failed(ApiError::internal(format!("cannot encode: {e}"))))?;
-    line.push(b'\n');
-    stream
-        .get_mut()
-        .write_all(&line)
-        .await
-        .map_err(|e| agent_error(format!("cannot send to the wasm worker: {e}")))?;
+    send_line(stream.get_mut(), request, "cannot send to the wasm worker").await?;
     loop {
         let mut answer = Vec::new();
         (&mut stream)
@@ -339,13 +332,24 @@ async fn ask(
                 message: "no tools during the readiness probe".to_owned(),
             },
         };
-        let mut line = serde_json::to_vec(&ToolResultLine { tool_result })
-            .map_err(|e| Ask::Failed(ApiError::internal(format!("cannot encode: {e}"))))?;
-        line.push(b'\n');
-        stream
-            .get_mut()
-            .write_all(&line)
-            .await
-            .map_err(|e| agent_error(format!("cannot answer the wasm worker: {e}")))?;
+        let answer = ToolResultLine { tool_result };
+        send_line(stream.get_mut(), &answer, "cannot answer the wasm worker").await?;
     }
+}
+
+/// Writes `value` as one JSON line to the worker.
+async fn send_line(
+    stream: &mut (impl tokio::io::AsyncWrite + Unpin),
+    value: &impl serde::Serialize,
+    failed: &str,
+) -> Result<(), Ask> {
+    let mut line = serde_json::to_vec(value)
+        .map_err(|e| Ask::Failed(ApiError::internal(format!("cannot encode: {e}"))))?;
+    line.push(b'\n');
+    stream.write_all(&line).await.map_err(|e| {
+        Ask::Failed(ApiError::new(
+            ErrorCode::AgentError,
+            format!("{failed}: {e}"),
+        ))
+    })
 }
