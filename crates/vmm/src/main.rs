@@ -19,7 +19,11 @@
 //!   `--snapshot DIR`, SIGUSR1 pauses the guest, writes its snapshot to DIR and exits 0;
 //!   Without `--snapshot` the VMM's allow-list is installed (on all threads) before the guest
 //!   first runs;
-//! - `airlock-vmm restore --snapshot DIR [--vsock-socket PATH]`: resumes such a snapshot
+//!   `--disk PATH[:ro][:id=SERIAL]` (repeatable) adds a virtio-blk device on that raw disk
+//!   file, after the entropy and vsock devices, in order (the guest's `/dev/vda`, `vdb`, ...;
+//!   its serial, `airlock-disk-N` by default, in `/sys/block/vdX/serial`);
+//! - `airlock-vmm restore --snapshot DIR [--vsock-socket PATH] [--disk ...]`: resumes such a
+//!   snapshot (given the same disks in the same order, each of the size and mode it had)
 //!   under the allow-list
 //!   (memory mapped copy-on-write) where it stopped; vsock connections do not survive it (the
 //!   guest gets a transport reset), so the host connects again.
@@ -37,6 +41,7 @@ use airlock_vmm::fork::Template;
 use airlock_vmm::guest_code::{self, CODE_ADDRESS, COUNTER_ADDRESS};
 use airlock_vmm::linux::LinuxBoot;
 use airlock_vmm::virtio::Device;
+use airlock_vmm::virtio::block::{Block, Disk, DiskSpec};
 use airlock_vmm::vm::{self, Vm, VmConfig, VmExit, VmShell, Vmm};
 use airlock_vmm::{seccomp, snapshot};
 use anyhow::{Context, bail};
@@ -55,6 +60,7 @@ struct Args {
     cmdline_devices: bool,
     vsock_socket: Option<PathBuf>,
     guest_cid: u64,
+    disks: Vec<DiskSpec>,
 }
 
 fn parse() -> anyhow::Result<Args> {
@@ -76,6 +82,7 @@ fn parse() -> anyhow::Result<Args> {
         cmdline_devices: false,
         vsock_socket: None,
         guest_cid: 3,
+        disks: Vec::new(),
     };
     while let Some(flag) = args.next() {
         if flag == "--cmdline-devices" {
@@ -97,6 +104,9 @@ fn parse() -> anyhow::Result<Args> {
             "--memory-mib" => parsed.memory_mib = value.parse().context("--memory-mib")?,
             "--vsock-socket" => parsed.vsock_socket = Some(PathBuf::from(value)),
             "--guest-cid" => parsed.guest_cid = value.parse().context("--guest-cid")?,
+            "--disk" => parsed
+                .disks
+                .push(DiskSpec::parse(&value, parsed.disks.len())?),
             other => bail!("unknown flag {other}"),
         }
     }
@@ -209,6 +219,9 @@ fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
             None,
         )));
     }
+    for spec in &args.disks {
+        devices.push(Device::Block(Block::open(spec)?));
+    }
     let mut cmdline = args.cmdline.clone();
     if args.cmdline_devices {
         cmdline = format!("{cmdline} {}", vm::virtio_cmdline_devices(devices.len()));
@@ -228,7 +241,13 @@ fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
 fn run_restore(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
     let listener = args.vsock_socket.as_deref().map(bind_vsock).transpose()?;
     let template = Template::from_snapshot(snapshot::load(&args.snapshot)?);
-    let vm = template.fork(vmm, None)?;
+    let mut vm = template.fork(vmm, None)?;
+    let disks = args
+        .disks
+        .iter()
+        .map(|spec| Disk::open(&spec.path, spec.read_only))
+        .collect::<Result<Vec<_>, _>>()?;
+    vm.attach_disks(disks)?;
     eprintln!("airlock-vmm: restored {}", args.snapshot.display());
     run_guest(vm, listener, None)
 }
