@@ -158,3 +158,81 @@ fn test_overlay_disk_is_sparse_and_holds_upper_and_work() {
     let err = airlock_image::disk::overlay_disk(&path, 1 << 20).unwrap_err();
     assert!(err.to_string().contains("smaller than"), "{err}");
 }
+
+/// Mount points unmounted (innermost first) on drop, so a failing test leaves none behind.
+struct Mounts(Vec<std::path::PathBuf>);
+
+impl Mounts {
+    fn mount(&mut self, args: &[&str], target: &Path) {
+        std::fs::create_dir_all(target).unwrap();
+        let status = Command::new("mount")
+            .args(args)
+            .arg(target)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount {args:?} {}", target.display());
+        self.0.push(target.to_path_buf());
+    }
+}
+
+impl Drop for Mounts {
+    fn drop(&mut self) {
+        while let Some(target) = self.0.pop() {
+            let _ = Command::new("umount").arg(&target).status();
+        }
+    }
+}
+
+#[test]
+fn test_overlay_disk_over_the_root_disk_takes_every_write_as_the_guest_mounts_them() {
+    if !is_root() {
+        eprintln!("SKIPPED: loop and overlay mounts need root");
+        return;
+    }
+    let scratch = Scratch::new("disk-cow");
+    let store = scratch.store();
+    let root = store.root_disk(&layered_digest(&store)).unwrap();
+    let overlay = scratch.0.join("overlay.ext4");
+    airlock_image::disk::overlay_disk(&overlay, 64 << 20).unwrap();
+    let root_before = std::fs::read(&root.path).unwrap();
+
+    // What the guest's init does with /dev/vda (the image, read-only) and /dev/vdb (its own).
+    let (lower, rw, merged) = (
+        scratch.0.join("lower"),
+        scratch.0.join("rw"),
+        scratch.0.join("merged"),
+    );
+    let mut mounts = Mounts(Vec::new());
+    let root_disk = root.path.display().to_string();
+    let overlay_disk = overlay.display().to_string();
+    mounts.mount(&["-t", "ext4", "-o", "loop,ro", &root_disk], &lower);
+    mounts.mount(&["-t", "ext4", "-o", "loop", &overlay_disk], &rw);
+    let options = format!(
+        "lowerdir={},upperdir={}/upper,workdir={}/work",
+        lower.display(),
+        rw.display(),
+        rw.display()
+    );
+    mounts.mount(&["-t", "overlay", "overlay", "-o", &options], &merged);
+    assert_eq!(
+        std::fs::read_to_string(merged.join("opt/keep/new")).unwrap(),
+        "new in layer two\n"
+    );
+    assert!(!merged.join("etc/motd").exists());
+    std::fs::write(merged.join("opt/written"), "by the sandbox\n").unwrap();
+    std::fs::write(merged.join("etc/passwd"), "changed\n").unwrap();
+    std::fs::remove_file(merged.join("bin/sh")).unwrap();
+    drop(mounts);
+
+    // The writes are on the sandbox's disk; the image's disk has not changed by a byte.
+    assert_eq!(
+        debugfs(&overlay, "cat /upper/opt/written"),
+        "by the sandbox\n"
+    );
+    assert_eq!(debugfs(&overlay, "cat /upper/etc/passwd"), "changed\n");
+    assert!(debugfs(&overlay, "stat /upper/bin/sh").contains("Type: character special"));
+    assert!(std::fs::read(&root.path).unwrap() == root_before);
+    assert!(debugfs(&root.path, "cat /etc/passwd").starts_with("root:x:0:0:"));
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&scratch.0.display().to_string()));
+}
