@@ -17,6 +17,8 @@
 //!   `--vsock-socket PATH [--guest-cid N]` adds a vsock device (CID 3 by default) whose host
 //!   side listens on PATH (`CONNECT <port>\n`, Firecracker's convention). With
 //!   `--snapshot DIR`, SIGUSR1 pauses the guest, writes its snapshot to DIR and exits 0;
+//!   each writable `--disk` N is then copied (holes kept) to DIR/disk-N.img, the disk of that
+//!   snapshot, which a restore (or a copy per fork) is given back with `--disk`.
 //!   Without `--snapshot` the VMM's allow-list is installed (on all threads) before the guest
 //!   first runs;
 //!   `--disk PATH[:ro][:id=SERIAL]` (repeatable) adds a virtio-blk device on that raw disk
@@ -188,7 +190,7 @@ fn run_guest(
     mut vm: Vm,
     listener: Option<std::os::unix::net::UnixListener>,
     snapshot_dir: Option<&std::path::Path>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     vm.console().echo_to_stdout();
     if snapshot_dir.is_some() {
         airlock_vmm::pause::install_sigusr1()?;
@@ -206,8 +208,9 @@ fn run_guest(
     if let (VmExit::Paused, Some(dir)) = (exit, snapshot_dir) {
         snapshot::save(&mut vm, dir)?;
         eprintln!("airlock-vmm: snapshot written to {}", dir.display());
+        return Ok(true);
     }
-    Ok(())
+    Ok(false)
 }
 
 fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
@@ -235,7 +238,18 @@ fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
     let vm = Vm::boot_linux(vmm, shell, &boot, devices)?;
     eprintln!("airlock-vmm: booting {}", boot.kernel.display());
     let snapshot_dir = (!args.snapshot.as_os_str().is_empty()).then_some(args.snapshot.as_path());
-    run_guest(vm, listener, snapshot_dir)
+    if run_guest(vm, listener, snapshot_dir)? {
+        // The writable disks as the paused guest left them belong to the snapshot.
+        for (index, spec) in args.disks.iter().enumerate() {
+            let (Some(dir), false) = (snapshot_dir, spec.read_only) else {
+                continue;
+            };
+            let copy = dir.join(format!("disk-{index}.img"));
+            snapshot::copy_disk(&spec.path, &copy)?;
+            eprintln!("airlock-vmm: disk {index} copied to {}", copy.display());
+        }
+    }
+    Ok(())
 }
 
 fn run_restore(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
@@ -249,7 +263,7 @@ fn run_restore(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
         .collect::<Result<Vec<_>, _>>()?;
     vm.attach_disks(disks)?;
     eprintln!("airlock-vmm: restored {}", args.snapshot.display());
-    run_guest(vm, listener, None)
+    run_guest(vm, listener, None).map(|_| ())
 }
 
 fn main() -> ExitCode {
