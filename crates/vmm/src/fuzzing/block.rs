@@ -1,5 +1,5 @@
 //! The block device's request queue with guest-chosen descriptors, rings and request bytes
-//! (see the parent module), over a 64 KiB disk in a memfd that starts with a known pattern.
+//! (see the parent module), over a 16 KiB disk in a memfd that starts with a known pattern.
 //! [`Requests`] lays well-formed requests out in guest memory, for the seeds and for the
 //! tests that drive the device from a freestanding guest.
 
@@ -10,7 +10,6 @@ use std::os::unix::fs::FileExt;
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::virtio::block::request::MAX_DATA_BYTES;
 use crate::virtio::block::{Block, Disk};
 use crate::virtio::{Device, MmioTransport, TransportError};
 
@@ -20,15 +19,16 @@ pub const USED_RING: u32 = 0x3000;
 /// Guest buffers (what descriptors point at, if the input is well formed).
 pub const BUFFERS: u32 = 0x4000;
 pub const MAX_QUEUE_SIZE: u32 = 16;
-pub const DISK_BYTES: usize = 64 << 10;
+pub const DISK_BYTES: usize = 16 << 10;
 pub const SERIAL: &str = "fuzz-disk";
 
 const F_NEXT: u16 = 1;
 const F_WRITE: u16 = 2;
 
 /// The disk's content before the guest runs: each sector filled with its own number.
-pub fn disk_pattern() -> Vec<u8> {
-    (0..DISK_BYTES).map(|i| (i / 512) as u8).collect()
+pub fn disk_pattern() -> &'static [u8] {
+    static PATTERN: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    PATTERN.get_or_init(|| (0..DISK_BYTES).map(|i| (i / 512) as u8).collect())
 }
 
 /// A virtio-blk request header (type, sector).
@@ -128,9 +128,10 @@ pub struct Observed {
 /// Input: one byte (bit 0: read-only disk; bits 1-4: queue size - 1), then guest memory in
 /// order: the descriptor table (16 × 16 bytes), the avail ring (4 + 2 × 16 + 2), then buffers
 /// at [`BUFFERS`]. A driver sets queue 0 up correctly and notifies it twice. Either the
-/// device fails naming itself and asks for a reset, or: the used index is in step, each used
-/// length is at most a request's data plus its status, and always: the disk keeps its size
-/// (nothing written past its end) and a read-only disk keeps its content.
+/// device fails naming itself and asks for a reset, or the used index is in step; and always:
+/// the disk keeps its size (nothing written past its end) and a read-only disk keeps its
+/// content. (Used lengths are bounded by construction:
+/// [`crate::virtio::block::request::MAX_DATA_BYTES`] plus the status.)
 pub fn block_queue(data: &[u8]) -> Observed {
     let memory = super::memory();
     let (flags, rest) = data.split_at(data.len().min(1));
@@ -148,7 +149,7 @@ pub fn block_queue(data: &[u8]) -> Observed {
     put(BUFFERS, super::MEMORY_BYTES - BUFFERS as usize);
 
     let pattern = disk_pattern();
-    let file = memfd_disk(&pattern);
+    let file = memfd_disk(pattern);
     let view = match file.try_clone() {
         Ok(view) => view,
         Err(err) => panic!("duplicating the fuzzed disk: {err}"),
@@ -199,8 +200,8 @@ pub fn block_queue(data: &[u8]) -> Observed {
             let len: u32 = memory
                 .read_obj(GuestAddress(element + 4))
                 .unwrap_or_default();
-            assert!(id < u32::from(queue.size()), "used id {id}");
-            assert!(u64::from(len) <= MAX_DATA_BYTES + 1, "used length {len}");
+            // No bound on these: a later request's buffers may point at the used ring, and
+            // the device writes where the guest said (the index is written after each).
             used.push((id, len));
         }
     }
