@@ -2,7 +2,7 @@
 # Runs every cargo-fuzz target (libFuzzer) for a bounded time: the policy parser, the agent's
 # Connect framing, JSON messages and file paths, the daemon's request bodies, and the image
 # store's layer applier (as root, like the store), and the VMM's virtio-mmio transport and
-# entropy queue with guest-chosen descriptors. Stable Rust
+# its entropy, vsock and block queues with guest-chosen descriptors. Stable Rust
 # works without a sanitizer (`--sanitizer none`); nightly users may drop that flag to add
 # AddressSanitizer. Corpora grow under target/fuzz-corpus/, never in the repository; each
 # target also reads its kept seeds and regression inputs. Usage: scripts/fuzz.sh [SECONDS]
@@ -38,3 +38,4 @@ run image apply_layer
 run vmm mmio_transport
 run vmm rng_queue
 run vmm vsock_queues
+run vmm block_queue

@@ -14,6 +14,7 @@ command -v git >/dev/null || need+=(git)               # egress and repository t
 command -v pylsp >/dev/null || need+=(python3-pylsp)   # language-server tests: pylsp over WebSocket
 command -v cc >/dev/null || need+=(gcc)                # the start-up floor, scripts/startup-floor.c
 command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs) # airlockd's disk scratch storage
+command -v mke2fs >/dev/null && command -v debugfs >/dev/null || need+=(e2fsprogs) # the microvm tier's ext4 disks
 [ -x /bin/busybox ] || command -v busybox >/dev/null || need+=(busybox-static)  # container-tier test images
 command -v crun >/dev/null || need+=(crun)             # the container benchmark's peers
 command -v podman >/dev/null || need+=(podman)

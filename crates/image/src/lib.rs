@@ -11,6 +11,7 @@ pub mod capture;
 pub mod copy;
 mod derive;
 pub mod digest;
+pub mod disk;
 pub mod fuzzing;
 pub mod glob;
 mod import;
@@ -25,6 +26,7 @@ pub mod tarball;
 
 pub use derive::{Derivation, DeriveError};
 pub use digest::Digest;
+pub use disk::{DiskError, RootDisk};
 pub use import::{ImportError, ImportKind, ImportOptions, ImportReport, ImportedImage};
 pub use pull::{LayerPulled, PullError, PullOptions, PullReport};
 pub use reference::Reference;

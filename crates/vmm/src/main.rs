@@ -17,9 +17,15 @@
 //!   `--vsock-socket PATH [--guest-cid N]` adds a vsock device (CID 3 by default) whose host
 //!   side listens on PATH (`CONNECT <port>\n`, Firecracker's convention). With
 //!   `--snapshot DIR`, SIGUSR1 pauses the guest, writes its snapshot to DIR and exits 0;
+//!   each writable `--disk` N is then copied (holes kept) to DIR/disk-N.img, the disk of that
+//!   snapshot, which a restore (or a copy per fork) is given back with `--disk`.
 //!   Without `--snapshot` the VMM's allow-list is installed (on all threads) before the guest
 //!   first runs;
-//! - `airlock-vmm restore --snapshot DIR [--vsock-socket PATH]`: resumes such a snapshot
+//!   `--disk PATH[:ro][:id=SERIAL]` (repeatable) adds a virtio-blk device on that raw disk
+//!   file, after the entropy and vsock devices, in order (the guest's `/dev/vda`, `vdb`, ...;
+//!   its serial, `airlock-disk-N` by default, in `/sys/block/vdX/serial`);
+//! - `airlock-vmm restore --snapshot DIR [--vsock-socket PATH] [--disk ...]`: resumes such a
+//!   snapshot (given the same disks in the same order, each of the size and mode it had)
 //!   under the allow-list
 //!   (memory mapped copy-on-write) where it stopped; vsock connections do not survive it (the
 //!   guest gets a transport reset), so the host connects again.
@@ -37,6 +43,7 @@ use airlock_vmm::fork::Template;
 use airlock_vmm::guest_code::{self, CODE_ADDRESS, COUNTER_ADDRESS};
 use airlock_vmm::linux::LinuxBoot;
 use airlock_vmm::virtio::Device;
+use airlock_vmm::virtio::block::{Block, Disk, DiskSpec};
 use airlock_vmm::vm::{self, Vm, VmConfig, VmExit, VmShell, Vmm};
 use airlock_vmm::{seccomp, snapshot};
 use anyhow::{Context, bail};
@@ -55,6 +62,7 @@ struct Args {
     cmdline_devices: bool,
     vsock_socket: Option<PathBuf>,
     guest_cid: u64,
+    disks: Vec<DiskSpec>,
 }
 
 fn parse() -> anyhow::Result<Args> {
@@ -76,6 +84,7 @@ fn parse() -> anyhow::Result<Args> {
         cmdline_devices: false,
         vsock_socket: None,
         guest_cid: 3,
+        disks: Vec::new(),
     };
     while let Some(flag) = args.next() {
         if flag == "--cmdline-devices" {
@@ -97,6 +106,9 @@ fn parse() -> anyhow::Result<Args> {
             "--memory-mib" => parsed.memory_mib = value.parse().context("--memory-mib")?,
             "--vsock-socket" => parsed.vsock_socket = Some(PathBuf::from(value)),
             "--guest-cid" => parsed.guest_cid = value.parse().context("--guest-cid")?,
+            "--disk" => parsed
+                .disks
+                .push(DiskSpec::parse(&value, parsed.disks.len())?),
             other => bail!("unknown flag {other}"),
         }
     }
@@ -178,7 +190,7 @@ fn run_guest(
     mut vm: Vm,
     listener: Option<std::os::unix::net::UnixListener>,
     snapshot_dir: Option<&std::path::Path>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     vm.console().echo_to_stdout();
     if snapshot_dir.is_some() {
         airlock_vmm::pause::install_sigusr1()?;
@@ -196,8 +208,9 @@ fn run_guest(
     if let (VmExit::Paused, Some(dir)) = (exit, snapshot_dir) {
         snapshot::save(&mut vm, dir)?;
         eprintln!("airlock-vmm: snapshot written to {}", dir.display());
+        return Ok(true);
     }
-    Ok(())
+    Ok(false)
 }
 
 fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
@@ -208,6 +221,9 @@ fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
             args.guest_cid,
             None,
         )));
+    }
+    for spec in &args.disks {
+        devices.push(Device::Block(Block::open(spec)?));
     }
     let mut cmdline = args.cmdline.clone();
     if args.cmdline_devices {
@@ -222,15 +238,32 @@ fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
     let vm = Vm::boot_linux(vmm, shell, &boot, devices)?;
     eprintln!("airlock-vmm: booting {}", boot.kernel.display());
     let snapshot_dir = (!args.snapshot.as_os_str().is_empty()).then_some(args.snapshot.as_path());
-    run_guest(vm, listener, snapshot_dir)
+    if run_guest(vm, listener, snapshot_dir)? {
+        // The writable disks as the paused guest left them belong to the snapshot.
+        for (index, spec) in args.disks.iter().enumerate() {
+            let (Some(dir), false) = (snapshot_dir, spec.read_only) else {
+                continue;
+            };
+            let copy = dir.join(format!("disk-{index}.img"));
+            snapshot::copy_disk(&spec.path, &copy)?;
+            eprintln!("airlock-vmm: disk {index} copied to {}", copy.display());
+        }
+    }
+    Ok(())
 }
 
 fn run_restore(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
     let listener = args.vsock_socket.as_deref().map(bind_vsock).transpose()?;
     let template = Template::from_snapshot(snapshot::load(&args.snapshot)?);
-    let vm = template.fork(vmm, None)?;
+    let mut vm = template.fork(vmm, None)?;
+    let disks = args
+        .disks
+        .iter()
+        .map(|spec| Disk::open(&spec.path, spec.read_only))
+        .collect::<Result<Vec<_>, _>>()?;
+    vm.attach_disks(disks)?;
     eprintln!("airlock-vmm: restored {}", args.snapshot.display());
-    run_guest(vm, listener, None)
+    run_guest(vm, listener, None).map(|_| ())
 }
 
 fn main() -> ExitCode {
