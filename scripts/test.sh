@@ -108,7 +108,7 @@ AIRLOCK_FUZZ_ITERATIONS=50000 cargo test --locked -p airlock-vmm --test fuzz
 # The microVM tier end to end: Debian's kernel booted by our VMM as a nested guest inside QEMU
 # (TCG with SVM; this host's /dev/kvm is PVM), the agent serving envd over vsock, a snapshot
 # restored with a process still counting. Packages fetched with apt-get download, cached.
-cargo build --locked -p airlock-vmm -p airlock-agent
+cargo build --locked -p airlock-vmm -p airlock-agent -p airlock-jail
 cargo test --locked -p airlock-agent --test microvm_guest --no-run
 scripts/microvm-nested.sh
 scripts/fuzz.sh 10
