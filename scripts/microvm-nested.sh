@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 bin="${1:-target/x86_64-unknown-linux-gnu/debug}"
 driver="$(ls -t "$bin"/deps/microvm_guest-* 2>/dev/null | grep -v '\.d$' | head -n1 || true)"
 for binary in "$bin/airlock-vmm" "$bin/airlock-agent" "$bin/airlock-jail" "$driver"; do
-    [ -x "$binary" ] || { echo "microvm-nested: ${binary:-the microvm_guest test} is missing (cargo build -p airlock-vmm -p airlock-agent -p airlock-jail; cargo test -p airlock-agent --test microvm_guest --no-run)" >&2; exit 1; }
+    [ -x "$binary" ] || { echo "microvm-nested: ${binary:-the microvm_guest test} is missing (cargo build --workspace; cargo test --workspace --test microvm_guest --no-run)" >&2; exit 1; }
 done
 
 kernel_package() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'; }

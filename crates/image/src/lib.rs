@@ -32,3 +32,19 @@ pub use store::ingest::{Phase, Progress, ProgressFn};
 pub use store::{
     ImageDetails, ImageStore, ImageSummary, LayerDetails, PruneReport, StoreError, StoreOptions,
 };
+
+/// `bytes` for people: `512 B`, `1.5 MB` (decimal units, as registries and `docker images` show).
+pub fn human_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1000.0 && unit < UNITS.len() - 1 {
+        value /= 1000.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
