@@ -33,6 +33,7 @@ pub mod supervisor;
 mod sys;
 mod view;
 mod view_image;
+mod view_vmm;
 pub mod zygote;
 
 pub use host::HostSupport;

@@ -30,6 +30,12 @@
 //!   (memory mapped copy-on-write) where it stopped; vsock connections do not survive it (the
 //!   guest gets a transport reset), so the host connects again.
 //!
+//! `--vsock-listen-fd N` takes the vsock device's host socket from an inherited listening
+//! Unix socket N instead of binding `--vsock-socket`, and `--vsock-port P` sends every
+//! connection on it to guest port P without the `CONNECT` handshake (no `OK` line either):
+//! the microvm tier's jail binds the agent's socket on the host, and the daemon speaks the
+//! agent's HTTP on it exactly as on the process tier's.
+//!
 //! `--kvm-fd N` takes `/dev/kvm` from inherited descriptor N instead of opening it: how the
 //! VMM runs inside the process tier's jail, whose view has no `/dev/kvm` and whose user could
 //! not open it (the caller opens it; Landlock's device-ioctl right follows the opener).
@@ -42,8 +48,8 @@ use std::process::ExitCode;
 use airlock_vmm::fork::Template;
 use airlock_vmm::guest_code::{self, CODE_ADDRESS, COUNTER_ADDRESS};
 use airlock_vmm::linux::LinuxBoot;
-use airlock_vmm::virtio::Device;
 use airlock_vmm::virtio::block::{Block, Disk, DiskSpec};
+use airlock_vmm::virtio::{Device, HostListener};
 use airlock_vmm::vm::{self, Vm, VmConfig, VmExit, VmShell, Vmm};
 use airlock_vmm::{seccomp, snapshot};
 use anyhow::{Context, bail};
@@ -61,6 +67,8 @@ struct Args {
     memory_mib: u64,
     cmdline_devices: bool,
     vsock_socket: Option<PathBuf>,
+    vsock_listen_fd: Option<i32>,
+    vsock_port: Option<u32>,
     guest_cid: u64,
     disks: Vec<DiskSpec>,
 }
@@ -83,6 +91,8 @@ fn parse() -> anyhow::Result<Args> {
         memory_mib: 256,
         cmdline_devices: false,
         vsock_socket: None,
+        vsock_listen_fd: None,
+        vsock_port: None,
         guest_cid: 3,
         disks: Vec::new(),
     };
@@ -109,8 +119,21 @@ fn parse() -> anyhow::Result<Args> {
             "--disk" => parsed
                 .disks
                 .push(DiskSpec::parse(&value, parsed.disks.len())?),
+            "--vsock-listen-fd" => {
+                parsed.vsock_listen_fd = Some(value.parse().context("--vsock-listen-fd")?);
+            }
+            "--vsock-port" => parsed.vsock_port = Some(value.parse().context("--vsock-port")?),
             other => bail!("unknown flag {other}"),
         }
+    }
+    if parsed.vsock_socket.is_some() && parsed.vsock_listen_fd.is_some() {
+        bail!("give --vsock-socket or --vsock-listen-fd, not both");
+    }
+    if parsed.vsock_port.is_some()
+        && parsed.vsock_socket.is_none()
+        && parsed.vsock_listen_fd.is_none()
+    {
+        bail!("--vsock-port needs --vsock-socket or --vsock-listen-fd");
     }
     if parsed.mode == "linux" {
         if parsed.kernel.is_none() {
@@ -177,18 +200,31 @@ fn main_inner() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Binds the vsock device's host socket, replacing a stale one.
-fn bind_vsock(path: &std::path::Path) -> anyhow::Result<std::os::unix::net::UnixListener> {
-    let _ = std::fs::remove_file(path);
-    std::os::unix::net::UnixListener::bind(path)
-        .with_context(|| format!("binding {}", path.display()))
+/// The vsock device's host socket: bound at `--vsock-socket` (replacing a stale one) or
+/// inherited (`--vsock-listen-fd`); `None` without either.
+fn vsock_listener(args: &Args) -> anyhow::Result<Option<HostListener>> {
+    let listener = match (&args.vsock_socket, args.vsock_listen_fd) {
+        (Some(path), _) => {
+            let _ = std::fs::remove_file(path);
+            std::os::unix::net::UnixListener::bind(path)
+                .with_context(|| format!("binding {}", path.display()))?
+        }
+        (None, Some(fd)) => {
+            airlock_vmm::virtio::vsock_host::inherited_listener(fd).context("--vsock-listen-fd")?
+        }
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(HostListener {
+        listener,
+        guest_port: args.vsock_port,
+    }))
 }
 
 /// Runs a Linux guest until it ends, or (with `--snapshot`) until SIGUSR1, then snapshots it.
 /// The vsock host thread is started with SIGUSR1 blocked, so the signal interrupts the vCPU.
 fn run_guest(
     mut vm: Vm,
-    listener: Option<std::os::unix::net::UnixListener>,
+    listener: Option<HostListener>,
     snapshot_dir: Option<&std::path::Path>,
 ) -> anyhow::Result<bool> {
     vm.console().echo_to_stdout();
@@ -215,7 +251,7 @@ fn run_guest(
 
 fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
     let mut devices = vec![Device::Rng(airlock_vmm::virtio::Rng::new())];
-    let listener = args.vsock_socket.as_deref().map(bind_vsock).transpose()?;
+    let listener = vsock_listener(args)?;
     if listener.is_some() {
         devices.push(Device::Vsock(airlock_vmm::virtio::Vsock::new(
             args.guest_cid,
@@ -253,7 +289,7 @@ fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
 }
 
 fn run_restore(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
-    let listener = args.vsock_socket.as_deref().map(bind_vsock).transpose()?;
+    let listener = vsock_listener(args)?;
     let template = Template::from_snapshot(snapshot::load(&args.snapshot)?);
     let mut vm = template.fork(vmm, None)?;
     let disks = args

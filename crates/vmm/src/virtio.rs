@@ -15,7 +15,7 @@ use vm_memory::GuestMemoryMmap;
 pub use block::Block;
 pub use mmio::{MmioTransport, TransportError, TransportState};
 pub use rng::Rng;
-pub use vsock::Vsock;
+pub use vsock::{HostListener, Vsock};
 
 /// Where the first virtio-mmio device sits; each further one 4 KiB higher.
 pub const MMIO_BASE: u64 = 0xd000_0000;

@@ -459,7 +459,7 @@ impl Vm {
     /// connections on `listener` (a restored VM gets its listener here too).
     pub fn start_vsock_host(
         &mut self,
-        listener: Option<std::os::unix::net::UnixListener>,
+        listener: Option<virtio::HostListener>,
     ) -> Result<bool, VmError> {
         let Some(index) = self
             .virtio
