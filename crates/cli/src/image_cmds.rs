@@ -102,7 +102,7 @@ pub fn image(store: &StoreArgs, command: ImageCommand) -> anyhow::Result<ExitCod
                     println!(
                         "{name:<60} {digest:<12} {:>6} {:>10}",
                         image.layers,
-                        human(image.size_bytes)
+                        airlock_image::human_size(image.size_bytes)
                     );
                 }
             }
@@ -128,7 +128,7 @@ pub fn image(store: &StoreArgs, command: ImageCommand) -> anyhow::Result<ExitCod
                 report.manifests.len(),
                 report.layers,
                 report.blobs,
-                human(report.freed_bytes)
+                airlock_image::human_size(report.freed_bytes)
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -160,21 +160,6 @@ fn pull(
         println!("Digest: {}", report.digest);
     }
     Ok(ExitCode::SUCCESS)
-}
-
-pub(crate) fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1000.0 && unit < UNITS.len() - 1 {
-        value /= 1000.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
 }
 
 /// Progress on stderr: one redrawn bar on a terminal, a line per finished layer otherwise.
@@ -223,7 +208,10 @@ impl ProgressView {
                 } else {
                     "done"
                 };
-                eprintln!("{short}: {status} ({})", human(event.total_bytes));
+                eprintln!(
+                    "{short}: {status} ({})",
+                    airlock_image::human_size(event.total_bytes)
+                );
             }
         })
     }
@@ -259,8 +247,8 @@ fn draw(state: &ViewState) {
         "\r[{}{}] {} / {}  {finished}/{} layers ",
         "=".repeat(filled),
         " ".repeat(width - filled),
-        human(done),
-        human(total),
+        airlock_image::human_size(done),
+        airlock_image::human_size(total),
         state.layers.len()
     );
     let _ = stderr.flush();

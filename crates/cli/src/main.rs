@@ -1,21 +1,6 @@
 //! `airlock`: run commands in sandboxes.
 
 mod approvals_cmds;
-mod bench;
-mod bench_api;
-mod bench_container;
-mod bench_desktop;
-mod bench_e2b;
-mod bench_egress;
-mod bench_git;
-mod bench_image;
-mod bench_interpreter;
-mod bench_judge0;
-mod bench_load;
-mod bench_pause;
-mod bench_soak;
-mod bench_vm;
-mod bench_wasm;
 mod build_context;
 mod daemon_cmds;
 mod dockerfile;
@@ -27,7 +12,7 @@ mod policy_cmds;
 mod run;
 mod run_git;
 mod sandbox_cmds;
-mod seceval;
+mod seceval_run;
 mod template_cmds;
 
 use std::process::ExitCode;
@@ -55,7 +40,7 @@ enum Command {
     /// Measure sandbox start-up against peers.
     Bench {
         #[command(subcommand)]
-        which: bench::BenchCommand,
+        which: airlock_bench::BenchCommand,
     },
     /// Report which tiers and confinement layers this host supports.
     Probe,
@@ -98,10 +83,10 @@ enum Command {
     },
     /// Run the security evaluation: a catalog of attacks from inside sandboxes, each with the
     /// layer that must stop it (docs/seceval.md).
-    Seceval(seceval::SecevalArgs),
+    Seceval(airlock_seceval::SecevalArgs),
     /// `airlock run` with layers taken away: the proof runs of `airlock seceval` only.
     #[command(name = "__seceval-run", hide = true)]
-    SecevalRun(seceval::EvalRunArgs),
+    SecevalRun(seceval_run::EvalRunArgs),
     /// Serve MCP over stdin/stdout: tools for a daemon's sandboxes (for desktop agents).
     Mcp {
         #[command(flatten)]
@@ -137,7 +122,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Run(args) => run::run(args),
-        Command::Bench { which } => bench::bench(which),
+        Command::Bench { which } => airlock_bench::bench(which, &image_source::resolve),
         Command::Probe => probe(),
         Command::Serve(args) => daemon_cmds::serve(&args),
         Command::Keys(args) => daemon_cmds::keys(&args),
@@ -150,8 +135,8 @@ fn main() -> ExitCode {
             .and_then(|client| template_cmds::template(&client, which)),
         Command::Policy { which } => policy_cmds::policy(which),
         Command::Approvals { daemon, which } => approvals_cmds::approvals(&daemon, which),
-        Command::Seceval(args) => seceval::seceval(args),
-        Command::SecevalRun(args) => seceval::eval_run(args),
+        Command::Seceval(args) => airlock_seceval::seceval(args),
+        Command::SecevalRun(args) => seceval_run::eval_run(args),
     };
     match result {
         Ok(code) => code,

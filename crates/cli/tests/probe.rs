@@ -1,5 +1,6 @@
 //! `airlock probe`: the host's KVM kind, checked against the host itself (/dev/kvm and the
-//! loaded modules), and the microvm tier reported unavailable with what is missing.
+//! loaded modules), and the microvm tier's availability: unavailable with the reason where the
+//! host has no hardware KVM or no guest is configured.
 
 #![allow(
     clippy::unwrap_used,
@@ -43,8 +44,22 @@ fn test_probe_reports_kvm_kind_and_microvm_tier_reason() {
     };
     assert!(kvm.contains(expected), "expected {expected:?} in {kvm:?}");
     let microvm = line("tier microvm");
-    assert!(
-        microvm.contains("unavailable: no runtime path starts the VMM's Linux guest"),
-        "{microvm}"
-    );
+    let guest = std::env::var_os("AIRLOCK_MICROVM_KERNEL").is_some()
+        || std::env::var_os("AIRLOCK_MICROVM_SNAPSHOT").is_some();
+    let reason = if !Path::new("/dev/kvm").exists() {
+        Some("this host has no KVM")
+    } else if Path::new("/sys/module/kvm_pvm").exists() {
+        Some("this host's /dev/kvm is PVM, where a Linux guest needs a PVM-enabled guest kernel")
+    } else if !guest {
+        Some("no guest is configured: set AIRLOCK_MICROVM_KERNEL")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => assert!(
+            microvm.contains(&format!("unavailable: {reason}")),
+            "expected {reason:?} in {microvm:?}"
+        ),
+        None => assert!(!microvm.contains("unavailable"), "{microvm}"),
+    }
 }

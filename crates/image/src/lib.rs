@@ -11,6 +11,7 @@ pub mod capture;
 pub mod copy;
 mod derive;
 pub mod digest;
+pub mod disk;
 pub mod fuzzing;
 pub mod glob;
 mod import;
@@ -25,6 +26,7 @@ pub mod tarball;
 
 pub use derive::{Derivation, DeriveError};
 pub use digest::Digest;
+pub use disk::{DiskError, RootDisk};
 pub use import::{ImportError, ImportKind, ImportOptions, ImportReport, ImportedImage};
 pub use pull::{LayerPulled, PullError, PullOptions, PullReport};
 pub use reference::Reference;
@@ -32,3 +34,19 @@ pub use store::ingest::{Phase, Progress, ProgressFn};
 pub use store::{
     ImageDetails, ImageStore, ImageSummary, LayerDetails, PruneReport, StoreError, StoreOptions,
 };
+
+/// `bytes` for people: `512 B`, `1.5 MB` (decimal units, as registries and `docker images` show).
+pub fn human_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1000.0 && unit < UNITS.len() - 1 {
+        value /= 1000.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}

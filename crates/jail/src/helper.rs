@@ -492,6 +492,10 @@ fn init(
             egress_dir: host.egress.as_ref().map(|egress| &egress.dir),
             trust_bundle: host.egress.as_ref().map(|egress| &egress.trust_bundle),
             image_root: image_root.as_ref(),
+            vmm_files: agent
+                .and_then(|agent| agent.vmm.as_ref())
+                .map(|vmm| vmm.files.as_slice())
+                .unwrap_or_default(),
         },
         &plan.identity,
         join_network,

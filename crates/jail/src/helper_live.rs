@@ -16,7 +16,7 @@ use crate::procctl;
 use crate::report::CONTROL_FD;
 use crate::spec::{
     AGENT_LISTEN_FD, AGENT_OOM_EVENTS_FD, AGENT_PATH, AGENT_WORKLOAD_CGROUP_FD, AgentSpec,
-    WorkloadCgroupSpec,
+    VMM_KVM_FD, VmmSpec, WorkloadCgroupSpec,
 };
 use crate::sys;
 
@@ -29,6 +29,43 @@ pub struct AgentFds {
     pub binary: OwnedFd,
     /// The workload cgroup's `cgroup.procs` (write) and OOM counters (read).
     pub workload_cgroup: Option<(OwnedFd, OwnedFd)>,
+    /// Set on the microvm tier: init execs the VMM (`binary`) instead of the agent.
+    pub vmm: Option<VmmFds>,
+}
+
+/// The microvm tier's host descriptors (see [`VmmSpec`]).
+#[derive(Debug)]
+pub struct VmmFds {
+    /// `/dev/kvm`, opened on the host; [`VMM_KVM_FD`] in the VMM.
+    pub kvm: OwnedFd,
+    /// Detached mounts of the spec's files, by name, for the view.
+    pub files: Vec<(String, OwnedFd)>,
+    pub mode: String,
+    pub args: Vec<String>,
+}
+
+fn prepare_vmm(vmm: &VmmSpec) -> io::Result<VmmFds> {
+    let kvm = File::options().read(true).write(true).open("/dev/kvm")?;
+    // Above the descriptors init installs, as for the workload cgroup's.
+    let kvm = sys::dup_above(&OwnedFd::from(kvm), AGENT_OOM_EVENTS_FD + 1)?;
+    let mut files = Vec::new();
+    for (name, path) in &vmm.files {
+        if !crate::view_vmm::is_file_name(name) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("`{name}` cannot name a file of the VMM's view"),
+            ));
+        }
+        let tree = sys::open_tree_clone(None, path, false)
+            .map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", path.display())))?;
+        files.push((name.clone(), tree));
+    }
+    Ok(VmmFds {
+        kvm,
+        files,
+        mode: vmm.mode.clone(),
+        args: vmm.args.clone(),
+    })
 }
 
 /// What the helper opens on the host for init: a long-lived sandbox's agent, the egress
@@ -104,17 +141,23 @@ pub fn prepare(agent: &AgentSpec) -> io::Result<AgentFds> {
         .mode(0o600)
         .open(&agent.log)?;
     let binary = sys::open_tree_clone(None, &agent.binary, false)?;
+    let vmm = agent.vmm.as_ref().map(prepare_vmm).transpose()?;
     Ok(AgentFds {
         listener: OwnedFd::from(listener),
         log: OwnedFd::from(log),
         binary,
         workload_cgroup: None,
+        vmm,
     })
 }
 
 impl AgentFds {
     /// Adds the workload cgroup's files, once the supervisor has made it.
     pub fn with_workload_cgroup(mut self, cgroup: &WorkloadCgroupSpec) -> io::Result<AgentFds> {
+        if self.vmm.is_some() {
+            // The workload runs in the guest; the VMM is the sandbox's one process.
+            return Ok(self);
+        }
         // Above the descriptors init installs for the agent, so that installing one cannot
         // clobber another.
         let high = |file: File| sys::dup_above(&OwnedFd::from(file), AGENT_OOM_EVENTS_FD + 1);
@@ -134,6 +177,19 @@ pub fn exec_agent(plan: &Plan, fds: &AgentFds) -> io::Error {
         procctl::dup_inheritable(fds.log.as_raw_fd(), 1)?;
         procctl::dup_inheritable(fds.log.as_raw_fd(), 2)?;
         procctl::dup_inheritable(fds.listener.as_raw_fd(), AGENT_LISTEN_FD)?;
+        let c =
+            |s: String| CString::new(s).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
+        if let Some(vmm) = &fds.vmm {
+            procctl::dup_inheritable(vmm.kvm.as_raw_fd(), VMM_KVM_FD)?;
+            sys::close_from(AGENT_LISTEN_FD + 1, &[crate::report::REPORT_FD, VMM_KVM_FD])?;
+            let argv = vmm_argv(vmm)
+                .into_iter()
+                .map(c)
+                .collect::<io::Result<Vec<_>>>()?;
+            sys::chdir(std::path::Path::new("/"))?;
+            // No environment: the guest's comes from the runtime, over vsock.
+            return Ok(sys::execve(&c(AGENT_PATH.to_owned())?, &argv, &[]));
+        }
         let mut keep = vec![crate::report::REPORT_FD];
         if let Some((procs, oom)) = &fds.workload_cgroup {
             procctl::dup_inheritable(procs.as_raw_fd(), AGENT_WORKLOAD_CGROUP_FD)?;
@@ -141,8 +197,6 @@ pub fn exec_agent(plan: &Plan, fds: &AgentFds) -> io::Error {
             keep.extend([AGENT_WORKLOAD_CGROUP_FD, AGENT_OOM_EVENTS_FD]);
         }
         sys::close_from(AGENT_LISTEN_FD + 1, &keep)?;
-        let c =
-            |s: String| CString::new(s).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
         let program = c(AGENT_PATH.to_owned())?;
         let mut argv = vec![
             c("airlock-agent".to_owned())?,
@@ -179,6 +233,20 @@ pub fn exec_agent(plan: &Plan, fds: &AgentFds) -> io::Error {
         Ok(sys::execve(&program, &argv, &env))
     };
     run().unwrap_or_else(|e| e)
+}
+
+/// The VMM's argv (see [`VmmSpec`]).
+fn vmm_argv(vmm: &VmmFds) -> Vec<String> {
+    let mut argv = vec![
+        "airlock-vmm".to_owned(),
+        vmm.mode.clone(),
+        "--kvm-fd".to_owned(),
+        VMM_KVM_FD.to_string(),
+        "--vsock-listen-fd".to_owned(),
+        AGENT_LISTEN_FD.to_string(),
+    ];
+    argv.extend(vmm.args.iter().cloned());
+    argv
 }
 
 /// After the agent is up: wait for the supervisor's commit on [`CONTROL_FD`]. A commit frees
@@ -248,3 +316,32 @@ fn control_file() -> File {
 
 /// The byte a supervisor writes on the control pipe to commit a sandbox.
 pub const COMMIT: u8 = b'C';
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_vmm_argv_names_the_inherited_descriptors_then_the_runtime_s_arguments() {
+        let kvm = OwnedFd::from(File::open("/dev/null").unwrap());
+        let vmm = VmmFds {
+            kvm,
+            files: Vec::new(),
+            mode: "restore".into(),
+            args: vec!["--snapshot".into(), "/run/airlock/vm/snapshot".into()],
+        };
+        assert_eq!(
+            vmm_argv(&vmm),
+            [
+                "airlock-vmm",
+                "restore",
+                "--kvm-fd",
+                "5",
+                "--vsock-listen-fd",
+                "3",
+                "--snapshot",
+                "/run/airlock/vm/snapshot"
+            ]
+        );
+    }
+}

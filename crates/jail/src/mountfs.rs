@@ -290,6 +290,35 @@ pub fn image_root(
     context.mount(MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
 }
 
+/// An image's `layers` (lowest first) merged read-only, as a detached overlay with no upper
+/// directory: what the microvm tier copies into the image's root filesystem disk. Not
+/// idmapped (a root-owned store keeps the image's ids as host ids). `empty`, an empty
+/// directory, goes below them, since overlayfs wants two layers when it has no upper one.
+/// The overlay is attached nowhere; it dissolves when the descriptor is closed.
+pub fn merged_layers(layers: &[PathBuf], empty: &Path) -> Result<OwnedFd, MountFsError> {
+    let open = |path: &Path| {
+        sys::open_path(path).map_err(|source| MountFsError::Layer {
+            path: path.to_path_buf(),
+            source,
+        })
+    };
+    let mut lowers = layers
+        .iter()
+        .rev()
+        .map(|layer| open(layer))
+        .collect::<Result<Vec<_>, _>>()?;
+    lowers.push(open(empty)?);
+    let context = Context::open("overlay")?;
+    // `lowerdir+` stacks downwards: the first one given is the topmost.
+    for lower in &lowers {
+        context.set_fd("lowerdir+", lower)?;
+    }
+    context.set_string("redirect_dir", "nofollow")?;
+    context.set_string("index", "off")?;
+    context.set_string("metacopy", "off")?;
+    context.mount(sys::MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
+}
+
 /// A container tier's scratch space in memory: one tmpfs of `size_bytes`, made by the helper
 /// so that the overlay's upper directory can live in it too (the whole sandbox then writes
 /// into one budget). It holds `upper/` (owned by `root_owner`, the sandbox's root in host

@@ -101,7 +101,35 @@ pub struct AgentSpec {
     pub socket: std::path::PathBuf,
     /// The agent's stdout and stderr.
     pub log: std::path::PathBuf,
+    /// Set on the microvm tier: `binary` is `airlock-vmm`, and init execs it instead of the
+    /// agent; the agent is the guest's init, reached through the VMM's vsock device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vmm: Option<VmmSpec>,
 }
+
+/// What the microvm tier's jail holds besides the VMM binary, and how the VMM is started: the
+/// view has nothing of the host but these (`RootPlan::Host` on an empty directory).
+///
+/// The helper opens `/dev/kvm` on the host (the sandbox's user could not, and Landlock's
+/// device-ioctl right follows the opener) and hands it over as [`VMM_KVM_FD`]; the agent's
+/// socket, bound on the host as for the agent, is [`AGENT_LISTEN_FD`]. The VMM's argv is
+/// `airlock-vmm MODE --kvm-fd 5 --vsock-listen-fd 3 ARGS...`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmmSpec {
+    /// `linux` (boot a kernel) or `restore` (resume a snapshot).
+    pub mode: String,
+    /// Host files or directories shown read-only at `VMM_FILES_DIR/<name>` (the kernel, the
+    /// initramfs, a snapshot's directory). Names are single path components.
+    pub files: Vec<(String, std::path::PathBuf)>,
+    /// The rest of the VMM's arguments; they name the files by their paths in the view.
+    pub args: Vec<String>,
+}
+
+/// Where [`VmmSpec::files`] appear inside the microvm tier's jail.
+pub const VMM_FILES_DIR: &str = "/run/airlock/vm";
+/// The descriptor the VMM finds `/dev/kvm` on.
+pub const VMM_KVM_FD: i32 = 5;
 
 /// The workload's own cgroup, in host paths (see `CgroupLimits::workload_memory_bytes`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

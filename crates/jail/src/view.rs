@@ -105,6 +105,8 @@ pub struct Attachments<'a> {
     pub trust_bundle: Option<&'a OwnedFd>,
     /// The container tier's root: the image's overlay, made by the helper.
     pub image_root: Option<&'a OwnedFd>,
+    /// The microvm tier's files, under `VMM_FILES_DIR` (see `view_vmm`).
+    pub vmm_files: &'a [(String, OwnedFd)],
 }
 
 pub fn build(
@@ -161,6 +163,7 @@ pub fn build(
     if let Some(binary) = attachments.agent_binary {
         attach_agent(stage, binary, image)?;
     }
+    crate::view_vmm::attach_files(stage, attachments.vmm_files)?;
     if let Some(dir) = attachments.egress_dir {
         attach_egress(stage, dir, attachments.trust_bundle, image)?;
     }

@@ -89,7 +89,7 @@ impl Backend {
         match self {
             Backend::Process => Some(&ProcessTier),
             Backend::Container => Some(&ContainerTier),
-            Backend::Microvm => None,
+            Backend::Microvm => Some(&crate::microvm::MicrovmTier),
         }
     }
 
@@ -97,9 +97,6 @@ impl Backend {
     pub fn probe(self, host: &HostSupport) -> BackendSupport {
         match self.implementation() {
             Some(backend) => backend.probe(host),
-            None if self == Backend::Microvm => {
-                crate::microvm::support(&airlock_vmm::host::detect())
-            }
             None => BackendSupport {
                 tier: self.tier(),
                 unavailable: Some("not implemented in this build yet".to_owned()),
@@ -133,7 +130,7 @@ impl Backend {
 
 /// What both tiers need: user namespaces and seccomp, and (degraded without) Landlock and
 /// the memory and pids controllers.
-fn common_support(tier: Tier, host: &HostSupport) -> BackendSupport {
+pub(crate) fn common_support(tier: Tier, host: &HostSupport) -> BackendSupport {
     let unavailable = (!host.user_namespaces)
         .then(|| "user namespaces are disabled (user.max_user_namespaces is 0)".to_owned())
         .or_else(|| {
@@ -284,8 +281,7 @@ mod tests {
         old.overlay_unavailable = Some("Invalid argument".into());
         let reason = Backend::Container.probe(&old).unavailable.unwrap();
         assert!(reason.contains("6.15"), "{reason}");
-        assert!(Backend::Microvm.probe(&host()).unavailable.is_some());
-        assert!(Backend::Microvm.implementation().is_none());
+        assert!(Backend::Microvm.implementation().is_some());
         assert!(Backend::Container.implementation().unwrap().needs_upper());
         assert!(!Backend::Process.implementation().unwrap().needs_upper());
     }

@@ -17,7 +17,7 @@ mod evaluation;
 pub mod git;
 pub mod id_range;
 mod live;
-mod microvm;
+pub mod microvm;
 mod step;
 pub mod storage;
 mod workload;
@@ -40,6 +40,7 @@ pub use backend::{Backend, BackendSupport, ContainerTier, ProcessTier, TierBacke
 pub use evaluation::{Ablation, SECCOMP_TAG_ERRNO};
 pub use id_range::{IdRange, IdRangeError};
 pub use live::{AGENT_RESERVE_BYTES, LiveSandbox, LiveSpec, Pending, find_agent};
+pub use microvm::MicrovmTier;
 pub use step::{KeptScratch, StepOptions};
 pub use storage::{Storage, StorageError, VolumeSource};
 pub use workload::Workload;
@@ -202,7 +203,7 @@ impl Runtime {
     ) -> Result<(Sandbox, Option<Instant>), RuntimeError> {
         let backend = Backend::for_tier(config.tier).available(&self.support)?;
         backend.check(config)?;
-        let mut plan = airlock_policy::compile(config, &self.facts())?;
+        let mut plan = airlock_policy::compile(&microvm::jail_config(config), &self.facts())?;
         let mut options = self.spawn_options();
         // The helper holds the range's lock until the sandbox has ended.
         if let Some(range) = self.id_range(&plan)? {

@@ -265,7 +265,8 @@ impl Runtime {
         ];
         config.timeout_ms = None;
         backend.check(&config)?;
-        let mut plan = airlock_policy::compile(&config, &self.facts())?;
+        let mut plan =
+            airlock_policy::compile(&crate::microvm::jail_config(&config), &self.facts())?;
         let mut options = self.spawn_options();
         let id_range = self.id_range(&plan)?;
         if let Some(range) = &id_range {
@@ -305,10 +306,17 @@ impl Runtime {
             (Some(_), None) => return Err(RuntimeError::NetworkMode("proxy (without a proxy)")),
             (None, Some(_)) => {}
         }
+        let binary = if backend.tier() == airlock_api::Tier::Microvm {
+            // The agent is the guest's init; the backend puts the VMM here.
+            PathBuf::new()
+        } else {
+            find_agent(&self.helper)?
+        };
         let agent = AgentSpec {
-            binary: find_agent(&self.helper)?,
+            binary,
             socket: spec.dir.join(AGENT_SOCKET),
             log: spec.dir.join(AGENT_LOG),
+            vmm: None,
         };
         let socket = agent.socket.clone();
         let name = format!("{}-{}", self.owner, spec.id);

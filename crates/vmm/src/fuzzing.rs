@@ -4,6 +4,7 @@
 //! guest-chosen memory (descriptor tables, rings, buffers). Each function panics when an
 //! invariant breaks; a guest error must come back as a [`TransportError`] naming the device.
 
+pub mod block;
 pub mod vsock;
 
 use virtio_queue::QueueT;

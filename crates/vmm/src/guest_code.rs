@@ -229,3 +229,34 @@ pub fn cmos_reader(index: u8) -> Vec<u8> {
         .reset();
     asm.finish()
 }
+
+/// A virtio driver for a device whose queue 0 the host preloaded in guest memory (descriptor
+/// table, avail ring and buffers at [`queue_layout`]'s addresses, `queue_size` entries):
+/// negotiates VIRTIO_F_VERSION_1, sets the queue up, notifies it once, acknowledges the
+/// interrupt, prints "ok" and resets. The block device tests lay their requests out this way.
+pub fn preloaded_queue_driver(mmio_base: u32, queue_size: u32) -> Vec<u8> {
+    use queue_layout::*;
+    let reg = |offset: u32| mmio_base + offset;
+    let mut asm = Asm::new();
+    asm.store32(reg(0x70), 1) // ACKNOWLEDGE
+        .store32(reg(0x70), 3) // | DRIVER
+        .store32(reg(0x24), 1) // DriverFeaturesSel = 1
+        .store32(reg(0x20), 1) // VIRTIO_F_VERSION_1 (bit 32)
+        .store32(reg(0x70), 0xb) // | FEATURES_OK
+        .store32(reg(0x30), 0) // QueueSel
+        .store32(reg(0x38), queue_size)
+        .store32(reg(0x80), DESC_TABLE)
+        .store32(reg(0x84), 0)
+        .store32(reg(0x90), AVAIL_RING)
+        .store32(reg(0x94), 0)
+        .store32(reg(0xa0), USED_RING)
+        .store32(reg(0xa4), 0)
+        .store32(reg(0x44), 1) // QueueReady
+        .store32(reg(0x70), 0xf) // | DRIVER_OK
+        .store32(reg(0x50), 0) // QueueNotify
+        .load_eax(reg(0x60)) // InterruptStatus
+        .store_eax(reg(0x64)) // InterruptACK
+        .print(b"ok")
+        .reset();
+    asm.finish()
+}

@@ -2,14 +2,14 @@
 //!
 //! What exists: one vCPU set up in 32-bit protected mode (the PVH entry's state), guest RAM
 //! in a memfd (so that a snapshot is that file and a fork maps it `MAP_PRIVATE`), the in-kernel
-//! irqchip and PIT, an 8250 console, i8042 reset, a CMOS clock, and virtio-mmio with an entropy
-//! device ([`virtio`]). [`snapshot`] saves and restores memory, vCPU and device state;
+//! irqchip and PIT, an 8250 console, i8042 reset, a CMOS clock, and virtio-mmio with entropy,
+//! vsock and block devices ([`virtio`]). [`snapshot`] saves and restores memory, vCPU and device state;
 //! [`fork`] makes copy-on-write forks from one snapshot, optionally into pre-created
 //! [`vm::VmShell`]s. [`host`] says what kind of `/dev/kvm` this host has. [`seccomp`] is the
 //! VMM's own allow-list; the `airlock-vmm` binary (`main.rs`) runs one VM per process, under it.
 //!
-//! What does not exist yet: loading a Linux kernel, vsock and block devices, the guest agent
-//! over vsock. The tier is therefore not offered to sandboxes (see `airlock probe`).
+//! [`linux`] boots a Linux kernel through its PVH entry. What does not exist yet: a runtime
+//! path that starts it for a sandbox. The tier is therefore not offered (see `airlock probe`).
 //!
 //! Everything a guest writes (port and MMIO accesses, virtqueue descriptors) is untrusted: a
 //! bad access ends that VM with a [`vm::VmError`], never a panic.

@@ -17,12 +17,24 @@
 //!   `--vsock-socket PATH [--guest-cid N]` adds a vsock device (CID 3 by default) whose host
 //!   side listens on PATH (`CONNECT <port>\n`, Firecracker's convention). With
 //!   `--snapshot DIR`, SIGUSR1 pauses the guest, writes its snapshot to DIR and exits 0;
+//!   each writable `--disk` N is then copied (holes kept) to DIR/disk-N.img, the disk of that
+//!   snapshot, which a restore (or a copy per fork) is given back with `--disk`.
 //!   Without `--snapshot` the VMM's allow-list is installed (on all threads) before the guest
 //!   first runs;
-//! - `airlock-vmm restore --snapshot DIR [--vsock-socket PATH]`: resumes such a snapshot
+//!   `--disk PATH[:ro][:id=SERIAL]` (repeatable) adds a virtio-blk device on that raw disk
+//!   file, after the entropy and vsock devices, in order (the guest's `/dev/vda`, `vdb`, ...;
+//!   its serial, `airlock-disk-N` by default, in `/sys/block/vdX/serial`);
+//! - `airlock-vmm restore --snapshot DIR [--vsock-socket PATH] [--disk ...]`: resumes such a
+//!   snapshot (given the same disks in the same order, each of the size and mode it had)
 //!   under the allow-list
 //!   (memory mapped copy-on-write) where it stopped; vsock connections do not survive it (the
 //!   guest gets a transport reset), so the host connects again.
+//!
+//! `--vsock-listen-fd N` takes the vsock device's host socket from an inherited listening
+//! Unix socket N instead of binding `--vsock-socket`, and `--vsock-port P` sends every
+//! connection on it to guest port P without the `CONNECT` handshake (no `OK` line either):
+//! the microvm tier's jail binds the agent's socket on the host, and the daemon speaks the
+//! agent's HTTP on it exactly as on the process tier's.
 //!
 //! `--kvm-fd N` takes `/dev/kvm` from inherited descriptor N instead of opening it: how the
 //! VMM runs inside the process tier's jail, whose view has no `/dev/kvm` and whose user could
@@ -36,7 +48,8 @@ use std::process::ExitCode;
 use airlock_vmm::fork::Template;
 use airlock_vmm::guest_code::{self, CODE_ADDRESS, COUNTER_ADDRESS};
 use airlock_vmm::linux::LinuxBoot;
-use airlock_vmm::virtio::Device;
+use airlock_vmm::virtio::block::{Block, Disk, DiskSpec};
+use airlock_vmm::virtio::{Device, HostListener};
 use airlock_vmm::vm::{self, Vm, VmConfig, VmExit, VmShell, Vmm};
 use airlock_vmm::{seccomp, snapshot};
 use anyhow::{Context, bail};
@@ -54,7 +67,10 @@ struct Args {
     memory_mib: u64,
     cmdline_devices: bool,
     vsock_socket: Option<PathBuf>,
+    vsock_listen_fd: Option<i32>,
+    vsock_port: Option<u32>,
     guest_cid: u64,
+    disks: Vec<DiskSpec>,
 }
 
 fn parse() -> anyhow::Result<Args> {
@@ -75,7 +91,10 @@ fn parse() -> anyhow::Result<Args> {
         memory_mib: 256,
         cmdline_devices: false,
         vsock_socket: None,
+        vsock_listen_fd: None,
+        vsock_port: None,
         guest_cid: 3,
+        disks: Vec::new(),
     };
     while let Some(flag) = args.next() {
         if flag == "--cmdline-devices" {
@@ -97,8 +116,24 @@ fn parse() -> anyhow::Result<Args> {
             "--memory-mib" => parsed.memory_mib = value.parse().context("--memory-mib")?,
             "--vsock-socket" => parsed.vsock_socket = Some(PathBuf::from(value)),
             "--guest-cid" => parsed.guest_cid = value.parse().context("--guest-cid")?,
+            "--disk" => parsed
+                .disks
+                .push(DiskSpec::parse(&value, parsed.disks.len())?),
+            "--vsock-listen-fd" => {
+                parsed.vsock_listen_fd = Some(value.parse().context("--vsock-listen-fd")?);
+            }
+            "--vsock-port" => parsed.vsock_port = Some(value.parse().context("--vsock-port")?),
             other => bail!("unknown flag {other}"),
         }
+    }
+    if parsed.vsock_socket.is_some() && parsed.vsock_listen_fd.is_some() {
+        bail!("give --vsock-socket or --vsock-listen-fd, not both");
+    }
+    if parsed.vsock_port.is_some()
+        && parsed.vsock_socket.is_none()
+        && parsed.vsock_listen_fd.is_none()
+    {
+        bail!("--vsock-port needs --vsock-socket or --vsock-listen-fd");
     }
     if parsed.mode == "linux" {
         if parsed.kernel.is_none() {
@@ -165,20 +200,33 @@ fn main_inner() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Binds the vsock device's host socket, replacing a stale one.
-fn bind_vsock(path: &std::path::Path) -> anyhow::Result<std::os::unix::net::UnixListener> {
-    let _ = std::fs::remove_file(path);
-    std::os::unix::net::UnixListener::bind(path)
-        .with_context(|| format!("binding {}", path.display()))
+/// The vsock device's host socket: bound at `--vsock-socket` (replacing a stale one) or
+/// inherited (`--vsock-listen-fd`); `None` without either.
+fn vsock_listener(args: &Args) -> anyhow::Result<Option<HostListener>> {
+    let listener = match (&args.vsock_socket, args.vsock_listen_fd) {
+        (Some(path), _) => {
+            let _ = std::fs::remove_file(path);
+            std::os::unix::net::UnixListener::bind(path)
+                .with_context(|| format!("binding {}", path.display()))?
+        }
+        (None, Some(fd)) => {
+            airlock_vmm::virtio::vsock_host::inherited_listener(fd).context("--vsock-listen-fd")?
+        }
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(HostListener {
+        listener,
+        guest_port: args.vsock_port,
+    }))
 }
 
 /// Runs a Linux guest until it ends, or (with `--snapshot`) until SIGUSR1, then snapshots it.
 /// The vsock host thread is started with SIGUSR1 blocked, so the signal interrupts the vCPU.
 fn run_guest(
     mut vm: Vm,
-    listener: Option<std::os::unix::net::UnixListener>,
+    listener: Option<HostListener>,
     snapshot_dir: Option<&std::path::Path>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     vm.console().echo_to_stdout();
     if snapshot_dir.is_some() {
         airlock_vmm::pause::install_sigusr1()?;
@@ -196,18 +244,22 @@ fn run_guest(
     if let (VmExit::Paused, Some(dir)) = (exit, snapshot_dir) {
         snapshot::save(&mut vm, dir)?;
         eprintln!("airlock-vmm: snapshot written to {}", dir.display());
+        return Ok(true);
     }
-    Ok(())
+    Ok(false)
 }
 
 fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
     let mut devices = vec![Device::Rng(airlock_vmm::virtio::Rng::new())];
-    let listener = args.vsock_socket.as_deref().map(bind_vsock).transpose()?;
+    let listener = vsock_listener(args)?;
     if listener.is_some() {
         devices.push(Device::Vsock(airlock_vmm::virtio::Vsock::new(
             args.guest_cid,
             None,
         )));
+    }
+    for spec in &args.disks {
+        devices.push(Device::Block(Block::open(spec)?));
     }
     let mut cmdline = args.cmdline.clone();
     if args.cmdline_devices {
@@ -222,15 +274,32 @@ fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
     let vm = Vm::boot_linux(vmm, shell, &boot, devices)?;
     eprintln!("airlock-vmm: booting {}", boot.kernel.display());
     let snapshot_dir = (!args.snapshot.as_os_str().is_empty()).then_some(args.snapshot.as_path());
-    run_guest(vm, listener, snapshot_dir)
+    if run_guest(vm, listener, snapshot_dir)? {
+        // The writable disks as the paused guest left them belong to the snapshot.
+        for (index, spec) in args.disks.iter().enumerate() {
+            let (Some(dir), false) = (snapshot_dir, spec.read_only) else {
+                continue;
+            };
+            let copy = dir.join(format!("disk-{index}.img"));
+            snapshot::copy_disk(&spec.path, &copy)?;
+            eprintln!("airlock-vmm: disk {index} copied to {}", copy.display());
+        }
+    }
+    Ok(())
 }
 
 fn run_restore(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
-    let listener = args.vsock_socket.as_deref().map(bind_vsock).transpose()?;
+    let listener = vsock_listener(args)?;
     let template = Template::from_snapshot(snapshot::load(&args.snapshot)?);
-    let vm = template.fork(vmm, None)?;
+    let mut vm = template.fork(vmm, None)?;
+    let disks = args
+        .disks
+        .iter()
+        .map(|spec| Disk::open(&spec.path, spec.read_only))
+        .collect::<Result<Vec<_>, _>>()?;
+    vm.attach_disks(disks)?;
     eprintln!("airlock-vmm: restored {}", args.snapshot.display());
-    run_guest(vm, listener, None)
+    run_guest(vm, listener, None).map(|_| ())
 }
 
 fn main() -> ExitCode {

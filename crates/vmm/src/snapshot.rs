@@ -4,6 +4,8 @@
 
 use std::fs::File;
 use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -146,4 +148,91 @@ pub fn read_guest(
         .memory
         .read_slice(&mut buffer, GuestAddress(address))?;
     Ok(buffer)
+}
+
+/// Copies a disk file keeping its holes (`SEEK_DATA`/`SEEK_HOLE`), so a sparse overlay disk
+/// stays sparse; returns the data bytes copied. A writable disk as a snapshotted guest left
+/// it (the VMM exits after the snapshot) is that snapshot's disk, its unwritten pages being in
+/// the memory file: each fork gets its own copy.
+pub fn copy_disk(from: &Path, to: &Path) -> Result<u64, SnapshotError> {
+    let read_err = |source| SnapshotError::Read {
+        path: from.display().to_string(),
+        source,
+    };
+    let write_err = |source| SnapshotError::Write {
+        path: to.display().to_string(),
+        source,
+    };
+    let source = File::open(from).map_err(read_err)?;
+    let len = source.metadata().map_err(read_err)?.len();
+    let target = File::create(to).map_err(write_err)?;
+    target.set_len(len).map_err(write_err)?;
+    let seek = |offset: u64, whence: libc::c_int| -> Result<Option<u64>, SnapshotError> {
+        let offset = libc::off_t::try_from(offset).unwrap_or(libc::off_t::MAX);
+        // SAFETY: lseek on the descriptor `source` owns; no memory is passed; checked below.
+        let at = unsafe { libc::lseek(source.as_raw_fd(), offset, whence) };
+        if at < 0 {
+            let err = std::io::Error::last_os_error();
+            // ENXIO: no data at or after `offset`.
+            if err.raw_os_error() == Some(libc::ENXIO) {
+                return Ok(None);
+            }
+            return Err(read_err(err));
+        }
+        Ok(u64::try_from(at).ok())
+    };
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut copied = 0u64;
+    let mut offset = 0u64;
+    while offset < len {
+        let Some(data) = seek(offset, libc::SEEK_DATA)? else {
+            break;
+        };
+        let hole = seek(data, libc::SEEK_HOLE)?.unwrap_or(len).min(len);
+        let mut at = data;
+        while at < hole {
+            let n = usize::try_from(hole - at).map_or(buffer.len(), |n| n.min(buffer.len()));
+            source
+                .read_exact_at(&mut buffer[..n], at)
+                .map_err(read_err)?;
+            target.write_all_at(&buffer[..n], at).map_err(write_err)?;
+            at += n as u64;
+            copied += n as u64;
+        }
+        offset = hole.max(data + 1);
+    }
+    target.sync_all().map_err(write_err)?;
+    Ok(copied)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests: failing loudly is the point")]
+
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    #[test]
+    fn test_copy_disk_keeps_content_and_holes() {
+        let dir = std::env::temp_dir().join(format!("airlock-copy-disk-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (from, to) = (dir.join("from.img"), dir.join("to.img"));
+        let file = File::create(&from).unwrap();
+        file.set_len(64 << 20).unwrap();
+        file.write_all_at(b"first sector", 0).unwrap();
+        file.write_all_at(b"far away", 40 << 20).unwrap();
+        drop(file);
+        let copied = copy_disk(&from, &to).unwrap();
+        assert!(std::fs::read(&from).unwrap() == std::fs::read(&to).unwrap());
+        assert!(copied < 1 << 20, "{copied} bytes copied");
+        let meta = std::fs::metadata(&to).unwrap();
+        assert_eq!(meta.len(), 64 << 20);
+        assert!(
+            meta.blocks() * 512 < 2 << 20,
+            "{} bytes allocated",
+            meta.blocks() * 512
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -1,7 +1,8 @@
 //! Virtio over MMIO: the transport ([`mmio`]) and the devices behind it. Devices are a closed
-//! enum ([`Device`]): entropy ([`rng`]) and vsock ([`vsock`], whose host side
-//! [`vsock_host`] serves on its own thread).
+//! enum ([`Device`]): entropy ([`rng`]), vsock ([`vsock`], whose host side
+//! [`vsock_host`] serves on its own thread) and block ([`block`], a raw disk file).
 
+pub mod block;
 pub mod mmio;
 pub mod rng;
 pub mod vsock;
@@ -11,9 +12,10 @@ use serde::{Deserialize, Serialize};
 use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 
+pub use block::Block;
 pub use mmio::{MmioTransport, TransportError, TransportState};
 pub use rng::Rng;
-pub use vsock::Vsock;
+pub use vsock::{HostListener, Vsock};
 
 /// Where the first virtio-mmio device sits; each further one 4 KiB higher.
 pub const MMIO_BASE: u64 = 0xd000_0000;
@@ -37,6 +39,12 @@ pub enum DeviceError {
     },
     #[error("a descriptor chain is empty or loops")]
     BadChain { head: u16 },
+    #[error("descriptor chain {head} is not a block request")]
+    BlockChain {
+        head: u16,
+        #[source]
+        problem: block::request::ChainError,
+    },
     #[error("the entropy source failed")]
     Entropy(#[source] std::io::Error),
 }
@@ -47,6 +55,7 @@ pub enum DeviceError {
 pub enum Device {
     Rng(Rng),
     Vsock(Vsock),
+    Block(Block),
 }
 
 /// What a snapshot keeps of a device besides its transport.
@@ -58,6 +67,13 @@ pub enum DeviceState {
     Vsock {
         guest_cid: u64,
     },
+    /// The disk's file is not part of the state: the VMM opens it again and
+    /// [`Block::attach`]es it, which checks it has this shape.
+    Block {
+        capacity_sectors: u64,
+        read_only: bool,
+        serial: String,
+    },
 }
 
 impl Device {
@@ -65,6 +81,7 @@ impl Device {
         match self {
             Device::Rng(_) => "virtio-rng",
             Device::Vsock(_) => "virtio-vsock",
+            Device::Block(_) => "virtio-blk",
         }
     }
 
@@ -73,25 +90,33 @@ impl Device {
         match self {
             Device::Rng(_) => virtio_bindings::virtio_ids::VIRTIO_ID_RNG,
             Device::Vsock(_) => virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK,
+            Device::Block(_) => virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK,
         }
     }
 
     /// Feature bits offered (besides VIRTIO_F_VERSION_1, which the transport adds).
     pub fn features(&self) -> u64 {
-        0
+        match self {
+            Device::Block(block) => block.features(),
+            _ => 0,
+        }
     }
 
     pub fn queue_max_sizes(&self) -> &'static [u16] {
         match self {
             Device::Rng(_) => &[rng::QUEUE_SIZE],
             Device::Vsock(_) => &[vsock::QUEUE_SIZE; 3],
+            Device::Block(_) => &[block::QUEUE_SIZE],
         }
     }
 
-    /// Device configuration space reads: the vsock device's is its guest CID (le64); the
-    /// entropy device has none.
+    /// Device configuration space reads: the vsock device's is its guest CID (le64), the
+    /// block device's its capacity and limits; the entropy device has none.
     pub fn read_config(&self, offset: u64, data: &mut [u8]) {
         data.fill(0);
+        if let Device::Block(block) = self {
+            block.read_config(offset, data);
+        }
         if let Device::Vsock(vsock) = self {
             let config = vsock.guest_cid().to_le_bytes();
             for (i, byte) in data.iter_mut().enumerate() {
@@ -120,6 +145,10 @@ impl Device {
                 vsock::EVENT_QUEUE => vsock.event_notified(queue, memory),
                 _ => Ok(false),
             },
+            Device::Block(block) => match index {
+                0 => block.process(queue, memory),
+                _ => Ok(false),
+            },
         }
     }
 
@@ -129,6 +158,11 @@ impl Device {
             Device::Vsock(vsock) => DeviceState::Vsock {
                 guest_cid: vsock.guest_cid(),
             },
+            Device::Block(block) => DeviceState::Block {
+                capacity_sectors: block.capacity_sectors(),
+                read_only: block.read_only(),
+                serial: block.serial().to_owned(),
+            },
         }
     }
 
@@ -136,6 +170,15 @@ impl Device {
         match state {
             DeviceState::Rng => Device::Rng(Rng::new()),
             DeviceState::Vsock { guest_cid } => Device::Vsock(Vsock::restored(*guest_cid)),
+            DeviceState::Block {
+                capacity_sectors,
+                read_only,
+                serial,
+            } => Device::Block(Block::restored(
+                *capacity_sectors,
+                *read_only,
+                serial.clone(),
+            )),
         }
     }
 }

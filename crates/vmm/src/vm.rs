@@ -60,6 +60,8 @@ pub enum VmError {
     Linux(#[source] crate::linux::LinuxError),
     #[error("the shell has {actual} virtio interrupt lines, the VM needs {wanted}")]
     ShellDevices { wanted: usize, actual: usize },
+    #[error("giving the restored VM its disks failed")]
+    Disk(#[source] crate::virtio::block::BlockError),
 }
 
 /// Why [`Vm::run`] returned.
@@ -277,6 +279,23 @@ pub struct Vm {
 impl Vm {
     /// Builds a VM in `shell` with fresh RAM and `config`'s image, ready to run from its entry.
     pub fn boot(vmm: &Vmm, shell: VmShell, config: &VmConfig) -> Result<Vm, VmError> {
+        let devices = if config.entropy_device {
+            vec![Device::Rng(virtio::Rng::new())]
+        } else {
+            Vec::new()
+        };
+        Self::boot_with_devices(vmm, shell, config, devices)
+    }
+
+    /// [`Vm::boot`] with `devices` on virtio-mmio (window `i` at [`virtio::MMIO_BASE`] + `i` *
+    /// [`virtio::MMIO_SIZE`], GSI [`virtio::FIRST_IRQ`] + `i`) instead of `config`'s entropy
+    /// device: how the tests drive a block device from a freestanding guest.
+    pub fn boot_with_devices(
+        vmm: &Vmm,
+        shell: VmShell,
+        config: &VmConfig,
+        devices: Vec<Device>,
+    ) -> Result<Vm, VmError> {
         shell.check_memory(config.memory_bytes)?;
         let (shell, reservation) = shell.split();
         let ram = GuestRam::new_shared(reservation).map_err(VmError::Memory)?;
@@ -288,11 +307,7 @@ impl Vm {
                     source,
                 })?;
         }
-        let virtio = if config.entropy_device {
-            vec![MmioTransport::new(Device::Rng(virtio::Rng::new()))]
-        } else {
-            Vec::new()
-        };
+        let virtio = devices.into_iter().map(MmioTransport::new).collect();
         let vm = Self::assemble(vmm, shell, ram, None, virtio)?;
         vcpu::set_boot_state(&vm.vcpu, &vmm.cpuid, config.entry, 0).map_err(VmError::Vcpu)?;
         Ok(vm)
@@ -415,11 +430,36 @@ impl Vm {
         self.virtio.iter().map(|t| lock(t).state()).collect()
     }
 
+    /// Gives a restored VM's block devices their disks, in device order (the order of the
+    /// `--disk` flags that booted it); each must have the size and mode the snapshot
+    /// recorded, and every block device must get one.
+    pub fn attach_disks(&mut self, disks: Vec<crate::virtio::block::Disk>) -> Result<(), VmError> {
+        use crate::virtio::block::BlockError;
+        let blocks: Vec<_> = self
+            .virtio
+            .iter()
+            .filter(|t| matches!(lock(t).device(), Device::Block(_)))
+            .cloned()
+            .collect();
+        if blocks.len() != disks.len() {
+            return Err(VmError::Disk(BlockError::Count {
+                expected: blocks.len(),
+                actual: disks.len(),
+            }));
+        }
+        for (index, (transport, disk)) in blocks.iter().zip(disks).enumerate() {
+            if let Device::Block(block) = lock(transport).device_mut() {
+                block.attach(disk, index).map_err(VmError::Disk)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Starts the host side of the VM's vsock device (if it has one), accepting host
     /// connections on `listener` (a restored VM gets its listener here too).
     pub fn start_vsock_host(
         &mut self,
-        listener: Option<std::os::unix::net::UnixListener>,
+        listener: Option<virtio::HostListener>,
     ) -> Result<bool, VmError> {
         let Some(index) = self
             .virtio

@@ -6,7 +6,8 @@
 //! <root>/blobs/sha256/<hex>        compressed layer blobs, verified
 //! <root>/layers/sha256/<hex>/      one unpacked layer per diff id (overlay form, read-only use)
 //! <root>/layers/sha256/<hex>.json  what unpacking it reported (warnings)
-//! <root>/locks/{blob,layer}-<hex>.lock
+//! <root>/disks/sha256/<hex>.ext4  an image's root filesystem disk (microvm tier, crate::disk)
+//! <root>/locks/{blob,layer,disk}-<hex>.lock
 //! <root>/tmp/                      partial downloads and unpacks in progress
 //! ```
 
@@ -531,6 +532,15 @@ impl ImageStore {
                     }
                 }
             }
+        }
+        // The microvm tier's root disks of the images just removed (crate::disk).
+        for digest in report
+            .manifests
+            .iter()
+            .filter_map(|d| Digest::parse(d).ok())
+        {
+            let disk = self.disk_path(&digest);
+            let _ = fs::rename(&disk, trash.join(format!("disk-{}", digest.hex())));
         }
         // Nothing runs while the exclusive lock is held: every temporary file and lock is stale.
         for sub in ["tmp", "locks"] {

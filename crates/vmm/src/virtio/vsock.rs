@@ -2,7 +2,10 @@
 //! socket in Firecracker's convention: a host process connects to the VMM's socket, writes
 //! `CONNECT <guest port>\n`, gets `OK <host port>\n` once the guest accepted, then a byte
 //! stream. Only the host connects (the guest's own connection requests are refused with a
-//! reset): the agent listens in the guest, the daemon dials it.
+//! reset): the agent listens in the guest, the daemon dials it. A listener given a guest port
+//! ([`HostListener::guest_port`]) skips the handshake: each of its connections goes to that
+//! port, with no `OK` line, so that a client speaks the agent's HTTP on it at once (the
+//! microvm tier's agent socket, which the daemon reaches exactly as the process tier's).
 //!
 //! Everything in a packet is the guest's: a header that names no connection, claims more
 //! data than it carries or overruns the credit this device gave gets that connection reset,
@@ -117,6 +120,8 @@ struct Connection {
     to_host: Vec<u8>,
     /// Leading bytes of `to_host` that are this device's own (the `OK` line), not guest data.
     own_bytes: usize,
+    /// Whether the host side is told `OK <host port>` once the guest accepted.
+    announce: bool,
     /// Host bytes read but not yet sent to the guest.
     from_host: Vec<u8>,
     host_eof: bool,
@@ -136,18 +141,29 @@ impl Connection {
     }
 }
 
-/// A host socket that has connected but not yet said which port it wants.
+/// A host socket that has connected but not yet said which port it wants (or, accepted on
+/// a listener with a fixed guest port, is waiting to be opened).
 #[derive(Debug)]
 struct Handshake {
     stream: UnixStream,
     line: Vec<u8>,
+    fixed_port: Option<u32>,
+}
+
+/// The host side's listening Unix socket.
+#[derive(Debug)]
+pub struct HostListener {
+    pub listener: UnixListener,
+    /// `None`: Firecracker's `CONNECT <port>` handshake. `Some(port)`: every connection goes
+    /// to this guest port, without a handshake or an `OK` line.
+    pub guest_port: Option<u32>,
 }
 
 /// The vsock device: its guest CID, the host's listening socket, and the connections.
 #[derive(Debug)]
 pub struct Vsock {
     guest_cid: u64,
-    listener: Option<UnixListener>,
+    listener: Option<HostListener>,
     handshakes: Vec<Handshake>,
     connections: Vec<Connection>,
     /// Control packets (no payload) queued for the guest.
@@ -165,7 +181,7 @@ pub struct Vsock {
 
 impl Vsock {
     /// A device for guest `guest_cid` whose host side accepts on `listener` (non-blocking).
-    pub fn new(guest_cid: u64, listener: Option<UnixListener>) -> Vsock {
+    pub fn new(guest_cid: u64, listener: Option<HostListener>) -> Vsock {
         Vsock {
             guest_cid,
             listener,
@@ -193,7 +209,7 @@ impl Vsock {
     }
 
     /// Gives the device its host socket (after a restore) and the host thread's wake-up.
-    pub fn attach(&mut self, listener: Option<UnixListener>, wake: EventFd) {
+    pub fn attach(&mut self, listener: Option<HostListener>, wake: EventFd) {
         if listener.is_some() {
             self.listener = listener;
         }
@@ -208,8 +224,8 @@ impl Vsock {
     pub fn poll_set(&self) -> Vec<(i32, i16)> {
         use std::os::fd::AsRawFd;
         let mut set = Vec::new();
-        if let Some(listener) = &self.listener {
-            set.push((listener.as_raw_fd(), libc::POLLIN));
+        if let Some(host) = &self.listener {
+            set.push((host.listener.as_raw_fd(), libc::POLLIN));
         }
         // Held after a restore until the guest's reset is acknowledged (no busy loop on them).
         if !self.reset_event && !self.reset_unacknowledged {
@@ -309,10 +325,10 @@ impl Vsock {
     }
 
     fn accept(&mut self) {
-        let Some(listener) = &self.listener else {
+        let Some(host) = &self.listener else {
             return;
         };
-        while let Ok((stream, _)) = listener.accept() {
+        while let Ok((stream, _)) = host.listener.accept() {
             if self.handshakes.len() + self.connections.len() >= MAX_CONNECTIONS
                 || set_nonblocking(&stream, true).is_err()
             {
@@ -321,6 +337,7 @@ impl Vsock {
             self.handshakes.push(Handshake {
                 stream,
                 line: Vec::new(),
+                fixed_port: host.guest_port,
             });
         }
     }
@@ -329,6 +346,11 @@ impl Vsock {
         let mut index = 0;
         while index < self.handshakes.len() {
             let handshake = &mut self.handshakes[index];
+            if let Some(port) = handshake.fixed_port {
+                let handshake = self.handshakes.swap_remove(index);
+                self.open_with(handshake.stream, port, false);
+                continue;
+            }
             let mut byte = [0u8; 1];
             let mut done = None;
             loop {
@@ -360,6 +382,11 @@ impl Vsock {
     /// Asks the guest for a connection to `guest_port` on behalf of `stream` (what a host
     /// socket's `CONNECT` line does; also how the fuzzer and tests attach a socket pair).
     pub fn open(&mut self, stream: UnixStream, guest_port: u32) {
+        self.open_with(stream, guest_port, true);
+    }
+
+    /// [`Vsock::open`]; `announce` says whether the host side gets the `OK` line.
+    fn open_with(&mut self, stream: UnixStream, guest_port: u32, announce: bool) {
         let _ = set_nonblocking(&stream, true);
         let host_port = self.next_host_port;
         self.next_host_port = self.next_host_port.wrapping_add(1).max(FIRST_HOST_PORT);
@@ -370,6 +397,7 @@ impl Vsock {
             state: State::Connecting,
             to_host: Vec::new(),
             own_bytes: 0,
+            announce,
             from_host: Vec::new(),
             host_eof: false,
             fwd_cnt: 0,
@@ -450,9 +478,11 @@ impl Vsock {
         match (header.op, c.state) {
             (OP_RESPONSE, State::Connecting) => {
                 c.state = State::Established;
-                let line = format!("OK {}\n", c.host_port);
-                c.own_bytes += line.len();
-                c.to_host.extend_from_slice(line.as_bytes());
+                if c.announce {
+                    let line = format!("OK {}\n", c.host_port);
+                    c.own_bytes += line.len();
+                    c.to_host.extend_from_slice(line.as_bytes());
+                }
             }
             (OP_RW, State::Established)
                 if c.to_host.len() - c.own_bytes + payload.len() <= BUFFER_BYTES as usize =>
@@ -681,3 +711,7 @@ fn parse_connect(line: &[u8]) -> Option<u32> {
     let port = text.trim_end_matches('\r').strip_prefix("CONNECT ")?;
     port.parse().ok()
 }
+
+#[cfg(test)]
+#[path = "vsock_tests.rs"]
+mod tests;

@@ -24,6 +24,32 @@ pub enum VsockHostError {
     EventFd(#[source] std::io::Error),
     #[error("starting the vsock host thread failed")]
     Spawn(#[source] std::io::Error),
+    #[error("descriptor {0} is not a listening socket")]
+    NotListening(i32),
+}
+
+/// Takes over inherited descriptor `fd`, which must be a listening socket (the jail binds the
+/// microvm tier's agent socket on the host and hands it over).
+pub fn inherited_listener(fd: i32) -> Result<std::os::unix::net::UnixListener, VsockHostError> {
+    let mut accepting: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes one c_int into `accepting` and its size into `len`, both live
+    // locals of the sizes given; a descriptor that is no socket makes it fail (checked).
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            (&raw mut accepting).cast(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 || accepting == 0 {
+        return Err(VsockHostError::NotListening(fd));
+    }
+    // SAFETY: the descriptor is open and a listening socket (checked above), and the caller
+    // hands it to this process for the listener alone, which now owns and closes it.
+    Ok(unsafe { <std::os::unix::net::UnixListener as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 
 /// The running host thread; stopped and joined when dropped.
@@ -40,7 +66,7 @@ impl VsockHost {
         transport: Arc<Mutex<MmioTransport>>,
         memory: GuestMemoryMmap,
         irq: EventFd,
-        listener: Option<std::os::unix::net::UnixListener>,
+        listener: Option<super::HostListener>,
     ) -> Result<VsockHost, VsockHostError> {
         let wake = EventFd::new(EFD_NONBLOCK).map_err(VsockHostError::EventFd)?;
         {
@@ -48,8 +74,8 @@ impl VsockHost {
             let Device::Vsock(vsock) = guard.device_mut() else {
                 return Err(VsockHostError::NotVsock);
             };
-            if let Some(listener) = &listener {
-                listener
+            if let Some(host) = &listener {
+                host.listener
                     .set_nonblocking(true)
                     .map_err(VsockHostError::EventFd)?;
             }

@@ -13,8 +13,8 @@ use airlock_vmm::guest_code::{self, CODE_ADDRESS};
 use airlock_vmm::vm::{Vm, VmConfig, VmExit, VmShell, Vmm};
 use anyhow::Context;
 
-use crate::bench::percentile;
-use crate::bench_api::used_bytes;
+use crate::api::used_bytes;
+use crate::percentile;
 
 const WARM_UP: usize = 20;
 

@@ -15,8 +15,8 @@ use airlock_server::lifecycle::{INTERPRETER_PORT, INTERPRETER_TEMPLATE};
 use anyhow::Context;
 use hyper::{Method, StatusCode};
 
-use crate::bench::percentile;
-use crate::bench_api::BenchDaemon;
+use crate::api::BenchDaemon;
+use crate::percentile;
 
 /// One `POST /execute` of `code` on the default python context; the `text` of its result.
 async fn run_code(client: &Client, id: &str, code: &str) -> anyhow::Result<String> {

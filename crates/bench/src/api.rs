@@ -11,7 +11,7 @@ use airlock_api::v1::{CreateSandboxRequest, ExecRequest};
 use airlock_server::client::Client;
 use anyhow::{Context, bail};
 
-use crate::bench::percentile;
+use crate::percentile;
 
 /// A daemon for the benchmark: ours (removed on drop) or the one at `--url`.
 pub struct BenchDaemon {
@@ -176,7 +176,7 @@ pub fn api(
             client.health().await?;
             let health_time = start.elapsed();
             let start = Instant::now();
-            crate::bench::spawn_wait("/bin/true", &[])?;
+            crate::spawn_wait("/bin/true", &[])?;
             let bare_time = start.elapsed();
             let start = Instant::now();
             let created = client.create(&request).await?;

@@ -9,8 +9,8 @@ use airlock_api::v1::{CreateSandboxRequest, ExecRequest, PauseMode};
 use airlock_server::client::Client;
 use anyhow::{Context, bail};
 
-use crate::bench::percentile;
-use crate::bench_api::BenchDaemon;
+use crate::api::BenchDaemon;
+use crate::percentile;
 
 fn shell(command: &str) -> ExecRequest {
     ExecRequest {

@@ -16,7 +16,7 @@ use airlock_api::{ImageRootfs, SandboxConfig};
 use airlock_runtime::Runtime;
 use anyhow::{Context, bail};
 
-use crate::bench::{percentile, spawn_wait};
+use crate::{percentile, spawn_wait};
 
 /// Set once the benchmark runs in its private mount namespace.
 const PRIVATE_NS: &str = "AIRLOCK_BENCH_PRIVATE_NS";
@@ -124,7 +124,11 @@ fn crun_bundle(dir: &Path, rootfs: &Path) -> anyhow::Result<PathBuf> {
     Ok(bundle)
 }
 
-pub fn start(iterations: usize, image: Option<String>) -> anyhow::Result<ExitCode> {
+pub fn start(
+    iterations: usize,
+    image: Option<String>,
+    resolve_image: crate::ImageResolver<'_>,
+) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(iterations >= 10, "--iterations must be at least 10");
     let peers = which("crun") || which("podman");
     if peers && std::env::var_os(PRIVATE_NS).is_none() {
@@ -155,7 +159,7 @@ pub fn start(iterations: usize, image: Option<String>) -> anyhow::Result<ExitCod
         podman: false,
     };
     let image = match image {
-        Some(reference) => crate::image_source::resolve(&reference)?,
+        Some(reference) => resolve_image(&reference)?,
         None => busybox_rootfs(&path)?,
     };
     let one_layer = image.layers.len() == 1;

@@ -1,4 +1,4 @@
-//! The attack catalog as data (`crates/cli/seceval/catalog.json`, compiled into the binary)
+//! The attack catalog as data (`crates/seceval/catalog.json`, compiled into the binary)
 //! and the outcome vocabulary the runner and the catalog share.
 //!
 //! An outcome is what one attempt ended with: `ok [detail]`, `errno NAME`, `killed SIGNAME`,
@@ -11,7 +11,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 /// The reviewed catalog, as shipped.
-pub const CATALOG_JSON: &str = include_str!("../../seceval/catalog.json");
+pub const CATALOG_JSON: &str = include_str!("../catalog.json");
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {

@@ -11,8 +11,8 @@ use airlock_server::client::Client;
 use airlock_server::lifecycle::DESKTOP_TEMPLATE;
 use anyhow::Context;
 
-use crate::bench::percentile;
-use crate::bench_api::BenchDaemon;
+use crate::api::BenchDaemon;
+use crate::percentile;
 
 const SCREEN: (u32, u32) = (1024, 768);
 

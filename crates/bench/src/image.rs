@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use airlock_image::{ImageStore, PullOptions, Reference, StoreOptions};
 
-use crate::image_cmds::human;
+use airlock_image::human_size as human;
 
 #[derive(Debug, clap::Args)]
 pub struct ImageBenchArgs {

@@ -10,7 +10,7 @@ use std::process::{Command, ExitCode};
 
 use anyhow::Context;
 
-use crate::bench_api::BenchDaemon;
+use crate::api::BenchDaemon;
 
 const DRIVER: &str = include_str!("../../../tests/e2b/bench_e2b.py");
 /// The venv `scripts/e2b-tests.sh` installs the newest SDK into.
@@ -44,7 +44,7 @@ pub fn e2b(
     let mut daemon = BenchDaemon::start(url, 64)?;
     runtime.block_on(daemon.wait_ready())?;
     if let Some(size) = pool {
-        runtime.block_on(crate::bench_api::fill_pool(&daemon.client, size))?;
+        runtime.block_on(crate::api::fill_pool(&daemon.client, size))?;
     }
     let base_url = daemon.client.base_url();
     let status = Command::new(&python)

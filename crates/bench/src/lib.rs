@@ -1,5 +1,24 @@
-//! `airlock bench start`: the full create → run `/bin/true` → teardown cycle, against bwrap and a
-//! bare spawn of `/bin/true`, measured in the same run and reported as ratios.
+//! `airlock bench`: Airlock's benchmarks, each measured beside a baseline taken in the same run
+//! and printed as figures and ratios, never asserted. The `airlock` binary's `bench` command is
+//! this crate's [`bench`]; the benchmarks are its product, the CLI only parses and dispatches.
+//!
+//! This file holds `bench start` (the full create → run `/bin/true` → teardown cycle, against
+//! bwrap, a bare spawn of `/bin/true` and the start-up floor); each other benchmark is a module.
+
+mod api;
+mod container;
+mod desktop;
+mod e2b;
+mod egress;
+mod git;
+mod image;
+mod interpreter;
+mod judge0;
+mod load;
+mod pause;
+mod soak;
+mod vm;
+mod wasm;
 
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -147,7 +166,7 @@ pub enum BenchCommand {
         iterations: usize,
     },
     /// Image pull and unpack from a local registry, against skopeo copy to an OCI directory.
-    Image(crate::bench_image::ImageBenchArgs),
+    Image(crate::image::ImageBenchArgs),
     /// Create-with-repository, cold and from the cache, beside `git clone` on the host of the
     /// same repository (made for the run and served on loopback).
     Git {
@@ -204,7 +223,12 @@ pub enum BenchTier {
     Wasm,
 }
 
-pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
+/// How `--image REF` becomes an image (the CLI's `airlock run --image` rules: the local store,
+/// an OCI layout, a rootfs directory or an image description).
+pub type ImageResolver<'a> = &'a dyn Fn(&str) -> anyhow::Result<airlock_api::ImageRootfs>;
+
+/// Runs one benchmark and prints its figures.
+pub fn bench(command: BenchCommand, resolve_image: ImageResolver<'_>) -> anyhow::Result<ExitCode> {
     match command {
         BenchCommand::Start {
             iterations,
@@ -221,13 +245,13 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             image,
             tier: BenchTier::Container,
             ..
-        } => crate::bench_container::start(iterations, image),
+        } => crate::container::start(iterations, image, resolve_image),
         BenchCommand::Start {
             iterations,
             tier: BenchTier::Wasm,
             image: None,
             ..
-        } => crate::bench_wasm::start(iterations),
+        } => crate::wasm::start(iterations),
         BenchCommand::Start {
             tier: BenchTier::Wasm,
             ..
@@ -237,51 +261,51 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             iterations,
             file_mib,
             pool,
-        } => crate::bench_api::api(url, iterations, file_mib, pool),
-        BenchCommand::Load { sandboxes, clients } => crate::bench_load::load(sandboxes, clients),
-        BenchCommand::Density { url, count } => crate::bench_api::density(url, count),
+        } => crate::api::api(url, iterations, file_mib, pool),
+        BenchCommand::Load { sandboxes, clients } => crate::load::load(sandboxes, clients),
+        BenchCommand::Density { url, count } => crate::api::density(url, count),
         BenchCommand::Soak {
             cycles,
             sandboxes,
             clients,
-        } => crate::bench_soak::soak(cycles, sandboxes, clients),
+        } => crate::soak::soak(cycles, sandboxes, clients),
         BenchCommand::E2b {
             url,
             iterations,
             python,
             pool,
-        } => crate::bench_e2b::e2b(url, iterations, python, pool),
+        } => crate::e2b::e2b(url, iterations, python, pool),
         BenchCommand::Judge0 {
             url,
             iterations,
             submissions,
             workers,
-        } => crate::bench_judge0::judge0(url, iterations, submissions, workers),
+        } => crate::judge0::judge0(url, iterations, submissions, workers),
         BenchCommand::Egress {
             requests,
             download_mib,
-        } => crate::bench_egress::egress(requests, download_mib),
+        } => crate::egress::egress(requests, download_mib),
         BenchCommand::Pause {
             iterations,
             snapshots,
-        } => crate::bench_pause::pause(iterations, snapshots),
+        } => crate::pause::pause(iterations, snapshots),
         BenchCommand::Vm {
             iterations,
             forks,
             memory_mib,
-        } => crate::bench_vm::vm(iterations, forks, memory_mib),
-        BenchCommand::Image(args) => crate::bench_image::image(args),
+        } => crate::vm::vm(iterations, forks, memory_mib),
+        BenchCommand::Image(args) => crate::image::image(args),
         BenchCommand::Interpreter {
             url,
             creates,
             iterations,
-        } => crate::bench_interpreter::interpreter(url, creates, iterations),
+        } => crate::interpreter::interpreter(url, creates, iterations),
         BenchCommand::Desktop {
             url,
             creates,
             iterations,
-        } => crate::bench_desktop::desktop(url, creates, iterations),
-        BenchCommand::Git { size_mib, rounds } => crate::bench_git::git_bench(size_mib, rounds),
+        } => crate::desktop::desktop(url, creates, iterations),
+        BenchCommand::Git { size_mib, rounds } => crate::git::git_bench(size_mib, rounds),
     }
 }
 

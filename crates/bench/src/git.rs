@@ -15,8 +15,8 @@ use airlock_api::v1::{CreateSandboxRequest, GitWorkspace, Workspace};
 use airlock_server::testing::GitServer;
 use anyhow::{Context, bail};
 
-use crate::bench::percentile;
-use crate::bench_api::BenchDaemon;
+use crate::api::BenchDaemon;
+use crate::percentile;
 
 const TOKEN: &str = "bench-token-5b0e93c1";
 const HOST: &str = "git.bench";

@@ -15,8 +15,8 @@ use airlock_api::v1::{CreateSandboxRequest, ExecRequest};
 use airlock_server::client::Client;
 use anyhow::Context;
 
-use crate::bench::percentile;
-use crate::bench_api::BenchDaemon;
+use crate::api::BenchDaemon;
+use crate::percentile;
 
 /// What one client saw.
 #[derive(Debug, Default)]

@@ -11,7 +11,7 @@ use std::time::Instant;
 use airlock_api::v1::CreateSandboxRequest;
 use anyhow::Context;
 
-use crate::bench_api::BenchDaemon;
+use crate::api::BenchDaemon;
 
 /// What the daemon holds at one moment.
 #[derive(Debug, Clone, Copy)]

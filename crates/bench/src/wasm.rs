@@ -13,7 +13,7 @@ use airlock_api::SandboxConfig;
 use airlock_runtime::Runtime;
 use anyhow::Context;
 
-use crate::bench::percentile;
+use crate::percentile;
 
 const JS_SNIPPET: &str = "[1, 2, 3].map(x => x * 2).reduce((a, b) => a + b)";
 /// No output: the process tier's workload writes to the bench's own stdout.

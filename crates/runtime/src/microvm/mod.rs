@@ -1,0 +1,219 @@
+//! The microvm tier: each sandbox is a Linux guest of Airlock's VMM (`airlock-vmm`), whose init
+//! is the agent serving envd over vsock. The VMM itself runs inside the process tier's jail, as
+//! Firecracker's jailer confines Firecracker: its own namespaces, a view holding only the VMM,
+//! its kernel and initramfs (or snapshot) read-only and Airlock's `/dev`, `/proc` and scratch
+//! (the root is an empty directory); the jail's seccomp deny-list under the VMM's own
+//! allow-list, which it installs on every thread before the guest runs; and the sandbox's
+//! cgroup, whose memory limit holds the guest's memory plus Airlock's reserve for the VMM, and
+//! whose CPU quota bounds its vCPU.
+//!
+//! The jail binds the agent's socket on the host as on the process tier and hands it to the
+//! VMM, which sends every connection on it to the guest's agent port (no `CONNECT` handshake),
+//! so the daemon, the E2B data plane and the SDKs reach a guest exactly as a process sandbox.
+//!
+//! The guest comes from the operator's settings ([`guest`]): a kernel and initramfs to boot,
+//! or a snapshot of a booted guest to fork. Before a sandbox is handed over, its agent has
+//! answered and taken the sandbox's environment with fresh host entropy ([`ready`]).
+
+pub mod guest;
+pub mod ready;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use airlock_api::{SandboxConfig, Tier, WorkspaceSource};
+use airlock_jail::spec::AgentSpec;
+use airlock_jail::{HostSupport, JailError, Sandbox, SpawnOptions};
+use airlock_policy::{Plan, RootPlan};
+use airlock_vmm::host::KvmKind;
+
+use crate::RuntimeError;
+use crate::backend::{BackendSupport, TierBackend};
+use guest::GuestSource;
+
+/// A guard against a guest that never answers, not a performance bound: under nested
+/// emulation a boot takes minutes.
+const READY_LIMIT: Duration = Duration::from_secs(600);
+
+/// The microvm tier's backend.
+#[derive(Debug)]
+pub struct MicrovmTier;
+
+/// The tier's probe: hardware KVM, a configured guest and the jail's own needs.
+pub fn support(
+    kvm: &KvmKind,
+    guest: Result<&GuestSource, &str>,
+    host: &HostSupport,
+) -> BackendSupport {
+    let unavailable = match kvm {
+        KvmKind::None { reason } => Some(format!("this host has no KVM ({reason})")),
+        KvmKind::Pvm => Some(
+            "this host's /dev/kvm is PVM, where a Linux guest needs a PVM-enabled guest kernel"
+                .to_owned(),
+        ),
+        KvmKind::Hardware { .. } => guest.err().map(str::to_owned),
+    };
+    let mut support = crate::backend::common_support(Tier::Microvm, host);
+    if unavailable.is_some() {
+        support.unavailable = unavailable;
+    }
+    support
+}
+
+/// `airlock-vmm`: `$AIRLOCK_VMM_BIN`, else beside the helper.
+pub fn find_vmm(helper: &Path) -> PathBuf {
+    std::env::var_os(guest::ENV_VMM_BIN)
+        .map_or_else(|| helper.with_file_name("airlock-vmm"), PathBuf::from)
+}
+
+/// An empty directory for the VMM's view's root (only what Airlock mounts is in it).
+pub fn empty_root() -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let dir = std::env::temp_dir().join("airlock-vmm-root");
+    match std::fs::DirBuilder::new().mode(0o755).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    // Someone else's directory, or one with entries, would become the VMM's root.
+    let meta = std::fs::symlink_metadata(&dir)?;
+    let uid = std::fs::metadata("/proc/self")?.uid();
+    let ours = meta.is_dir() && meta.uid() == uid && meta.mode() & 0o022 == 0;
+    if !ours || std::fs::read_dir(&dir)?.next().is_some() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!("{} is not an empty directory of this user's", dir.display()),
+        ));
+    }
+    Ok(dir)
+}
+
+/// The configuration the VMM's jail is compiled from: the process tier's (the policy crate
+/// compiles jails, and the VMM's is a process tier's turned by [`vmm_plan`]).
+pub(crate) fn jail_config(config: &SandboxConfig) -> std::borrow::Cow<'_, SandboxConfig> {
+    if config.tier == Tier::Microvm {
+        let mut jail = config.clone();
+        jail.tier = Tier::Process;
+        std::borrow::Cow::Owned(jail)
+    } else {
+        std::borrow::Cow::Borrowed(config)
+    }
+}
+
+/// The process tier's plan, turned into the VMM's jail.
+pub fn vmm_plan(plan: &Plan, root: PathBuf) -> Plan {
+    let mut plan = plan.clone();
+    plan.view.root = RootPlan::Host { path: root };
+    // Nothing of the host is in the view to mask.
+    plan.view.masks.clear();
+    // The guest's processes are inside the VM: the VMM is the sandbox's one process, and the
+    // sandbox's limit (the guest's memory plus the reserve) is the whole of it.
+    plan.cgroup.workload_memory_bytes = None;
+    plan
+}
+
+fn setup_error(message: String) -> JailError {
+    JailError::Setup {
+        code: airlock_jail::helper::SETUP_FAILED,
+        message,
+    }
+}
+
+impl TierBackend for MicrovmTier {
+    fn tier(&self) -> Tier {
+        Tier::Microvm
+    }
+
+    fn probe(&self, host: &HostSupport) -> BackendSupport {
+        let guest = GuestSource::from_env();
+        support(
+            &airlock_vmm::host::detect(),
+            guest.as_ref().map_err(String::as_str),
+            host,
+        )
+    }
+
+    fn check(&self, config: &SandboxConfig) -> Result<(), RuntimeError> {
+        let unavailable = |reason: String| RuntimeError::TierUnavailable {
+            tier: "microvm",
+            reason,
+        };
+        if matches!(config.workspace, WorkspaceSource::Host { .. }) {
+            return Err(unavailable(
+                "a host workspace cannot be shown to a guest yet".to_owned(),
+            ));
+        }
+        if config.rootfs.is_some() || config.image.is_some() {
+            return Err(unavailable(
+                "the guest's root is its initramfs or snapshot; a rootfs or image cannot be given yet"
+                    .to_owned(),
+            ));
+        }
+        if let Some(document) = &config.policy {
+            let policy = airlock_policy::Policy::from_document(document).map_err(|e| {
+                RuntimeError::Compile(airlock_policy::CompileError::InvalidPolicy(e))
+            })?;
+            if airlock_policy::egress_plan(&policy).mode
+                != airlock_policy::egress::NetworkMode::None
+            {
+                return Err(unavailable(
+                    "the guest has no network yet (egress over vsock is not built)".to_owned(),
+                ));
+            }
+        }
+        let guest = GuestSource::from_env().map_err(unavailable)?;
+        for path in guest.required_paths() {
+            if !path.exists() {
+                return Err(unavailable(format!(
+                    "the guest's {} does not exist",
+                    path.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn needs_upper(&self) -> bool {
+        false
+    }
+
+    fn start(&self, _plan: &Plan, _options: &SpawnOptions) -> Result<Sandbox, JailError> {
+        Err(setup_error(
+            "the microvm tier runs long-lived sandboxes only (airlockd, `airlock sandbox create`)"
+                .to_owned(),
+        ))
+    }
+
+    fn start_live(
+        &self,
+        plan: &Plan,
+        options: &SpawnOptions,
+        id: &str,
+        agent: AgentSpec,
+    ) -> Result<airlock_jail::live::Starting, JailError> {
+        let guest = GuestSource::from_env().map_err(setup_error)?;
+        let memory_mib = guest::guest_memory_mib(
+            plan.cgroup
+                .workload_memory_bytes
+                .or(plan.cgroup.memory_bytes),
+        );
+        let root = empty_root()
+            .map_err(|e| setup_error(format!("preparing the VMM's empty root: {e}")))?;
+        let plan = vmm_plan(plan, root);
+        let socket = agent.socket.clone();
+        let agent = AgentSpec {
+            binary: find_vmm(&options.helper),
+            vmm: Some(guest::vmm_spec(&guest, memory_mib)),
+            ..agent
+        };
+        let starting = airlock_jail::live::start(&plan, options, id, agent)?;
+        let helper_pid = starting.record().helper_pid;
+        ready::wait_for_agent(&socket, helper_pid, READY_LIMIT)
+            .and_then(|()| ready::resume(&socket, &plan.process.env))
+            .map_err(|e| setup_error(crate::error_chain(&e)))?;
+        Ok(starting)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,160 @@
+use airlock_api::SandboxConfig;
+use airlock_jail::cgroup::{Home, Layout};
+use airlock_policy::{HostFacts, compile};
+
+use super::*;
+
+fn host() -> HostSupport {
+    let v1 = |dir: &str| {
+        Some(Home::V1 {
+            own_dir: dir.into(),
+        })
+    };
+    HostSupport {
+        landlock_abi: Some(7),
+        user_namespaces: true,
+        seccomp_filter: true,
+        cgroups: Layout {
+            memory: v1("/sys/fs/cgroup/memory"),
+            pids: v1("/sys/fs/cgroup/pids"),
+            cpu: v1("/sys/fs/cgroup/cpu"),
+            freezer: v1("/sys/fs/cgroup/freezer"),
+        },
+        caller_is_root: true,
+        caller_uid: 0,
+        caller_gid: 0,
+        overlay_unavailable: None,
+    }
+}
+
+fn boot() -> GuestSource {
+    GuestSource::Boot {
+        kernel: "/srv/vmlinux".into(),
+        initrd: None,
+        cmdline: guest::DEFAULT_CMDLINE.into(),
+    }
+}
+
+#[test]
+fn test_microvm_support_is_available_on_hardware_kvm_with_a_guest() {
+    let hardware = KvmKind::Hardware { module: "kvm_amd" };
+    let support = support(&hardware, Ok(&boot()), &host());
+    assert_eq!(support.unavailable, None);
+    assert_eq!(support.tier, Tier::Microvm);
+}
+
+#[test]
+fn test_microvm_support_names_what_is_missing() {
+    let hardware = KvmKind::Hardware { module: "kvm_amd" };
+    let cases = [
+        (
+            support(
+                &KvmKind::None {
+                    reason: "/dev/kvm does not exist".into(),
+                },
+                Ok(&boot()),
+                &host(),
+            ),
+            "/dev/kvm does not exist",
+        ),
+        (
+            support(&KvmKind::Pvm, Ok(&boot()), &host()),
+            "PVM-enabled guest kernel",
+        ),
+        (
+            support(&hardware, Err("no guest is configured"), &host()),
+            "no guest is configured",
+        ),
+        (
+            support(
+                &hardware,
+                Ok(&boot()),
+                &HostSupport {
+                    user_namespaces: false,
+                    ..host()
+                },
+            ),
+            "user namespaces",
+        ),
+    ];
+    for (support, reason) in cases {
+        let unavailable = support.unavailable.unwrap_or_default();
+        assert!(unavailable.contains(reason), "{unavailable}");
+    }
+}
+
+#[test]
+fn test_vmm_plan_shows_an_empty_root_without_masks_and_no_workload_cgroup() {
+    let facts = HostFacts {
+        caller_uid: 0,
+        caller_gid: 0,
+        state_dirs: vec!["/var/lib/airlock".into()],
+    };
+    let mut config = SandboxConfig::new(vec!["true".into()]);
+    config.tier = Tier::Microvm;
+    config.resources.memory_bytes = Some(384 << 20);
+    let mut plan = compile(&jail_config(&config), &facts).unwrap();
+    assert_eq!(jail_config(&config).tier, Tier::Process);
+    plan.isolate_workload_memory(crate::AGENT_RESERVE_BYTES);
+    assert!(!plan.view.masks.is_empty());
+    let vmm = vmm_plan(&plan, "/tmp/airlock-vmm-root".into());
+    assert_eq!(
+        vmm.view.root,
+        RootPlan::Host {
+            path: "/tmp/airlock-vmm-root".into()
+        }
+    );
+    assert!(vmm.view.masks.is_empty());
+    assert_eq!(vmm.cgroup.workload_memory_bytes, None);
+    // The whole sandbox: the guest's 384 MiB and the VMM's reserve.
+    assert_eq!(
+        vmm.cgroup.memory_bytes,
+        Some((384 << 20) + crate::AGENT_RESERVE_BYTES)
+    );
+    // Everything else (identity, Landlock, seccomp, rlimits) is the process tier's.
+    assert_eq!(vmm.seccomp, plan.seccomp);
+    assert_eq!(vmm.landlock, plan.landlock);
+    assert_eq!(vmm.identity, plan.identity);
+}
+
+#[test]
+fn test_microvm_check_refuses_what_a_guest_cannot_have_yet() {
+    let mut config = SandboxConfig::new(Vec::new());
+    config.tier = Tier::Microvm;
+    config.workspace = WorkspaceSource::Host {
+        path: "/tmp".into(),
+    };
+    let err = MicrovmTier.check(&config).unwrap_err().to_string();
+    assert!(err.contains("host workspace"), "{err}");
+}
+
+#[test]
+fn test_find_vmm_is_beside_the_helper() {
+    if std::env::var_os(guest::ENV_VMM_BIN).is_none() {
+        assert_eq!(
+            find_vmm(Path::new("/opt/airlock/airlock-jail")),
+            PathBuf::from("/opt/airlock/airlock-vmm")
+        );
+    }
+}
+
+#[test]
+fn test_one_shot_runs_are_refused_with_the_reason() {
+    let facts = HostFacts {
+        caller_uid: 0,
+        caller_gid: 0,
+        state_dirs: vec![],
+    };
+    let plan = compile(&SandboxConfig::new(vec!["true".into()]), &facts).unwrap();
+    let options = SpawnOptions {
+        helper: "/nonexistent/airlock-jail".into(),
+        cgroups: host().cgroups,
+        trace: false,
+        evaluation: airlock_jail::spec::Evaluation::default(),
+        hold: None,
+        stdio: None,
+        zygote: None,
+    };
+    let err = MicrovmTier.start(&plan, &options).unwrap_err().to_string();
+    assert!(err.contains("long-lived sandboxes only"), "{err}");
+}
