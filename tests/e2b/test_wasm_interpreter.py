@@ -36,6 +36,11 @@ def test_wasm_run_code_keeps_state_per_context(daemon, wasm_interpreter):
     assert sandbox.run_code("shared", context=first).error.name == "NameError"
     assert {first.id, second.id} <= {c.id for c in sandbox.list_code_contexts()}
 
+    # env_vars hold for their cell alone, as in a Jupyter kernel.
+    cell = sandbox.run_code("import os\nos.environ.get('GREETING', 'unset')", envs={"GREETING": "hi"})
+    assert cell.text == "hi"
+    assert sandbox.run_code("os.environ.get('GREETING', 'unset')").text == "unset"
+
     sandbox.restart_code_context(first)
     assert sandbox.run_code("x", context=first).error.name == "NameError"
     sandbox.remove_code_context(second)
@@ -59,3 +64,5 @@ def test_wasm_run_code_javascript_context(wasm_interpreter):
     assert failed.error is not None and "nope" in failed.error.value
     # The context survives its exception.
     assert sandbox.run_code("n", context=js).text == "41"
+    with pytest.raises(Exception, match="not available for JavaScript"):
+        sandbox.run_code("n", context=js, envs={"A": "1"})

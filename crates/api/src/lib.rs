@@ -11,5 +11,7 @@ pub mod v1;
 pub mod whole;
 
 pub use image::{ImageConfig, ImageRootfs, MAX_IMAGE_LAYERS};
-pub use sandbox::{Compat, ResourceLimits, SandboxConfig, Tier, UserSpec, WorkspaceSource};
+pub use sandbox::{
+    Compat, ResourceLimits, SandboxConfig, Tier, UserSpec, ViewBind, WorkspaceSource,
+};
 pub use units::{parse_cpus_milli, parse_duration_ms, parse_size_bytes};

@@ -130,6 +130,15 @@ impl Default for ResourceLimits {
     }
 }
 
+/// A host path shown read-only at `guest` in a view that holds nothing else of the host (see
+/// [`SandboxConfig::root_binds`]). A directory is bound with the mounts beneath it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ViewBind {
+    pub host: PathBuf,
+    pub guest: PathBuf,
+}
+
 /// One sandbox as a caller configures it. The policy crate compiles it into a plan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -137,6 +146,11 @@ pub struct SandboxConfig {
     pub tier: Tier,
     /// The root of the sandbox's read-only view; `None` is the host's `/`.
     pub rootfs: Option<PathBuf>,
+    /// Set: the view's root is empty but for these read-only binds (and what Airlock mounts
+    /// itself: `/workspace`, `/tmp`, `/dev`, `/proc`, the agent; `/sys` stays empty): nothing
+    /// else of the host. For a workload that needs a few known files (the wasm tier's worker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_binds: Option<Vec<ViewBind>>,
     pub workspace: WorkspaceSource,
     pub resources: ResourceLimits,
     /// Wall-clock limit for the whole sandbox.
@@ -167,6 +181,7 @@ impl SandboxConfig {
         SandboxConfig {
             tier: Tier::Process,
             rootfs: None,
+            root_binds: None,
             workspace: WorkspaceSource::Fresh,
             resources: ResourceLimits::default(),
             timeout_ms: None,

@@ -32,6 +32,7 @@ pub mod spec;
 pub mod supervisor;
 mod sys;
 mod view;
+mod view_binds;
 mod view_image;
 mod view_vmm;
 pub mod zygote;

@@ -1,7 +1,7 @@
 //! Builds the sandbox's filesystem view in its fresh mount namespace, then pivots into it.
 //!
 //! The new root is a small tmpfs holding one read-only recursive bind per top-level entry of the
-//! rootfs, so that Airlock can add mount points (`/workspace`) that the rootfs lacks without
+//! rootfs (or only the plan's binds: `view_binds.rs`), so that Airlock can add mount points (`/workspace`) that the rootfs lacks without
 //! writing to it. Secrets are masked, the whole tree is made read-only, nosuid and nodev in one
 //! call, and only then are the writable and virtual filesystems mounted on top.
 
@@ -27,7 +27,7 @@ const EMPTY_DIR: &str = ".airlock-empty-dir";
 const MASK_FILE: &str = ".airlock-mask-file";
 /// Top-level entries Airlock provides itself. `/run` is an empty directory: binding the host's,
 /// even under a mask, would still list the names of its submounts in `/proc/self/mountinfo`.
-const PROVIDED: &[&str] = &["proc", "sys", "dev", "tmp", "workspace", "run"];
+pub(crate) const PROVIDED: &[&str] = &["proc", "sys", "dev", "tmp", "workspace", "run"];
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
 /// A step of the view that failed.
@@ -132,6 +132,10 @@ pub fn build(
             stage_host_root(stage, path, &plan.masks)?;
             false
         }
+        (RootPlan::Binds { binds }, _) => {
+            crate::view_binds::stage_bind_root(stage, binds, &plan.masks)?;
+            false
+        }
         (RootPlan::Overlay { .. }, Some(overlay)) => {
             crate::view_image::attach_root(stage, overlay)?;
             if !plan.masks.is_empty() {
@@ -210,15 +214,18 @@ pub fn build(
     // time: only sysfs needs it.
     step(|| "creating the network namespace".into(), join_network())?;
     // A fresh sysfs shows this network namespace, not the host's. It is optional: without it
-    // /sys is an empty directory, which hides more, not less.
+    // /sys is an empty directory, which hides more, not less. A view of binds only shows none
+    // (sysfs still describes the host's devices).
     let sysfs_flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
-    let _ = sys::mount(
-        Some("sysfs"),
-        &stage.join("sys"),
-        Some("sysfs"),
-        sysfs_flags,
-        None,
-    );
+    if !matches!(plan.root, RootPlan::Binds { .. }) {
+        let _ = sys::mount(
+            Some("sysfs"),
+            &stage.join("sys"),
+            Some("sysfs"),
+            sysfs_flags,
+            None,
+        );
+    }
     protect_read_only(stage, &plan.read_only_paths)?;
     step(|| "entering the new root".into(), sys::chdir(stage))?;
     step(|| "pivot_root".into(), sys::pivot_root_here())?;
@@ -255,7 +262,7 @@ fn stage_host_root(stage: &Path, rootfs: &Path, masks: &[Mask]) -> Result<(), Vi
     apply_masks(stage, masks)
 }
 
-fn mkdir(path: &Path, mode: u32) -> Result<(), ViewError> {
+pub(crate) fn mkdir(path: &Path, mode: u32) -> Result<(), ViewError> {
     let result = fs::DirBuilder::new().mode(mode).create(path);
     match result {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
@@ -350,7 +357,7 @@ fn expand(root: &OwnedFd, pattern: &str, listings: &mut HashMap<PathBuf, Listing
     found
 }
 
-fn apply_masks(stage: &Path, masks: &[Mask]) -> Result<(), ViewError> {
+pub(crate) fn apply_masks(stage: &Path, masks: &[Mask]) -> Result<(), ViewError> {
     let sources = [(MASK_DIR, 0o000), (EMPTY_DIR, 0o755)];
     for (name, mode) in sources {
         mkdir(&stage.join(name), mode)?;

@@ -47,6 +47,12 @@ pub enum CompileError {
     ImageOnWrongTier(&'static str),
     #[error("--rootfs and an image are exclusive: the image is the container tier's root")]
     RootfsWithImage,
+    #[error("--rootfs and root binds are exclusive: the binds are the whole root")]
+    RootfsWithBinds,
+    #[error("root binds belong to the process tier; the container tier's root is its image")]
+    BindsWithImage,
+    #[error("root bind {path}: {reason}")]
+    BadBind { path: String, reason: &'static str },
     #[error("the image has {0} layers; an overlay stacks at most {max}", max = airlock_api::MAX_IMAGE_LAYERS)]
     TooManyLayers(usize),
     #[error("the image has no layers")]
@@ -137,13 +143,26 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
                 .collect::<Result<Vec<_>, _>>()?;
             RootPlan::Overlay { layers }
         }
-        (None, false) => RootPlan::Host {
-            path: match &config.rootfs {
-                Some(path) => absolute("--rootfs", path)?,
-                None => PathBuf::from("/"),
+        (None, false) => match &config.root_binds {
+            Some(binds) => {
+                if config.rootfs.is_some() {
+                    return Err(CompileError::RootfsWithBinds);
+                }
+                RootPlan::Binds {
+                    binds: root_binds(binds)?,
+                }
+            }
+            None => RootPlan::Host {
+                path: match &config.rootfs {
+                    Some(path) => absolute("--rootfs", path)?,
+                    None => PathBuf::from("/"),
+                },
             },
         },
     };
+    if container && config.root_binds.is_some() {
+        return Err(CompileError::BindsWithImage);
+    }
     let privileged_caller = host.caller_uid == 0;
     let workspace = match &config.workspace {
         WorkspaceSource::Fresh => WorkspacePlan::Fresh,
@@ -229,6 +248,50 @@ pub fn compile(config: &SandboxConfig, host: &HostFacts) -> Result<Plan, Compile
         document_compile::apply(&policy, config, &mut plan)?;
     }
     Ok(plan)
+}
+
+/// Top-level directories of the view that Airlock fills itself: a bind cannot go there.
+const PROVIDED_ROOTS: &[&str] = &["proc", "sys", "dev", "tmp", "workspace", "run"];
+
+/// Checks a view of binds only: absolute host paths, normal guest paths that stay clear of the
+/// mount points Airlock provides, no guest path twice.
+fn root_binds(binds: &[airlock_api::ViewBind]) -> Result<Vec<airlock_api::ViewBind>, CompileError> {
+    use std::path::Component;
+    for bind in binds {
+        absolute("a root bind's host path", &bind.host)?;
+        absolute("a root bind's guest path", &bind.guest)?;
+        let bad = |reason| CompileError::BadBind {
+            path: bind.guest.display().to_string(),
+            reason,
+        };
+        let mut parts = bind.guest.components().skip(1);
+        let Some(Component::Normal(top)) = parts.next() else {
+            return Err(bad("it would replace the root itself"));
+        };
+        if !parts.all(|part| matches!(part, Component::Normal(_)))
+            || !bind
+                .host
+                .components()
+                .skip(1)
+                .all(|part| matches!(part, Component::Normal(_)))
+        {
+            return Err(bad("`.` and `..` are not allowed in a bind's paths"));
+        }
+        if top
+            .to_str()
+            .is_some_and(|top| PROVIDED_ROOTS.contains(&top))
+        {
+            return Err(bad("Airlock mounts that directory itself"));
+        }
+        // A mount point inside another bind would have to be made in the host's directory.
+        if binds
+            .iter()
+            .any(|other| !std::ptr::eq(other, bind) && bind.guest.starts_with(&other.guest))
+        {
+            return Err(bad("it lies inside another bind (or is bound twice)"));
+        }
+    }
+    Ok(binds.to_vec())
 }
 
 /// The size of a scratch space in memory: the disk limit, but at most half the memory limit.

@@ -305,3 +305,64 @@ fn test_compile_plan_round_trips_through_json() {
     let back: Plan = serde_json::from_slice(&json).unwrap();
     assert_eq!(back, plan);
 }
+
+fn bind(host: &str, guest: &str) -> airlock_api::ViewBind {
+    airlock_api::ViewBind {
+        host: host.into(),
+        guest: guest.into(),
+    }
+}
+
+#[test]
+fn test_compile_root_binds_become_a_binds_root_that_still_masks_secrets() {
+    let mut config = config();
+    let binds = vec![
+        bind("/usr/lib/airlock/airlock-wasm", "/opt/airlock/airlock-wasm"),
+        bind("/data/reference", "/data/reference"),
+    ];
+    config.root_binds = Some(binds.clone());
+    let plan = compile(&config, &root_host()).unwrap();
+    assert_eq!(plan.view.root, RootPlan::Binds { binds });
+    // A bind of a home or of the state directory is masked as on the host view.
+    assert!(plan.view.masks.iter().any(|m| m.path == "/var/lib/airlock"));
+    assert_eq!(plan.landlock, process_landlock());
+}
+
+#[test]
+fn test_compile_root_binds_refuse_the_root_provided_dirs_nesting_and_dots() {
+    for (binds, wanted) in [
+        (vec![bind("/srv", "/")], "replace the root"),
+        (vec![bind("/srv", "/tmp/srv")], "mounts that directory"),
+        (
+            vec![bind("/srv", "/run/airlock/x")],
+            "mounts that directory",
+        ),
+        (vec![bind("/srv", "/opt/../etc")], "`..`"),
+        (vec![bind("/srv/../etc", "/opt/x")], "`..`"),
+        (
+            vec![bind("/srv", "/opt/a"), bind("/etc", "/opt/a/b")],
+            "inside another bind",
+        ),
+        (
+            vec![bind("/srv", "/opt/a"), bind("/etc", "/opt/a")],
+            "inside another bind",
+        ),
+    ] {
+        let mut config = config();
+        config.root_binds = Some(binds);
+        let err = compile(&config, &root_host()).unwrap_err().to_string();
+        assert!(err.contains(wanted), "{wanted}: {err}");
+    }
+    let mut config = config();
+    config.root_binds = Some(vec![bind("srv", "/opt/srv")]);
+    assert!(matches!(
+        compile(&config, &root_host()),
+        Err(CompileError::RelativePath { .. })
+    ));
+    config.root_binds = Some(Vec::new());
+    config.rootfs = Some("/srv/root".into());
+    assert_eq!(
+        compile(&config, &root_host()),
+        Err(CompileError::RootfsWithBinds)
+    );
+}

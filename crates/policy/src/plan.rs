@@ -131,6 +131,10 @@ pub enum RootPlan {
     /// read-only lower layers, each idmapped into the sandbox's user namespace, over a fresh
     /// upper directory in the sandbox's scratch space. The host is not visible at all.
     Overlay { layers: Vec<PathBuf> },
+    /// An empty tmpfs holding only these read-only binds of host paths (each at its `guest`
+    /// path, made with the mounts beneath it), the mount points Airlock provides, and the masks
+    /// over them: nothing else of the host is visible (the wasm tier's worker).
+    Binds { binds: Vec<airlock_api::ViewBind> },
 }
 
 /// The upper and work directories of an [`RootPlan::Overlay`] in a

@@ -54,6 +54,8 @@ pub enum RuntimeError {
     WorkspaceMissing(PathBuf),
     #[error("rootfs {0} does not exist or is not a directory")]
     RootfsMissing(PathBuf),
+    #[error("root bind {0} does not exist")]
+    BindMissing(PathBuf),
     #[error("the {tier} tier cannot run on this host: {reason}")]
     TierUnavailable { tier: &'static str, reason: String },
     #[error(transparent)]
@@ -401,6 +403,14 @@ pub(crate) fn check_paths(config: &SandboxConfig) -> Result<(), RuntimeError> {
         && !rootfs.is_dir()
     {
         return Err(RuntimeError::RootfsMissing(rootfs.clone()));
+    }
+    if let Some(bind) = config
+        .root_binds
+        .iter()
+        .flatten()
+        .find(|bind| !bind.host.exists())
+    {
+        return Err(RuntimeError::BindMissing(bind.host.clone()));
     }
     Ok(())
 }

@@ -52,6 +52,20 @@ fn health(socket: &Path) -> String {
     answer
 }
 
+/// One request to the agent's HTTP API; the whole answer, headers included.
+fn agent_request(socket: &Path, method: &str, target: &str, body: &str) -> String {
+    let mut stream = UnixStream::connect(socket).unwrap();
+    write!(
+        stream,
+        "{method} {target} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+}
+
 fn alive(pid: i32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
         && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -177,4 +191,83 @@ fn test_bad_ids_are_refused() {
         assert!(err.to_string().contains("is not a sandbox id"), "{err}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn test_a_view_of_binds_shows_the_agent_nothing_of_the_host_but_them() {
+    let runtime = runtime();
+    let dir = scratch("binds");
+    // Under /tmp on purpose: the view is staged there, over whatever the host has.
+    let data = scratch("binds-data");
+    std::fs::write(data.join("hello.txt"), "bound").unwrap();
+    let mut spec = spec("livebinds1", &dir);
+    spec.config.root_binds = Some(vec![airlock_api::ViewBind {
+        host: data.clone(),
+        guest: "/opt/data".into(),
+    }]);
+    let record = runtime.create_live(&spec).unwrap().commit().unwrap();
+    // Destroyed even when an assertion fails, so that a rerun finds no leftovers.
+    struct Destroy<'a>(&'a Runtime, LiveSandbox);
+    impl Drop for Destroy<'_> {
+        fn drop(&mut self) {
+            self.0.destroy(&self.1);
+        }
+    }
+    let _destroy = Destroy(&runtime, record.clone());
+    let socket = &record.socket;
+    let listed = agent_request(
+        socket,
+        "POST",
+        "/filesystem.Filesystem/ListDir",
+        r#"{"path": "/", "depth": 1}"#,
+    );
+    let shown = |path: &str| listed.contains(&format!("\"path\":\"{path}\""));
+    for path in [
+        "/dev",
+        "/opt",
+        "/proc",
+        "/run",
+        "/sys",
+        "/tmp",
+        "/workspace",
+    ] {
+        assert!(shown(path), "{path} is missing: {listed}");
+    }
+    for path in ["/usr", "/etc", "/home", "/bin", "/var", "/root", "/lib"] {
+        assert!(!shown(path), "the host's {path} is in the view: {listed}");
+    }
+    let file = agent_request(socket, "GET", "/files?path=/opt/data/hello.txt", "");
+    assert!(
+        file.starts_with("HTTP/1.1 200") && file.contains("bound"),
+        "{file}"
+    );
+    for path in [
+        "/etc/passwd",
+        "/usr/bin/env",
+        "/bin/sh",
+        dir.to_str().unwrap(),
+    ] {
+        let stat = agent_request(
+            socket,
+            "POST",
+            "/filesystem.Filesystem/Stat",
+            &format!(r#"{{"path": "{path}"}}"#),
+        );
+        assert!(stat.contains("not_found"), "{path}: {stat}");
+    }
+    // The bind is read-only like the rest of the view; the sandbox's /tmp is its own.
+    let make_dir = |path: &str| {
+        agent_request(
+            socket,
+            "POST",
+            "/filesystem.Filesystem/MakeDir",
+            &format!(r#"{{"path": "{path}"}}"#),
+        )
+    };
+    let control = make_dir("/tmp/made");
+    assert!(control.starts_with("HTTP/1.1 200"), "{control}");
+    let planted = make_dir("/opt/data/planted");
+    assert!(!planted.starts_with("HTTP/1.1 200"), "{planted}");
+    assert!(!data.join("planted").exists());
+    std::fs::remove_dir_all(&data).unwrap();
 }

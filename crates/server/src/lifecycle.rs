@@ -144,6 +144,8 @@ pub struct Daemon {
     /// Language servers waiting for their WebSocket (`crate::lsp`).
     pub lsp: Arc<crate::lsp::LspSessions>,
     pools: Arc<pool::Pools>,
+    /// The code interpreter's contexts of wasm sandboxes (`e2b::wasm_interpreter`).
+    pub(crate) code_contexts: crate::e2b::wasm_interpreter::CodeContexts,
     /// Held (locked) for the daemon's whole life.
     _lock: File,
 }
@@ -212,6 +214,7 @@ impl Daemon {
             git,
             lsp: Arc::default(),
             pools: Arc::default(),
+            code_contexts: Default::default(),
             _lock: lock,
         });
         Ok(daemon)
@@ -451,6 +454,7 @@ impl Daemon {
         })
         .await;
         self.audit.close_sandbox(id);
+        self.code_contexts.forget_sandbox(id);
         let _ = self.images.release(&image_holder(id));
         // The event first: whoever sees the sandbox gone must also find why.
         self.event(Some(id), kind, message);
@@ -958,6 +962,7 @@ fn runtime_error(err: &RuntimeError) -> ApiError {
         RuntimeError::TierUnavailable { .. }
         | RuntimeError::WorkspaceMissing(_)
         | RuntimeError::RootfsMissing(_)
+        | RuntimeError::BindMissing(_)
         | RuntimeError::Compile(_) => ErrorCode::Unprocessable,
         _ => ErrorCode::Internal,
     };

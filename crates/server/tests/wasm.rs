@@ -71,6 +71,17 @@ async fn test_wasm_templates_evaluate_javascript_and_python_inside_the_jail() {
         no_python.error.map(|e| e.kind),
         Some(EvalErrorKind::Invalid)
     );
+    // Started again on its files, the sandbox has its worker again.
+    client
+        .pause(&js, airlock_api::v1::PauseMode::Filesystem)
+        .await
+        .unwrap();
+    client.resume(&js, None).await.unwrap();
+    let resumed = client
+        .eval(&js, &eval(EvalLanguage::Javascript, "6 * 7"))
+        .await
+        .unwrap();
+    assert_eq!(resumed.result, Some(json!(42)), "{resumed:?}");
 
     let py = client
         .create(&template("wasm-python"))
@@ -129,6 +140,7 @@ async fn test_wasm_templates_evaluate_javascript_and_python_inside_the_jail() {
         ns("self"),
         "the worker is in the sandbox's pid namespace"
     );
+    assert_view_holds_only_the_worker_needs(&client, &py, &worker, &daemon).await;
     // No processes on the wasm tier: the native exec is refused too.
     let exec = client
         .exec_collect(
@@ -285,6 +297,78 @@ async fn test_wasm_fetch_goes_through_the_egress_proxy_and_its_rules() {
         "{events:?}"
     );
     client.delete(&id).await.unwrap();
+}
+
+/// The top-level names a wasm sandbox's view has: Airlock's own mount points and `/opt`,
+/// which holds the worker and the guest modules. Nothing else of the host.
+const WASM_VIEW: &[&str] = &["dev", "opt", "proc", "run", "sys", "tmp", "workspace"];
+
+/// What an engine escape would find: the worker's own root (as the kernel resolves its
+/// paths), and the same view listed and opened through the agent beside it.
+async fn assert_view_holds_only_the_worker_needs(
+    client: &airlock_server::client::Client,
+    id: &str,
+    worker: &str,
+    daemon: &TestDaemon,
+) {
+    let names = |dir: &str| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let root = format!("/proc/{worker}/root");
+    assert_eq!(names(&root), WASM_VIEW, "the worker's root");
+    assert_eq!(
+        names(&format!("{root}/opt/airlock")),
+        ["airlock-wasm", "wasm-guests"]
+    );
+    let state = daemon.state_dir.display().to_string();
+    for hidden in [
+        "/etc/passwd",
+        "/usr/bin",
+        "/home",
+        "/root",
+        "/bin/sh",
+        &state,
+    ] {
+        assert!(
+            !std::path::Path::new(&format!("{root}{hidden}")).exists(),
+            "{hidden} is in the worker's view"
+        );
+    }
+    // No sysfs: it would describe the host's devices.
+    assert_eq!(names(&format!("{root}/sys")), Vec::<String>::new());
+    let mounts = std::fs::read_to_string(format!("/proc/{worker}/mountinfo")).unwrap();
+    for line in mounts.lines() {
+        let point = line.split(' ').nth(4).unwrap();
+        assert!(
+            point == "/"
+                || WASM_VIEW
+                    .iter()
+                    .any(|top| point.starts_with(&format!("/{top}"))),
+            "the worker's mount namespace has {point}: {mounts}"
+        );
+    }
+    let listed = client.list_dir(id, "/", 1).await.unwrap();
+    let mut through_agent: Vec<String> = listed.entries.into_iter().map(|e| e.name).collect();
+    through_agent.sort();
+    assert_eq!(through_agent, WASM_VIEW, "the view the agent lists");
+    for hidden in ["/etc/passwd", "/usr", "/home", &state] {
+        let err = client.stat(id, hidden).await.unwrap_err();
+        assert_eq!(err.code(), Some(ErrorCode::NotFound), "{hidden}: {err}");
+    }
+    let module = client
+        .stat(id, "/opt/airlock/wasm-guests/python-3.12.0.wasm")
+        .await
+        .unwrap();
+    assert!(module.size_bytes > 1 << 20, "{module:?}");
+    client
+        .write_file(id, "/opt/airlock/planted", b"x".to_vec())
+        .await
+        .expect_err("the worker's directory is read-only");
 }
 
 /// Every pid in sandbox `id`'s cgroups (and their children).

@@ -1,7 +1,9 @@
 //! JavaScript in QuickJS-NG, one fresh runtime and context per evaluation.
 //!
 //! The context has QuickJS's standard objects and a `console` that writes to capped buffers;
-//! nothing else: no `std`/`os` modules, no filesystem, no network.
+//! nothing else: no `std`/`os` modules, no filesystem, no network. Everything an evaluation
+//! does not bring itself (the standard objects, `console`, `fetch`, `tools`, the interrupt
+//! handler) is made by [`JsEngine::prepare`], ahead of the evaluation that uses it.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -74,11 +76,19 @@ pub struct JsEngine {
     tools: Vec<String>,
 }
 
-/// A runtime and context no evaluation has used yet.
+/// A runtime and context no evaluation has used yet, with the host's functions installed.
+/// What they read per evaluation (its deadline, output and tool host) is set in these cells.
 pub struct Prepared {
     runtime: Runtime,
     context: Context,
+    deadline: Deadline,
+    timed_out: Rc<Cell<bool>>,
+    output: Rc<RefCell<Output>>,
+    host: HostSlot,
 }
+
+/// Who performs the current evaluation's tool calls.
+type HostSlot = Rc<RefCell<Arc<dyn Host>>>;
 
 impl std::fmt::Debug for Prepared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -133,13 +143,45 @@ impl JsEngine {
     }
 
     /// A fresh runtime and context, made ahead of the evaluation that will use it (creating
-    /// the context's standard objects is most of an evaluation's cost).
+    /// the context's standard objects and the host's functions is most of an evaluation's
+    /// cost).
     pub fn prepare(&self) -> Result<Prepared, String> {
         let runtime = Runtime::new().map_err(|e| e.to_string())?;
         runtime.set_memory_limit(usize::try_from(self.memory_bytes).unwrap_or(usize::MAX));
         runtime.set_max_stack_size(MAX_STACK_BYTES);
         let context = Context::full(&runtime).map_err(|e| e.to_string())?;
-        Ok(Prepared { runtime, context })
+        let deadline: Deadline = Rc::new(Cell::new(Instant::now()));
+        let timed_out = Rc::new(Cell::new(false));
+        let output = Rc::new(RefCell::new(Output::default()));
+        let host: HostSlot = Rc::new(RefCell::new(Arc::new(NoHost)));
+        context
+            .with(|ctx| -> rquickjs::Result<()> {
+                install_console(&ctx, &output, self.output_cap)?;
+                install_fetch(&ctx, self.proxy.clone(), deadline.clone())?;
+                // Without tools there is no `tools` (and no glue to evaluate).
+                if !self.tools.is_empty() {
+                    install_tools(&ctx, &self.tools, host.clone(), deadline.clone())?;
+                }
+                Ok(())
+            })
+            .map_err(|e| e.to_string())?;
+        // Only now: the glue above runs with no deadline set yet.
+        let (watched, flag) = (deadline.clone(), timed_out.clone());
+        runtime.set_interrupt_handler(Some(Box::new(move || {
+            let late = Instant::now() >= watched.get();
+            if late {
+                flag.set(true);
+            }
+            late
+        })));
+        Ok(Prepared {
+            runtime,
+            context,
+            deadline,
+            timed_out,
+            output,
+            host,
+        })
     }
 
     /// Runs `code` in `prepared` (fresh, or a context's kept runtime); `host` performs its
@@ -171,32 +213,19 @@ impl JsEngine {
         deadline: Instant,
         host: Arc<dyn Host>,
     ) -> EvalOutcome {
-        let Prepared { runtime, context } = prepared;
-        let timed_out = Rc::new(RefCell::new(false));
-        let flag = timed_out.clone();
-        let deadline: Deadline = Rc::new(Cell::new(deadline));
-        let watched = deadline.clone();
-        runtime.set_interrupt_handler(Some(Box::new(move || {
-            let late = Instant::now() >= watched.get();
-            if late {
-                *flag.borrow_mut() = true;
-            }
-            late
-        })));
-        let output = Rc::new(RefCell::new(Output::default()));
+        let Prepared {
+            runtime,
+            context,
+            deadline: current,
+            timed_out,
+            output,
+            host: slot,
+        } = prepared;
+        current.set(deadline);
+        timed_out.set(false);
+        *slot.borrow_mut() = host;
+        output.take();
         let mut outcome = context.with(|ctx| {
-            if let Err(err) = install_console(&ctx, &output, self.output_cap) {
-                return EvalOutcome::failed(EvalErrorKind::Engine, err.to_string());
-            }
-            if let Err(err) = install_fetch(&ctx, self.proxy.clone(), deadline.clone()) {
-                return EvalOutcome::failed(EvalErrorKind::Engine, err.to_string());
-            }
-            // Without tools there is no `tools` (and no glue to evaluate on the fast path).
-            if !self.tools.is_empty()
-                && let Err(err) = install_tools(&ctx, &self.tools, host, deadline.clone())
-            {
-                return EvalOutcome::failed(EvalErrorKind::Engine, err.to_string());
-            }
             // A script whose value is a promise (an async function's) is run to its end.
             let evaluated: rquickjs::Result<Value> =
                 ctx.eval(code)
@@ -223,8 +252,10 @@ impl JsEngine {
                 }
             }
         });
+        // The connection's host is not kept past its evaluation.
+        *slot.borrow_mut() = Arc::new(NoHost);
         if let Some(error) = outcome.error.as_mut() {
-            if *timed_out.borrow() {
+            if timed_out.get() {
                 error.kind = EvalErrorKind::Timeout;
                 error.message = "the timeout passed; the script was interrupted".into();
             } else if error.message.contains("out of memory") || self.near_limit(runtime) {
@@ -307,7 +338,7 @@ fn install_fetch<'js>(
 fn install_tools<'js>(
     ctx: &Ctx<'js>,
     names: &[String],
-    host: Arc<dyn Host>,
+    host: HostSlot,
     deadline: Deadline,
 ) -> rquickjs::Result<()> {
     let known = names.to_vec();
@@ -320,6 +351,7 @@ fn install_tools<'js>(
             }
             let args = serde_json::from_str(&args).unwrap_or(serde_json::Value::Null);
             let asked = Instant::now();
+            let host = host.borrow().clone();
             let answer = host.call_tool(&name, args);
             deadline.set(deadline.get() + asked.elapsed());
             match answer {

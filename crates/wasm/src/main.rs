@@ -7,6 +7,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
@@ -141,6 +142,8 @@ fn start_js_thread(js: JsEngine) -> anyhow::Result<mpsc::Sender<JsJob>> {
                         reply,
                     } => (code, timeout, context, host, reply),
                 };
+                // A fresh isolate's teardown waits until its outcome is sent.
+                let mut spent = None;
                 let outcome = match context {
                     Some(context) => {
                         if !kept.contains_key(&context) && kept.len() >= MAX_JS_CONTEXTS {
@@ -167,11 +170,16 @@ fn start_js_thread(js: JsEngine) -> anyhow::Result<mpsc::Sender<JsJob>> {
                         }
                     }
                     None => match next.take().map_or_else(|| js.prepare(), Ok) {
-                        Ok(prepared) => js.eval_prepared(&prepared, &code, timeout, host),
+                        Ok(prepared) => {
+                            let outcome = js.eval_prepared(&prepared, &code, timeout, host);
+                            spent = Some(prepared);
+                            outcome
+                        }
                         Err(err) => EvalOutcome::failed(EvalErrorKind::Engine, err),
                     },
                 };
                 let _ = reply.send(outcome);
+                drop(spent);
                 if next.is_none() {
                     next = js.prepare().ok();
                 }
@@ -321,14 +329,14 @@ fn main() -> anyhow::Result<()> {
             let engines = Arc::new(engines);
             // Ready: the engines are loaded (a test or a supervisor waits for this line).
             println!("listening {}", listener.local_addr()?);
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                let engines = engines.clone();
-                std::thread::Builder::new()
-                    .name("connection".into())
-                    .spawn(move || serve_one(&engines, stream))
-                    .context("cannot start a connection thread")?;
-            }
+            let pool = Arc::new(ConnectionPool {
+                listener,
+                engines,
+                idle: AtomicUsize::new(0),
+            });
+            // Two wait from the start: the first connection starts no thread either.
+            pool.spawn_waiter();
+            pool.serve(true);
             Ok(())
         }
         Command::Eval {
@@ -357,6 +365,52 @@ fn main() -> anyhow::Result<()> {
             println!("{}", path.display());
             Ok(())
         }
+    }
+}
+
+/// The most connection threads left waiting in `accept` once their connection is done.
+const MAX_IDLE_CONNECTION_THREADS: usize = 2;
+
+/// Threads that each accept a connection and serve it. One is always waiting in `accept`, so
+/// that a connection never waits for a thread to be started: the thread that takes the last
+/// waiting place starts the next one before it serves its connection.
+struct ConnectionPool {
+    listener: TcpListener,
+    engines: Arc<Engines>,
+    idle: AtomicUsize,
+}
+
+impl ConnectionPool {
+    /// Accepts and serves connections; a thread that is not `permanent` ends when enough others
+    /// wait.
+    fn serve(self: &Arc<Self>, permanent: bool) {
+        loop {
+            self.idle.fetch_add(1, Ordering::SeqCst);
+            let accepted = self.listener.accept();
+            let was_last = self.idle.fetch_sub(1, Ordering::SeqCst) == 1;
+            match accepted {
+                Ok((stream, _)) => {
+                    if was_last {
+                        self.spawn_waiter();
+                    }
+                    serve_one(&self.engines, stream);
+                }
+                // Out of descriptors, say: not a busy loop, and no new thread.
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+            if !permanent && self.idle.load(Ordering::SeqCst) >= MAX_IDLE_CONNECTION_THREADS {
+                return;
+            }
+        }
+    }
+
+    /// One more thread waiting in `accept`. Without it (out of threads) the busy ones still
+    /// come back to `accept` when done.
+    fn spawn_waiter(self: &Arc<Self>) {
+        let pool = self.clone();
+        let _ = std::thread::Builder::new()
+            .name("connection".into())
+            .spawn(move || pool.serve(false));
     }
 }
 

@@ -71,7 +71,7 @@ pub mod templates;
 pub mod time;
 pub mod tunnel;
 mod wasm_commands;
-mod wasm_interpreter;
+pub(crate) mod wasm_interpreter;
 pub mod wire;
 
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! and removes contexts; `/health` is `"OK"`.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use airlock_api::v1::{EvalErrorKind, EvalLanguage, EvalRequest, EvalResponse};
 use http_body_util::BodyExt as _;
@@ -23,6 +23,8 @@ const MAX_BODY_BYTES: usize = 4 << 20;
 /// An execution's timeout: the protocol has none (the client's own timeout closes the
 /// connection), so the longest a cell may run before the worker stops it.
 const EXECUTE_TIMEOUT_MS: u64 = 60_000;
+/// How long setting or restoring a cell's `env_vars` may take.
+const ENV_STEP_TIMEOUT_MS: u64 = 10_000;
 /// The working directory contexts report: the preopened workspace.
 const CWD: &str = "/workspace";
 
@@ -34,11 +36,24 @@ struct Context {
     executions: u64,
 }
 
-/// Contexts by sandbox id (the kept instances themselves live in the sandbox's worker).
-static CONTEXTS: LazyLock<Mutex<HashMap<String, Vec<Context>>>> = LazyLock::new(Mutex::default);
+/// The daemon's contexts by sandbox id (the kept instances themselves live in the sandbox's
+/// worker); a sandbox's go when it ends.
+#[derive(Debug, Default)]
+pub struct CodeContexts(Mutex<HashMap<String, Vec<Context>>>);
 
-fn contexts() -> std::sync::MutexGuard<'static, HashMap<String, Vec<Context>>> {
-    CONTEXTS.lock().unwrap_or_else(|e| e.into_inner())
+impl CodeContexts {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Vec<Context>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Forgets every context of sandbox `id` (it ended).
+    pub fn forget_sandbox(&self, id: &str) {
+        self.lock().remove(id);
+    }
+}
+
+fn contexts(daemon: &Daemon) -> MutexGuard<'_, HashMap<String, Vec<Context>>> {
+    daemon.code_contexts.lock()
 }
 
 fn text(status: StatusCode, message: impl Into<String>) -> Response<Body> {
@@ -97,7 +112,12 @@ pub async fn serve(
             Err((status, message)) => text(status, message),
         },
         (&Method::GET, ["contexts"]) => {
-            let listed: Vec<Value> = contexts().get(id).into_iter().flatten().map(info).collect();
+            let listed: Vec<Value> = contexts(daemon)
+                .get(id)
+                .into_iter()
+                .flatten()
+                .map(info)
+                .collect();
             json_response(StatusCode::OK, &listed)
         }
         (&Method::POST, ["contexts", context, "restart"]) => {
@@ -146,16 +166,16 @@ fn create_context(daemon: &Arc<Daemon>, id: &str, request: &Value) -> Response<B
         executions: 0,
     };
     let answer = info(&context);
-    let mut all = contexts();
-    // Sandboxes that ended leave their entries behind until here.
-    all.retain(|sandbox, _| sandbox == id || daemon.is_running(sandbox));
-    all.entry(id.to_owned()).or_default().push(context);
+    contexts(daemon)
+        .entry(id.to_owned())
+        .or_default()
+        .push(context);
     json_response(StatusCode::OK, &answer)
 }
 
 /// Restart (`remove: false`) or remove a context; either way its kept instances end.
 async fn forget(daemon: &Arc<Daemon>, id: &str, context: &str, remove: bool) -> Response<Body> {
-    let known = contexts()
+    let known = contexts(daemon)
         .get(id)
         .is_some_and(|list| list.iter().any(|c| c.id == context));
     if !known {
@@ -165,14 +185,14 @@ async fn forget(daemon: &Arc<Daemon>, id: &str, context: &str, remove: bool) -> 
     if let Err(err) = daemon.drop_eval_context(id, context).await {
         return text(StatusCode::BAD_GATEWAY, err.message);
     }
-    if remove && let Some(list) = contexts().get_mut(id) {
+    if remove && let Some(list) = contexts(daemon).get_mut(id) {
         list.retain(|c| c.id != context);
     }
     json_response(StatusCode::OK, &Value::Null)
 }
 
 /// The context an execution runs in: the named one, or the language's default one.
-fn context_for(id: &str, request: &Value) -> Result<Context, Refusal> {
+fn context_for(daemon: &Daemon, id: &str, request: &Value) -> Result<Context, Refusal> {
     let named = request["context_id"].as_str();
     let language = request["language"].as_str();
     if named.is_some() && language.is_some() {
@@ -181,7 +201,7 @@ fn context_for(id: &str, request: &Value) -> Result<Context, Refusal> {
             "Only one of context_id or language can be provided".to_owned(),
         ));
     }
-    let mut all = contexts();
+    let mut all = contexts(daemon);
     let list = all.entry(id.to_owned()).or_default();
     let context = match named {
         Some(named) => list
@@ -211,26 +231,27 @@ async fn execute(daemon: &Arc<Daemon>, id: &str, request: &Value) -> Response<Bo
     let Some(code) = request["code"].as_str() else {
         return text(StatusCode::BAD_REQUEST, "code is required");
     };
-    if request["env_vars"]
-        .as_object()
-        .is_some_and(|vars| !vars.is_empty())
-    {
-        return text(
-            StatusCode::BAD_REQUEST,
-            "env_vars are not available on the wasm tier (its guests have no process environment to change)",
-        );
-    }
-    let context = match context_for(id, request) {
+    let env_vars = match env_vars(request) {
+        Ok(vars) => vars,
+        Err(message) => return text(StatusCode::BAD_REQUEST, message),
+    };
+    let context = match context_for(daemon, id, request) {
         Ok(context) => context,
         Err((status, message)) => return text(status, message),
     };
+    if !env_vars.is_empty() && context.language != EvalLanguage::Python {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "env_vars are not available for JavaScript on the wasm tier (QuickJS has no process environment)",
+        );
+    }
     let eval = EvalRequest {
         language: context.language,
         code: code.to_owned(),
         timeout_ms: Some(EXECUTE_TIMEOUT_MS),
         context_id: Some(context.id.clone()),
     };
-    let answer = match daemon.eval(id, &eval).await {
+    let answer = match with_env(daemon, id, &context, &env_vars, &eval).await {
         Ok(answer) => answer,
         Err(err) => return text(StatusCode::BAD_GATEWAY, err.message),
     };
@@ -241,6 +262,68 @@ async fn execute(daemon: &Arc<Daemon>, id: &str, request: &Value) -> Response<Bo
         body.push(b'\n');
     }
     with_type(StatusCode::OK, "application/x-ndjson", full(body))
+}
+
+/// The request's `env_vars` (names to string values; absent or null is none).
+fn env_vars(request: &Value) -> Result<serde_json::Map<String, Value>, String> {
+    match &request["env_vars"] {
+        Value::Null => Ok(serde_json::Map::new()),
+        Value::Object(vars) => {
+            if let Some((name, _)) = vars.iter().find(|(_, value)| !value.is_string()) {
+                return Err(format!("env_vars: the value of {name:?} is not a string"));
+            }
+            Ok(vars.clone())
+        }
+        _ => Err("env_vars must be an object of names to strings".to_owned()),
+    }
+}
+
+/// A Python expression for the JSON object `vars`.
+fn python_json(vars: &Value) -> String {
+    // A JSON string is also a Python string literal.
+    let literal = serde_json::to_string(&vars.to_string()).unwrap_or_default();
+    format!("__import__('json').loads({literal})")
+}
+
+/// Evaluates `eval` with `vars` set in the Python guest's `os.environ` for it alone, as a
+/// Jupyter kernel applies a cell's `env_vars`: a step in the same context sets them and
+/// answers the values they replace, and a step after the cell puts those back.
+async fn with_env(
+    daemon: &Arc<Daemon>,
+    id: &str,
+    context: &Context,
+    vars: &serde_json::Map<String, Value>,
+    eval: &EvalRequest,
+) -> Result<EvalResponse, crate::error::ApiError> {
+    if vars.is_empty() {
+        return daemon.eval(id, eval).await;
+    }
+    let step = |code: String| EvalRequest {
+        language: EvalLanguage::Python,
+        code,
+        timeout_ms: Some(ENV_STEP_TIMEOUT_MS),
+        context_id: Some(context.id.clone()),
+    };
+    let set = step(format!(
+        "(lambda os, new: [{{k: os.environ.get(k) for k in new}}, os.environ.update(new)][0])(__import__('os'), {})",
+        python_json(&Value::Object(vars.clone()))
+    ));
+    let replaced = daemon.eval(id, &set).await?;
+    if let Some(error) = replaced.error {
+        return Err(crate::error::ApiError::internal(format!(
+            "cannot set env_vars in the context: {}",
+            error.message
+        )));
+    }
+    let answer = daemon.eval(id, eval).await;
+    let previous = replaced.result.unwrap_or(Value::Null);
+    let restore = step(format!(
+        "(lambda os, old: [os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v) for k, v in old.items()] and None)(__import__('os'), {})",
+        python_json(&previous)
+    ));
+    // Best effort: a cell that timed out ended the instance, and its environment with it.
+    let _ = daemon.eval(id, &restore).await;
+    answer
 }
 
 /// The protocol's lines for one evaluation's answer.
@@ -366,6 +449,21 @@ fn js_text(value: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_env_vars_take_string_values_only() {
+        let vars = env_vars(&json!({"env_vars": {"A": "1", "B": "x\n'\\"}})).unwrap();
+        assert_eq!(vars.len(), 2);
+        assert!(env_vars(&json!({})).unwrap().is_empty());
+        let err = env_vars(&json!({"env_vars": {"A": 1}})).unwrap_err();
+        assert!(err.contains("\"A\""), "{err}");
+        assert!(env_vars(&json!({"env_vars": ["A"]})).is_err());
+        // The object reaches Python as a string literal, whatever the values hold.
+        assert_eq!(
+            python_json(&json!({"B": "x\n'"})),
+            r#"__import__('json').loads("{\"B\":\"x\\n'\"}")"#
+        );
+    }
 
     #[test]
     fn test_python_text_matches_repr_for_json_values() {

@@ -203,6 +203,12 @@ impl Daemon {
             config.user = settings.user.unwrap_or_default();
             config.policy = Some(Box::new(policy.document().clone()));
         }
+        // A wasm sandbox sees nothing of the host but what its worker needs.
+        if super::is_wasm_template(&template.name) {
+            let preopens = super::wasm::preopens(request.policy.as_deref())
+                .map_err(ApiError::unprocessable)?;
+            config.root_binds = Some(super::wasm::view_binds(&preopens)?);
+        }
         Ok(Normalized {
             request,
             config,

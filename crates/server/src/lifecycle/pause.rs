@@ -236,7 +236,15 @@ impl Daemon {
                     && let Some(template) = self.find_template(name)?
                 {
                     let cwd = self.sandbox_cwd(&row.request);
-                    if let Err(err) = self.start_template(id, &template, &cwd).await {
+                    let started = match self.start_template(id, &template, &cwd).await {
+                        Ok(()) if super::is_wasm_template(&template.name) => {
+                            // Boxed: the worker's start finds the agent, which may resume.
+                            Box::pin(self.restart_wasm_worker(id, &template.name, &row.request))
+                                .await
+                        }
+                        other => other,
+                    };
+                    if let Err(err) = started {
                         self.end(id, "resume_failed", &err.message).await;
                         return Err(err);
                     }

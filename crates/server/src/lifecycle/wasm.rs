@@ -1,9 +1,11 @@
 //! The wasm tier (templates `wasm-js` and `wasm-python`): a process-tier sandbox whose one
 //! command is the wasm worker (`airlock-wasm serve`, crates/wasm), started through the agent
 //! once the agent serves, exactly like the code interpreter. The worker runs inside the
-//! sandbox's jail (its namespaces, view, Landlock, seccomp and cgroup), so an engine escape
-//! lands in a jail with the guest's policy. Evaluations reach it through the agent's TCP
-//! tunnel on loopback, one JSON line each way.
+//! sandbox's jail (its namespaces, Landlock, seccomp and cgroup), so an engine escape lands in
+//! a jail with the guest's policy. Its view holds nothing of the host but what the worker
+//! needs ([`view_binds`]): its binary, the guest modules and the read-only preopens, beside
+//! the workspace, `/tmp`, `/dev`, `/proc` and the agent. Evaluations reach it through the
+//! agent's TCP tunnel on loopback, one JSON line each way.
 //!
 //! The policy is mapped, not weakened: filesystem rules become WASI preopens; a rule the
 //! worker cannot express, and anything that needs processes, sockets or the host's network, is
@@ -12,6 +14,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::path::{Path, PathBuf};
+
+use airlock_api::ViewBind;
 use airlock_api::policy::{NetworkMode, PathAccess, PolicyDocument};
 use airlock_api::v1::{
     DropContextLine, ErrorCode, EvalRequest, EvalResponse, ToolCallLine, ToolResult, ToolResultLine,
@@ -36,6 +41,11 @@ pub const WASM_PORT: u16 = 49998;
 const TAG: &str = "wasm-worker";
 /// The workspace, always preopened read-write.
 const WORKSPACE: &str = "/workspace";
+/// Where the worker's binary and its guest modules appear in the sandbox's view.
+const WORKER_PATH: &str = "/opt/airlock/airlock-wasm";
+const GUESTS_PATH: &str = "/opt/airlock/wasm-guests";
+/// The view's directories that are the sandbox's own, not the host's.
+const SANDBOX_OWN: &[&str] = &["/workspace", "/tmp", "/dev", "/proc", "/sys", "/run"];
 /// How long the worker may take to load its engines on a loaded machine.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const POLL: Duration = Duration::from_millis(10);
@@ -46,9 +56,27 @@ pub fn is_wasm_template(name: &str) -> bool {
     name == WASM_JS_TEMPLATE || name == WASM_PYTHON_TEMPLATE
 }
 
-/// The worker's `--preopen` arguments for `policy`, or why the wasm tier cannot honour it.
-pub fn preopens(policy: Option<&PolicyDocument>) -> Result<Vec<String>, String> {
-    let mut preopens = vec![format!("{WORKSPACE}:{WORKSPACE}:rw")];
+/// A directory the guest sees, at the same path as in the sandbox's view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preopen {
+    pub path: String,
+    pub writable: bool,
+}
+
+impl Preopen {
+    /// The worker's `--preopen` argument.
+    fn arg(&self) -> String {
+        let access = if self.writable { "rw" } else { "ro" };
+        format!("{0}:{0}:{access}", self.path)
+    }
+}
+
+/// The worker's preopens for `policy`, or why the wasm tier cannot honour it.
+pub fn preopens(policy: Option<&PolicyDocument>) -> Result<Vec<Preopen>, String> {
+    let mut preopens = vec![Preopen {
+        path: WORKSPACE.to_owned(),
+        writable: true,
+    }];
     let Some(policy) = policy else {
         return Ok(preopens);
     };
@@ -88,7 +116,15 @@ pub fn preopens(policy: Option<&PolicyDocument>) -> Result<Vec<String>, String> 
             }
         };
         match access {
-            PathAccess::Ro if guest != WORKSPACE => preopens.push(format!("{guest}:{guest}:ro")),
+            PathAccess::Ro if guest == "/" => {
+                return refuse(
+                    "`/` ro: the wasm tier shows the guest directories, not the host's root",
+                );
+            }
+            PathAccess::Ro if guest != WORKSPACE => preopens.push(Preopen {
+                path: guest,
+                writable: false,
+            }),
             PathAccess::Ro => {
                 return refuse(":workspace ro: the workspace is the guest's one writable preopen");
             }
@@ -114,23 +150,82 @@ pub fn preopens(policy: Option<&PolicyDocument>) -> Result<Vec<String>, String> 
 }
 
 /// The worker binary: `$AIRLOCK_WASM_BIN`, else `airlock-wasm` beside the daemon's binary.
-fn worker_binary() -> Result<String, ApiError> {
-    if let Some(path) = std::env::var_os("AIRLOCK_WASM_BIN") {
-        return Ok(path.to_string_lossy().into_owned());
-    }
-    let exe = std::env::current_exe()
-        .map_err(|e| ApiError::internal(format!("cannot find the daemon's own path: {e}")))?;
-    let candidate = exe.with_file_name("airlock-wasm");
+fn worker_binary() -> Result<PathBuf, ApiError> {
+    let candidate = match std::env::var_os("AIRLOCK_WASM_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => std::env::current_exe()
+            .map_err(|e| ApiError::internal(format!("cannot find the daemon's own path: {e}")))?
+            .with_file_name("airlock-wasm"),
+    };
     if !candidate.is_file() {
-        return Err(ApiError::new(
-            ErrorCode::Unprocessable,
-            format!(
-                "the wasm tier is not installed: no {} (build the airlock-wasm crate, or set AIRLOCK_WASM_BIN)",
-                candidate.display()
-            ),
-        ));
+        return Err(not_installed(format!(
+            "no {} (build the airlock-wasm crate, or set AIRLOCK_WASM_BIN)",
+            candidate.display()
+        )));
     }
-    Ok(candidate.to_string_lossy().into_owned())
+    Ok(candidate)
+}
+
+/// The guest modules: the first `wasm-guests` among the worker's ancestors, where the worker
+/// itself looks (the install step puts it in `target/`, the binary in `target/<triple>/<profile>/`).
+fn guests_dir(worker: &Path) -> Result<PathBuf, ApiError> {
+    worker
+        .ancestors()
+        .skip(1)
+        .take(4)
+        .map(|dir| dir.join("wasm-guests"))
+        .find(|dir| dir.is_dir())
+        .ok_or_else(|| {
+            not_installed(format!(
+                "no wasm-guests directory near {} (run scripts/wasm-guests.sh)",
+                worker.display()
+            ))
+        })
+}
+
+fn not_installed(what: String) -> ApiError {
+    ApiError::new(
+        ErrorCode::Unprocessable,
+        format!("the wasm tier is not installed: {what}"),
+    )
+}
+
+/// The whole of the host a wasm sandbox sees, as its view's binds: the worker's binary and
+/// the guest modules (with their compiled cache) at fixed paths, and each read-only preopen at
+/// its own path (one inside another comes with it). The workspace is the sandbox's own.
+pub fn view_binds(preopens: &[Preopen]) -> Result<Vec<ViewBind>, ApiError> {
+    let worker = worker_binary()?;
+    let guests = guests_dir(&worker)?;
+    let mut binds = vec![
+        ViewBind {
+            host: worker,
+            guest: WORKER_PATH.into(),
+        },
+        ViewBind {
+            host: guests,
+            guest: GUESTS_PATH.into(),
+        },
+    ];
+    // A preopen in a directory Airlock mounts itself (`:workspace/docs`) is the sandbox's own.
+    let own = |dir: &Path| SANDBOX_OWN.iter().any(|own| dir.starts_with(own));
+    let read_only: Vec<&Path> = preopens
+        .iter()
+        .filter(|preopen| !preopen.writable)
+        .map(|preopen| Path::new(&preopen.path))
+        .filter(|dir| !own(dir))
+        .collect();
+    for dir in &read_only {
+        let covered = read_only
+            .iter()
+            .any(|other| other != dir && dir.starts_with(other));
+        if !covered && !binds.iter().any(|bind| bind.guest == *dir) {
+            binds.push(ViewBind {
+                host: dir.to_path_buf(),
+                guest: dir.to_path_buf(),
+            });
+        }
+    }
+    Ok(binds)
 }
 
 impl Daemon {
@@ -139,7 +234,7 @@ impl Daemon {
         self: &Arc<Self>,
         id: &str,
         template: &str,
-        preopens: &[String],
+        preopens: &[Preopen],
     ) -> Result<(), ApiError> {
         let agent = self.agent(id).await?;
         // The proxy variables of `network: proxy` are how the worker's `fetch` finds the proxy.
@@ -148,10 +243,12 @@ impl Daemon {
             "serve".to_owned(),
             "--listen".to_owned(),
             format!("127.0.0.1:{WASM_PORT}"),
+            "--guests".to_owned(),
+            GUESTS_PATH.to_owned(),
         ];
         for preopen in preopens {
             args.push("--preopen".to_owned());
-            args.push(preopen.clone());
+            args.push(preopen.arg());
         }
         if template == WASM_JS_TEMPLATE {
             args.push("--no-python".to_owned());
@@ -167,7 +264,7 @@ impl Daemon {
             args.push(tool.name().to_owned());
         }
         let process = json!({
-            "cmd": worker_binary()?,
+            "cmd": WORKER_PATH,
             "args": args,
             "envs": env,
             "cwd": WORKSPACE,
@@ -208,6 +305,17 @@ impl Daemon {
                 Err(Ask::Failed(err)) => return Err(err),
             }
         }
+    }
+
+    /// Starts the worker again in a sandbox started again on its files (a resume).
+    pub(super) async fn restart_wasm_worker(
+        self: &Arc<Self>,
+        id: &str,
+        template: &str,
+        request: &airlock_api::v1::CreateSandboxRequest,
+    ) -> Result<(), ApiError> {
+        let preopens = preopens(request.policy.as_deref()).map_err(ApiError::unprocessable)?;
+        self.start_wasm_worker(id, template, &preopens).await
     }
 
     /// Whether sandbox `id` is on the wasm tier (its template is `wasm-js` or `wasm-python`).
