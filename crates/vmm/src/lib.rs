@@ -8,8 +8,9 @@
 //! [`vm::VmShell`]s. [`host`] says what kind of `/dev/kvm` this host has. [`seccomp`] is the
 //! VMM's own allow-list; the `airlock-vmm` binary (`main.rs`) runs one VM per process, under it.
 //!
-//! [`linux`] boots a Linux kernel through its PVH entry. What does not exist yet: a runtime
-//! path that starts it for a sandbox. The tier is therefore not offered (see `airlock probe`).
+//! [`linux`] boots a Linux kernel through its PVH entry. The runtime's microvm backend
+//! (`airlock_runtime`, `microvm/`) starts this binary inside the process tier's jail for a
+//! sandbox; it needs hardware KVM, which `airlock probe` reports.
 //!
 //! Everything a guest writes (port and MMIO accesses, virtqueue descriptors) is untrusted: a
 //! bad access ends that VM with a [`vm::VmError`], never a panic.
