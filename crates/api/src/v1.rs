@@ -77,7 +77,7 @@ pub const BASE64_PATTERN: &str =
 /// The `tier` of a create request: the tiers this build runs.
 fn available_tier(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
-        "description": "The isolation tier. `container` needs an image (`image`, or a template built from one; without, 422); `microvm` (and a policy whose tier needs it) is refused with 422 and the reason.",
+        "description": "The isolation tier. `container` needs an image (`image`, or a template built from one; without, 422); `microvm` needs hardware KVM and a guest the operator configured; where either is missing it (and a policy whose tier needs it) is refused with 422 and the reason.",
         "type": "string",
         "enum": ["process", "container"],
         "default": "process",
@@ -113,7 +113,7 @@ impl JsonSchema for Tier {
 
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         json_schema!({
-            "description": "The isolation tier. `process` and `container` run in this build; `microvm` is refused with 422 and the reason.",
+            "description": "The isolation tier. `process` and `container` run on any host this build supports; `microvm` needs hardware KVM and a guest the operator configured, and is refused with 422 and the reason elsewhere.",
             "type": "string",
             "enum": ["process", "container", "microvm"],
         })
