@@ -120,6 +120,25 @@ impl TestDaemon {
         child.wait().unwrap().success()
     }
 
+    /// SIGTERM, and SIGKILL if the daemon has not exited within `grace`; then reap.
+    pub fn stop_or_kill(&mut self, grace: std::time::Duration) {
+        let Some(child) = self.child.as_mut() else {
+            return;
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let give_up = std::time::Instant::now() + grace;
+        while std::time::Instant::now() < give_up {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                self.child = None;
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        self.kill9();
+    }
+
     /// SIGKILL, then reap.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -149,7 +168,9 @@ impl Drop for TestDaemon {
                 });
             })
             .join();
-            self.kill9();
+            // A graceful stop, so that warm-pool members (never listed) and fills in flight are
+            // destroyed by the daemon; -9 only if it does not exit in time.
+            self.stop_or_kill(std::time::Duration::from_secs(30));
         }
         if !self.keep_state {
             release_storage(&self.state_dir);
