@@ -245,6 +245,16 @@ fn stage_host_root(stage: &Path, rootfs: &Path, masks: &[Mask]) -> Result<(), Vi
         sys::open_path(rootfs),
     )?;
     let rootfs_path = PathBuf::from(format!("/proc/self/fd/{}", rootfs_fd.as_raw_fd()));
+    mount_stage(stage)?;
+    bind_top_level(&rootfs_fd, &rootfs_path, stage)?;
+    for dir in PROVIDED {
+        mkdir(&stage.join(dir), 0o755)?;
+    }
+    apply_masks(stage, masks)
+}
+
+/// The small tmpfs at the staging path that becomes the view's root.
+pub(crate) fn mount_stage(stage: &Path) -> Result<(), ViewError> {
     step(
         || "mounting the staging root".into(),
         sys::mount(
@@ -254,12 +264,7 @@ fn stage_host_root(stage: &Path, rootfs: &Path, masks: &[Mask]) -> Result<(), Vi
             libc::MS_NOSUID | libc::MS_NODEV,
             Some("mode=0755,size=1m,nr_inodes=4096"),
         ),
-    )?;
-    bind_top_level(&rootfs_fd, &rootfs_path, stage)?;
-    for dir in PROVIDED {
-        mkdir(&stage.join(dir), 0o755)?;
-    }
-    apply_masks(stage, masks)
+    )
 }
 
 pub(crate) fn mkdir(path: &Path, mode: u32) -> Result<(), ViewError> {

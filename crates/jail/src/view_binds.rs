@@ -26,16 +26,7 @@ pub fn stage_bind_root(stage: &Path, binds: &[ViewBind], masks: &[Mask]) -> Resu
         let is_dir = step(shown, sys::fstat_is_dir(&tree))?;
         trees.push((bind, tree, is_dir));
     }
-    step(
-        || "mounting the staging root".into(),
-        sys::mount(
-            Some("airlock"),
-            stage,
-            Some("tmpfs"),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            Some("mode=0755,size=1m,nr_inodes=4096"),
-        ),
-    )?;
+    crate::view::mount_stage(stage)?;
     for dir in crate::view::PROVIDED {
         crate::view::mkdir(&stage.join(dir), 0o755)?;
     }

@@ -216,34 +216,37 @@ impl TierBackend for ContainerTier {
     }
 }
 
+/// A host with every layer and cgroup v1 controllers, for the backends' probe tests.
+#[cfg(test)]
+pub(crate) fn test_host() -> HostSupport {
+    use airlock_jail::cgroup::{Home, Layout};
+    let v1 = |dir: &str| {
+        Some(Home::V1 {
+            own_dir: dir.into(),
+        })
+    };
+    HostSupport {
+        landlock_abi: Some(7),
+        user_namespaces: true,
+        seccomp_filter: true,
+        cgroups: Layout {
+            memory: v1("/sys/fs/cgroup/memory"),
+            pids: v1("/sys/fs/cgroup/pids"),
+            cpu: v1("/sys/fs/cgroup/cpu"),
+            freezer: v1("/sys/fs/cgroup/freezer"),
+        },
+        caller_is_root: true,
+        caller_uid: 0,
+        caller_gid: 0,
+        overlay_unavailable: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use airlock_jail::cgroup::{Home, Layout};
-
     use super::*;
 
-    fn host() -> HostSupport {
-        let v1 = |dir: &str| {
-            Some(Home::V1 {
-                own_dir: dir.into(),
-            })
-        };
-        HostSupport {
-            landlock_abi: Some(7),
-            user_namespaces: true,
-            seccomp_filter: true,
-            cgroups: Layout {
-                memory: v1("/sys/fs/cgroup/memory"),
-                pids: v1("/sys/fs/cgroup/pids"),
-                cpu: v1("/sys/fs/cgroup/cpu"),
-                freezer: v1("/sys/fs/cgroup/freezer"),
-            },
-            caller_is_root: true,
-            caller_uid: 0,
-            caller_gid: 0,
-            overlay_unavailable: None,
-        }
-    }
+    use super::test_host as host;
 
     #[test]
     fn test_probe_process_tier_available_on_a_full_host() {

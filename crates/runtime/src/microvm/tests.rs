@@ -1,31 +1,9 @@
 use airlock_api::SandboxConfig;
-use airlock_jail::cgroup::{Home, Layout};
 use airlock_policy::{HostFacts, compile};
 
 use super::*;
 
-fn host() -> HostSupport {
-    let v1 = |dir: &str| {
-        Some(Home::V1 {
-            own_dir: dir.into(),
-        })
-    };
-    HostSupport {
-        landlock_abi: Some(7),
-        user_namespaces: true,
-        seccomp_filter: true,
-        cgroups: Layout {
-            memory: v1("/sys/fs/cgroup/memory"),
-            pids: v1("/sys/fs/cgroup/pids"),
-            cpu: v1("/sys/fs/cgroup/cpu"),
-            freezer: v1("/sys/fs/cgroup/freezer"),
-        },
-        caller_is_root: true,
-        caller_uid: 0,
-        caller_gid: 0,
-        overlay_unavailable: None,
-    }
-}
+use crate::backend::test_host as host;
 
 fn boot() -> GuestSource {
     GuestSource::Boot {
