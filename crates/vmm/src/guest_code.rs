@@ -178,21 +178,18 @@ pub mod queue_layout {
     pub const QUEUE_SIZE: u32 = 8;
 }
 
-/// A virtio-rng driver: negotiates VIRTIO_F_VERSION_1, sets up queue 0 at
-/// [`queue_layout`], queues one writable buffer of `buffer_len` bytes at `buffer_address`,
-/// notifies, acknowledges the interrupt, prints "ok" and resets. A `buffer_address` outside
-/// RAM is a hostile descriptor.
-pub fn entropy_driver(mmio_base: u32, buffer_address: u32, buffer_len: u32) -> Vec<u8> {
+/// A virtio-mmio driver's set-up of queue 0 at the layout's addresses: status bits, version 1,
+/// the queue's size and rings, ready, DRIVER_OK.
+fn set_up_queue_0(asm: &mut Asm, mmio_base: u32, queue_size: u32) -> &mut Asm {
     use queue_layout::*;
     let reg = |offset: u32| mmio_base + offset;
-    let mut asm = Asm::new();
     asm.store32(reg(0x70), 1) // ACKNOWLEDGE
         .store32(reg(0x70), 3) // | DRIVER
         .store32(reg(0x24), 1) // DriverFeaturesSel = 1
         .store32(reg(0x20), 1) // VIRTIO_F_VERSION_1 (bit 32)
         .store32(reg(0x70), 0xb) // | FEATURES_OK
         .store32(reg(0x30), 0) // QueueSel
-        .store32(reg(0x38), QUEUE_SIZE)
+        .store32(reg(0x38), queue_size)
         .store32(reg(0x80), DESC_TABLE)
         .store32(reg(0x84), 0)
         .store32(reg(0x90), AVAIL_RING)
@@ -201,6 +198,17 @@ pub fn entropy_driver(mmio_base: u32, buffer_address: u32, buffer_len: u32) -> V
         .store32(reg(0xa4), 0)
         .store32(reg(0x44), 1) // QueueReady
         .store32(reg(0x70), 0xf) // | DRIVER_OK
+}
+
+/// A virtio-rng driver: negotiates VIRTIO_F_VERSION_1, sets up queue 0 at
+/// [`queue_layout`], queues one writable buffer of `buffer_len` bytes at `buffer_address`,
+/// notifies, acknowledges the interrupt, prints "ok" and resets. A `buffer_address` outside
+/// RAM is a hostile descriptor.
+pub fn entropy_driver(mmio_base: u32, buffer_address: u32, buffer_len: u32) -> Vec<u8> {
+    use queue_layout::*;
+    let reg = |offset: u32| mmio_base + offset;
+    let mut asm = Asm::new();
+    set_up_queue_0(&mut asm, mmio_base, QUEUE_SIZE)
         // Descriptor 0: addr, len, flags = VIRTQ_DESC_F_WRITE, next = 0.
         .store32(DESC_TABLE, buffer_address)
         .store32(DESC_TABLE + 4, 0)
@@ -235,24 +243,9 @@ pub fn cmos_reader(index: u8) -> Vec<u8> {
 /// negotiates VIRTIO_F_VERSION_1, sets the queue up, notifies it once, acknowledges the
 /// interrupt, prints "ok" and resets. The block device tests lay their requests out this way.
 pub fn preloaded_queue_driver(mmio_base: u32, queue_size: u32) -> Vec<u8> {
-    use queue_layout::*;
     let reg = |offset: u32| mmio_base + offset;
     let mut asm = Asm::new();
-    asm.store32(reg(0x70), 1) // ACKNOWLEDGE
-        .store32(reg(0x70), 3) // | DRIVER
-        .store32(reg(0x24), 1) // DriverFeaturesSel = 1
-        .store32(reg(0x20), 1) // VIRTIO_F_VERSION_1 (bit 32)
-        .store32(reg(0x70), 0xb) // | FEATURES_OK
-        .store32(reg(0x30), 0) // QueueSel
-        .store32(reg(0x38), queue_size)
-        .store32(reg(0x80), DESC_TABLE)
-        .store32(reg(0x84), 0)
-        .store32(reg(0x90), AVAIL_RING)
-        .store32(reg(0x94), 0)
-        .store32(reg(0xa0), USED_RING)
-        .store32(reg(0xa4), 0)
-        .store32(reg(0x44), 1) // QueueReady
-        .store32(reg(0x70), 0xf) // | DRIVER_OK
+    set_up_queue_0(&mut asm, mmio_base, queue_size)
         .store32(reg(0x50), 0) // QueueNotify
         .load_eax(reg(0x60)) // InterruptStatus
         .store_eax(reg(0x64)) // InterruptACK
