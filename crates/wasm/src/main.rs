@@ -15,7 +15,7 @@ use airlock_api::v1::DropContextLine;
 use airlock_wasm::{
     ConnectionHost, DEFAULT_MEMORY_BYTES, DEFAULT_OUTPUT_CAP_BYTES, DEFAULT_TIMEOUT_MS,
     EvalErrorKind, EvalOutcome, EvalRequest, Guests, Host, JsEngine, Language, MAX_TIMEOUT_MS,
-    NoHost, Preopen, PythonEngine, PythonOptions,
+    NoHost, Preopen, Prepared, PythonEngine, PythonOptions,
 };
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -100,14 +100,14 @@ struct Engines {
     js_thread: Option<std::sync::Mutex<mpsc::Sender<JsJob>>>,
 }
 
-/// Work for the JS thread.
+/// Work for the JS thread: evaluations in the contexts' kept runtimes.
 enum JsJob {
-    /// One evaluation (in a context's kept runtime, if named), who performs its tool calls,
-    /// and where its outcome goes.
+    /// One evaluation in context `context`'s runtime, who performs its tool calls, and where
+    /// its outcome goes.
     Eval {
         code: String,
         timeout: Duration,
-        context: Option<String>,
+        context: String,
         host: Arc<dyn Host>,
         reply: mpsc::Sender<EvalOutcome>,
     },
@@ -118,14 +118,13 @@ enum JsJob {
 /// The most JavaScript contexts (kept runtimes) one worker keeps.
 const MAX_JS_CONTEXTS: usize = 16;
 
-/// QuickJS runtimes are bound to one thread: this one keeps the next evaluation's runtime and
-/// context made, so an evaluation pays only for its own code.
+/// QuickJS runtimes are bound to one thread: this one owns the contexts' kept runtimes (an
+/// evaluation without a context runs on its connection's thread instead, see [`JsSlot`]).
 fn start_js_thread(js: JsEngine) -> anyhow::Result<mpsc::Sender<JsJob>> {
     let (sender, jobs) = mpsc::channel::<JsJob>();
     std::thread::Builder::new()
         .name("javascript".into())
         .spawn(move || {
-            let mut next = js.prepare().ok();
             let mut kept: std::collections::HashMap<String, airlock_wasm::Prepared> =
                 std::collections::HashMap::new();
             for job in jobs {
@@ -142,51 +141,39 @@ fn start_js_thread(js: JsEngine) -> anyhow::Result<mpsc::Sender<JsJob>> {
                         reply,
                     } => (code, timeout, context, host, reply),
                 };
-                // A fresh isolate's teardown waits until its outcome is sent.
-                let mut spent = None;
-                let outcome = match context {
-                    Some(context) => {
-                        if !kept.contains_key(&context) && kept.len() >= MAX_JS_CONTEXTS {
-                            let _ = reply.send(EvalOutcome::failed(
-                                EvalErrorKind::Invalid,
-                                format!("this worker already keeps {MAX_JS_CONTEXTS} JavaScript contexts; remove one"),
-                            ));
-                            continue;
-                        }
-                        let runtime = match kept.entry(context) {
-                            std::collections::hash_map::Entry::Occupied(entry) => {
-                                Ok(entry.into_mut())
-                            }
-                            std::collections::hash_map::Entry::Vacant(entry) => {
-                                match next.take().map_or_else(|| js.prepare(), Ok) {
-                                    Ok(prepared) => Ok(entry.insert(prepared)),
-                                    Err(err) => Err(err),
-                                }
-                            }
-                        };
-                        match runtime {
-                            Ok(runtime) => js.eval_prepared(runtime, &code, timeout, host),
-                            Err(err) => EvalOutcome::failed(EvalErrorKind::Engine, err),
-                        }
+                if !kept.contains_key(&context) && kept.len() >= MAX_JS_CONTEXTS {
+                    let _ = reply.send(EvalOutcome::failed(
+                        EvalErrorKind::Invalid,
+                        format!("this worker already keeps {MAX_JS_CONTEXTS} JavaScript contexts; remove one"),
+                    ));
+                    continue;
+                }
+                let runtime = match kept.entry(context) {
+                    std::collections::hash_map::Entry::Occupied(entry) => Ok(entry.into_mut()),
+                    std::collections::hash_map::Entry::Vacant(entry) => {
+                        js.prepare().map(|prepared| entry.insert(prepared))
                     }
-                    None => match next.take().map_or_else(|| js.prepare(), Ok) {
-                        Ok(prepared) => {
-                            let outcome = js.eval_prepared(&prepared, &code, timeout, host);
-                            spent = Some(prepared);
-                            outcome
-                        }
-                        Err(err) => EvalOutcome::failed(EvalErrorKind::Engine, err),
-                    },
+                };
+                let outcome = match runtime {
+                    Ok(runtime) => js.eval_prepared(runtime, &code, timeout, host),
+                    Err(err) => EvalOutcome::failed(EvalErrorKind::Engine, err),
                 };
                 let _ = reply.send(outcome);
-                drop(spent);
-                if next.is_none() {
-                    next = js.prepare().ok();
-                }
             }
         })
         .context("cannot start the JavaScript thread")?;
     Ok(sender)
+}
+
+/// A connection thread's JavaScript isolates: `next`, a runtime and context no evaluation has
+/// used, made before the thread waits for a connection (so an evaluation pays only for its own
+/// code and never waits for another thread), and `spent`, the one its last evaluation used,
+/// torn down once the answer is sent. Each evaluation without a context takes `next`; none is
+/// ever used twice.
+#[derive(Default)]
+struct JsSlot {
+    next: Option<Prepared>,
+    spent: Option<Prepared>,
 }
 
 impl Engines {
@@ -235,7 +222,8 @@ impl Engines {
         }
     }
 
-    fn eval(&self, request: &EvalRequest, host: Arc<dyn Host>) -> EvalOutcome {
+    /// Evaluates `request`; one without a context in JavaScript uses `js`'s fresh isolate.
+    fn eval(&self, request: &EvalRequest, host: Arc<dyn Host>, js: &mut JsSlot) -> EvalOutcome {
         if let Some(context) = &request.context_id
             && !airlock_api::v1::valid_context_id(context)
         {
@@ -253,8 +241,8 @@ impl Engines {
         }
         let timeout = Duration::from_millis(timeout_ms);
         match request.language {
-            Language::Javascript => match &self.js_thread {
-                Some(thread) => {
+            Language::Javascript => match (&request.context_id, &self.js_thread) {
+                (Some(context), Some(thread)) => {
                     let (reply, outcome) = mpsc::channel();
                     let sent = thread
                         .lock()
@@ -262,7 +250,7 @@ impl Engines {
                         .send(JsJob::Eval {
                             code: request.code.clone(),
                             timeout,
-                            context: request.context_id.clone(),
+                            context: context.clone(),
                             host,
                             reply,
                         });
@@ -274,7 +262,14 @@ impl Engines {
                         ),
                     }
                 }
-                None => self.js.eval(&request.code, timeout),
+                _ => match js.next.take().map_or_else(|| self.js.prepare(), Ok) {
+                    Ok(fresh) => {
+                        let outcome = self.js.eval_prepared(&fresh, &request.code, timeout, host);
+                        js.spent = Some(fresh);
+                        outcome
+                    }
+                    Err(err) => EvalOutcome::failed(EvalErrorKind::Engine, err),
+                },
             },
             Language::Python => match (&self.python, &request.context_id) {
                 (Some(python), Some(context)) => {
@@ -355,6 +350,7 @@ fn main() -> anyhow::Result<()> {
                     context_id: None,
                 },
                 Arc::new(NoHost),
+                &mut JsSlot::default(),
             );
             println!("{}", serde_json::to_string(&outcome)?);
             Ok(())
@@ -384,7 +380,12 @@ impl ConnectionPool {
     /// Accepts and serves connections; a thread that is not `permanent` ends when enough others
     /// wait.
     fn serve(self: &Arc<Self>, permanent: bool) {
+        let mut js = JsSlot::default();
         loop {
+            // The isolate the next connection's JavaScript gets is made before it comes.
+            if js.next.is_none() {
+                js.next = self.engines.js.prepare().ok();
+            }
             self.idle.fetch_add(1, Ordering::SeqCst);
             let accepted = self.listener.accept();
             let was_last = self.idle.fetch_sub(1, Ordering::SeqCst) == 1;
@@ -393,7 +394,9 @@ impl ConnectionPool {
                     if was_last {
                         self.spawn_waiter();
                     }
-                    serve_one(&self.engines, stream);
+                    serve_one(&self.engines, stream, &mut js);
+                    // Torn down after the answer went out, not before.
+                    js.spent = None;
                 }
                 // Out of descriptors, say: not a busy loop, and no new thread.
                 Err(_) => std::thread::sleep(Duration::from_millis(10)),
@@ -414,7 +417,7 @@ impl ConnectionPool {
     }
 }
 
-fn serve_one(engines: &Engines, stream: TcpStream) {
+fn serve_one(engines: &Engines, stream: TcpStream, js: &mut JsSlot) {
     let Ok(writer) = stream.try_clone() else {
         return;
     };
@@ -424,7 +427,7 @@ fn serve_one(engines: &Engines, stream: TcpStream) {
     let host = Arc::new(ConnectionHost::new(reader));
     let outcome = match read {
         Ok(_) => match serde_json::from_str::<EvalRequest>(&line) {
-            Ok(request) => engines.eval(&request, host),
+            Ok(request) => engines.eval(&request, host, js),
             Err(_) if let Ok(drop) = serde_json::from_str::<DropContextLine>(&line) => {
                 engines.drop_context(&drop.drop_context);
                 EvalOutcome::ok(None)
@@ -438,4 +441,6 @@ fn serve_one(engines: &Engines, stream: TcpStream) {
     };
     answer.push(b'\n');
     let _ = (&writer).write_all(&answer);
+    // The caller reads to the end: it gets it now, not when the connection's last handle goes.
+    let _ = writer.shutdown(std::net::Shutdown::Write);
 }

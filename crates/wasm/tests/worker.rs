@@ -139,6 +139,48 @@ fn test_worker_serve_confines_itself_with_seccomp() {
 }
 
 #[test]
+fn test_worker_javascript_snippets_share_no_state() {
+    let worker = worker(&["--no-python"]);
+    // Set-then-read pairs: each connection thread keeps its own made-ahead isolate, so a read
+    // lands both on the thread that served the set and on another one.
+    for round in 0..6 {
+        let set = worker.eval(
+            "javascript",
+            "globalThis.leaked = 41; var declared = 1; Object.prototype.polluted = 1; \
+             console.log('set'); 'set'",
+        );
+        assert_eq!(set["result"], "set", "round {round}: {set}");
+        let read = worker.eval(
+            "javascript",
+            "[typeof leaked, typeof declared, ({}).polluted === undefined]",
+        );
+        assert_eq!(
+            read["result"],
+            json!(["undefined", "undefined", true]),
+            "round {round}: {read}"
+        );
+        // Nor is the earlier snippet's output carried over.
+        assert_eq!(read["stdout"], "", "round {round}: {read}");
+    }
+}
+
+#[test]
+fn test_worker_javascript_limits_hold_in_every_fresh_isolate() {
+    let worker = worker(&["--no-python", "--memory-bytes", "33554432"]);
+    // More rounds than there are made-ahead isolates: every one has the limits installed.
+    for round in 0..4 {
+        let looped =
+            worker.send(&json!({"language": "javascript", "code": "for(;;){}", "timeout_ms": 200}));
+        assert_eq!(error_kind(&looped), "timeout", "round {round}: {looped}");
+        let bomb = worker.eval(
+            "javascript",
+            "let a = []; for (;;) { a.push(new Array(4096).fill(7)); }",
+        );
+        assert_eq!(error_kind(&bomb), "memory_limit", "round {round}: {bomb}");
+    }
+}
+
+#[test]
 fn test_worker_javascript_async_result_is_awaited() {
     let worker = worker(&["--no-python"]);
     let outcome = worker.eval(
