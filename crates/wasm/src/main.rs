@@ -443,4 +443,28 @@ fn serve_one(engines: &Engines, stream: TcpStream, js: &mut JsSlot) {
     let _ = (&writer).write_all(&answer);
     // The caller reads to the end: it gets it now, not when the connection's last handle goes.
     let _ = writer.shutdown(std::net::Shutdown::Write);
+    if js.spent.is_some() {
+        wait_for_hang_up(&writer);
+    }
+}
+
+/// How long a connection thread waits for its caller to hang up before it tears down the
+/// isolate its evaluation used anyway.
+const HANG_UP_WAIT: Duration = Duration::from_secs(1);
+
+/// Returns once the caller has closed the connection (or after [`HANG_UP_WAIT`]): tearing
+/// down an isolate and making the next one take a few hundred microseconds of CPU, and on a
+/// busy machine the caller, woken by the answer, would otherwise wait for them on the same CPU.
+fn wait_for_hang_up(stream: &TcpStream) {
+    if stream.set_read_timeout(Some(HANG_UP_WAIT)).is_err() {
+        return;
+    }
+    // Whatever else the caller sends is not read; a caller that keeps sending is not waited for.
+    let mut unread = [0u8; 4096];
+    for _ in 0..16 {
+        match (&*stream).read(&mut unread) {
+            Ok(n) if n > 0 => {}
+            _ => return,
+        }
+    }
 }
