@@ -21,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${1:-target/x86_64-unknown-linux-gnu/debug}"
 driver="$(ls -t "$bin"/deps/microvm_guest-* 2>/dev/null | grep -v '\.d$' | head -n1 || true)"
-for binary in "$bin/airlock-vmm" "$bin/airlock-agent" "$bin/airlock-jail" "$driver"; do
+for binary in "$bin/airlock" "$bin/airlock-vmm" "$bin/airlock-agent" "$bin/airlock-jail" "$driver"; do
     [ -x "$binary" ] || { echo "microvm-nested: ${binary:-the microvm_guest test} is missing (cargo build --workspace; cargo test --workspace --test microvm_guest --no-run)" >&2; exit 1; }
 done
 
@@ -80,19 +80,23 @@ mkdir -p "$run"
 busybox_tree() {
     mkdir -p "$1/bin" "$1/proc" "$1/sys" "$1/dev" "$1/tmp" "$1/modules"
     cp "$busybox" "$1/bin/busybox"
-    for applet in sh mount insmod echo cat ls head grep sleep poweroff reboot mkdir dd od wc mv kill uname dmesg tail cp chmod switch_root touch; do
+    for applet in sh mount insmod echo cat ls head grep sleep poweroff reboot mkdir dd od wc mv kill uname dmesg tail cp chmod switch_root touch sha256sum tr; do
         ln -s busybox "$1/bin/$applet"
     done
 }
 
-# L2: the virtio and vsock modules Debian's kernel needs, a few checks, then the agent as
-# the init (an initramfs root: no block device yet).
+# L2: the modules Debian's kernel needs (virtio, vsock, block, ext4 and overlayfs), a few
+# checks, then the agent as the init, from the image's root filesystem when the VMM gives the
+# guest its disks (found by serial: the image's read-only, the sandbox's overlay), else from
+# the initramfs.
 l2="$run/l2"
 busybox_tree "$l2"
 mkdir -p "$l2/root"
 for module in drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_mmio \
     drivers/char/hw_random/virtio-rng net/vmw_vsock/vsock \
-    net/vmw_vsock/vmw_vsock_virtio_transport_common net/vmw_vsock/vmw_vsock_virtio_transport; do
+    net/vmw_vsock/vmw_vsock_virtio_transport_common net/vmw_vsock/vmw_vsock_virtio_transport \
+    drivers/block/virtio_blk lib/crc16 fs/mbcache fs/jbd2/jbd2 crypto/crc32c_generic fs/ext4/ext4 \
+    fs/overlayfs/overlay; do
     cp "$modules/$module.ko" "$l2/modules/"
 done
 strip --strip-debug -o "$l2/bin/airlock-agent" "$bin/airlock-agent"
@@ -102,9 +106,16 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 echo "E2E PASS l2-init"
-for m in virtio_ring virtio virtio_mmio virtio-rng vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport; do
-    insmod /modules/$m.ko || echo "E2E FAIL l2-insmod $m"
-done
+# Modules in dependency order; none for what the kernel has built in (a kernel built with
+# them ships no .ko, and /sys/module/<name> exists for what is loaded or built in).
+load() {
+    for m in "$@"; do
+        [ -f "/modules/$m.ko" ] || continue
+        [ -d "/sys/module/${m//-/_}" ] || insmod "/modules/$m.ko" || echo "E2E FAIL l2-insmod $m"
+    done
+}
+load virtio_ring virtio virtio_mmio virtio-rng vsock vmw_vsock_virtio_transport_common \
+    vmw_vsock_virtio_transport virtio_blk crc16 mbcache jbd2 crc32c_generic ext4 overlay
 if grep -q '^0x0004$' /sys/bus/virtio/devices/*/device 2>/dev/null; then
     echo "E2E PASS l2-virtio-mmio-acpi"
 else
@@ -121,14 +132,50 @@ else
     echo "E2E FAIL l2-virtio-vsock-device: no virtio device of type 19 (vsock)"
 fi
 export HOME=/root PATH=/bin
-exec /bin/airlock-agent --listen-vsock 49983
+# The disk whose serial is $1 (the runtime names them airlock-root and airlock-overlay).
+disk() {
+    for dev in /sys/block/vd*; do
+        [ "$(cat "$dev/serial" 2>/dev/null)" = "$1" ] && echo "/dev/${dev##*/}"
+    done
+}
+root=$(disk airlock-root)
+overlay=$(disk airlock-overlay)
+if [ -z "$root" ] || [ -z "$overlay" ]; then
+    echo "E2E no image disks: the initramfs stays the root"
+    exec /bin/airlock-agent --listen-vsock 49983
+fi
+# The image read-only, the sandbox's writes in upper/ on its own disk, the agent on a tmpfs
+# of its own (nothing of Airlock's is written into the image or the overlay).
+mkdir -p /lower /disk /new-root
+mount -t ext4 -o ro "$root" /lower || echo "E2E FAIL l2-image-root: mounting $root"
+mount -t ext4 "$overlay" /disk || echo "E2E FAIL l2-image-root: mounting $overlay"
+mount -t overlay overlay -o lowerdir=/lower,upperdir=/disk/upper,workdir=/disk/work /new-root ||
+    echo "E2E FAIL l2-image-root: the overlay"
+mkdir -p /new-root/proc /new-root/sys /new-root/dev /new-root/tmp /new-root/.airlock
+mount -t tmpfs -o mode=0755,size=64m tmpfs /new-root/.airlock
+cp /bin/airlock-agent /new-root/.airlock/agent
+mount -o remount,ro /new-root/.airlock
+for fs in proc sys dev; do mount --move "/$fs" "/new-root/$fs"; done
+echo "E2E PASS l2-image-root"
+exec switch_root /new-root /.airlock/agent --listen-vsock 49983
 EOF
 chmod +x "$l2/init"
 python3 scripts/initramfs.py "$l2" "$run/l2.cpio"
 
-# L1: KVM for AMD, our VMM, L2's kernel and initramfs.
+# L1: KVM for AMD, our VMM, L2's kernel and initramfs, and L2's disks: the busybox test
+# image's ext4 root disk, made by the image store from its OCI layout (scripts/test-images.sh)
+# as the microvm tier takes it, and the first boot's overlay disk (L1 has no mke2fs). In L1's
+# initramfs: L1 has no other way in.
 l1="$run/l1"
 busybox_tree "$l1"
+layout=target/test-images/layouts/busybox
+image="$(python3 -c 'import json, sys
+index = json.load(open(sys.argv[1]))
+print(next(m["digest"] for m in index["manifests"] if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == "plain"))' "$layout/index.json")"
+"$bin/airlock" image --store "$run/store" import "$layout" >/dev/null
+cp "$("$bin/airlock" image --store "$run/store" disk "$image")" "$l1/root.ext4"
+rm -rf "$run/store"
+"$bin/airlock" image overlay-disk --size-mib 32 "$l1/overlay.img"
 for module in virt/lib/irqbypass arch/x86/kvm/kvm drivers/crypto/ccp/ccp arch/x86/kvm/kvm-amd; do
     cp "$modules/$module.ko" "$l1/modules/"
 done
@@ -143,7 +190,7 @@ if [ ! -e /.tmpfs-root ]; then
     # The initramfs root cannot be pivoted away from (the jail pivots): run from a tmpfs.
     mkdir /new-root
     mount -t tmpfs -o mode=0755 tmpfs /new-root
-    cp -a /bin /modules /vmlinux /l2.cpio /init /new-root/
+    cp -a /bin /modules /vmlinux /l2.cpio /root.ext4 /overlay.img /init /new-root/
     mkdir /new-root/proc /new-root/sys /new-root/dev /new-root/tmp /new-root/run
     touch /new-root/.tmpfs-root
     exec switch_root /new-root /init
@@ -157,9 +204,11 @@ chmod 1777 /tmp
 for m in irqbypass kvm ccp kvm-amd; do insmod /modules/$m.ko || echo "E2E FAIL l1-insmod $m"; done
 if [ -c /dev/kvm ]; then echo "E2E PASS l1-kvm"; else echo "E2E FAIL l1-kvm: no /dev/kvm"; fi
 mkdir -p /run/e2e
+image_sum="$(sha256sum /root.ext4)"
 if AIRLOCK_E2E_VMM=/bin/airlock-vmm AIRLOCK_E2E_KERNEL=/vmlinux AIRLOCK_E2E_INITRD=/l2.cpio \
-    AIRLOCK_E2E_DIR=/run/e2e AIRLOCK_JAIL_BIN=/bin/airlock-jail AIRLOCK_VMM_BIN=/bin/airlock-vmm \
-    AIRLOCK_MICROVM_SNAPSHOT=/run/e2e/snapshot /bin/microvm-guest --ignored --nocapture --test-threads 1; then
+    AIRLOCK_E2E_DIR=/run/e2e AIRLOCK_E2E_OVERLAY=/overlay.img AIRLOCK_JAIL_BIN=/bin/airlock-jail \
+    AIRLOCK_VMM_BIN=/bin/airlock-vmm AIRLOCK_MICROVM_SNAPSHOT=/run/e2e/snapshot \
+    AIRLOCK_MICROVM_ROOT_DISK=/root.ext4 /bin/microvm-guest --ignored --nocapture --test-threads 1; then
     echo "E2E PASS l1-driver"
 else
     echo "E2E FAIL l1-driver: the microvm_guest test failed"
@@ -168,16 +217,25 @@ else
     # The jailed VMM's console and errors.
     tail -n 20 /run/e2e/sandbox/agent.log 2>/dev/null
 fi
+# Three guests ran on the image's disk (a boot and two forks); not one byte of it changed.
+if [ "$(sha256sum /root.ext4)" = "$image_sum" ]; then
+    echo "E2E PASS image-disk-unchanged"
+else
+    echo "E2E FAIL image-disk-unchanged: /root.ext4 changed"
+fi
 poweroff -f
 EOF
 chmod +x "$l1/init"
 python3 scripts/initramfs.py "$l1" "$run/l1.cpio"
 
 expected=(l1-kvm l2-init l2-virtio-mmio-acpi l2-virtio-rng-read l2-virtio-vsock-device
-    vsock-connect envd-health envd-command envd-file snapshot-written
+    l2-image-root vsock-connect envd-health envd-command envd-file image-root-read
+    image-overlay-write snapshot-written
     jailed-create jailed-envd-health jailed-envd-command jailed-envd-file jailed-vmm-confined
     jailed-vmm-namespaces jailed-vmm-view jailed-vmm-cgroup restore-still-counting jailed-destroyed
-    restore-vsock-connect restore-vmm-confined forks-reseeded-own-identity l1-driver)
+    image-write-survives-restore image-write-in-overlay-disk
+    restore-vsock-connect restore-vmm-confined forks-reseeded-own-identity l1-driver
+    image-disk-unchanged)
 log="$run/console.log"
 echo "microvm-nested: booting L1 (QEMU TCG, nested SVM); the console goes to $log"
 started=$SECONDS

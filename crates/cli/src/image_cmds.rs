@@ -1,4 +1,5 @@
-//! `airlock image pull|import|ls|inspect|rm|prune`: the local image store (`airlock-image`).
+//! `airlock image pull|import|ls|inspect|rm|prune|disk|overlay-disk`: the local image store
+//! (`airlock-image`) and the microvm tier's disks made from its images.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -57,9 +58,27 @@ pub enum ImageCommand {
     Rm { reference: String },
     /// Remove every image, blob and layer that nothing refers to.
     Prune,
+    /// Print the path of the image's ext4 root disk for the microvm tier (built from its
+    /// layers on first use, cached per image digest; AIRLOCK_MICROVM_ROOT_DISK takes it).
+    Disk { reference: String },
+    /// Make an empty, sparse overlay disk (ext4 holding `upper/` and `work/`) at PATH, as the
+    /// microvm tier gives each sandbox over its image's root disk.
+    OverlayDisk {
+        #[arg(long, default_value_t = 1024)]
+        size_mib: u64,
+        path: PathBuf,
+    },
 }
 
 pub fn image(store: &StoreArgs, command: ImageCommand) -> anyhow::Result<ExitCode> {
+    // No store for this one.
+    let command = match command {
+        ImageCommand::OverlayDisk { size_mib, path } => {
+            airlock_image::disk::overlay_disk(&path, size_mib << 20)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        other => other,
+    };
     let store = store.open()?;
     match command {
         ImageCommand::Pull {
@@ -121,6 +140,11 @@ pub fn image(store: &StoreArgs, command: ImageCommand) -> anyhow::Result<ExitCod
             }
             Ok(ExitCode::SUCCESS)
         }
+        ImageCommand::Disk { reference } => {
+            println!("{}", store.root_disk(&reference)?.path.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        ImageCommand::OverlayDisk { .. } => Ok(ExitCode::SUCCESS),
         ImageCommand::Prune => {
             let report = store.prune()?;
             println!(

@@ -114,6 +114,7 @@ pub fn vmm_spec(source: &GuestSource, memory_mib: u64) -> VmmSpec {
             VmmSpec {
                 mode: "linux".to_owned(),
                 files,
+                disks: Vec::new(),
                 args,
             }
         }
@@ -123,6 +124,7 @@ pub fn vmm_spec(source: &GuestSource, memory_mib: u64) -> VmmSpec {
             VmmSpec {
                 mode: "restore".to_owned(),
                 files: vec![("snapshot".to_owned(), dir.clone())],
+                disks: Vec::new(),
                 args,
             }
         }
