@@ -21,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${1:-target/x86_64-unknown-linux-gnu/debug}"
 driver="$(ls -t "$bin"/deps/microvm_guest-* 2>/dev/null | grep -v '\.d$' | head -n1 || true)"
-for binary in "$bin/airlock" "$bin/airlock-vmm" "$bin/airlock-agent" "$bin/airlock-jail" "$driver"; do
+for binary in "$bin/airlock" "$bin/airlock-probe" "$bin/airlock-vmm" "$bin/airlock-agent" "$bin/airlock-jail" "$driver"; do
     [ -x "$binary" ] || { echo "microvm-nested: ${binary:-the microvm_guest test} is missing (cargo build --workspace; cargo test --workspace --test microvm_guest --no-run)" >&2; exit 1; }
 done
 
@@ -182,6 +182,9 @@ done
 strip --strip-debug -o "$l1/bin/airlock-vmm" "$bin/airlock-vmm"
 strip --strip-debug -o "$l1/bin/airlock-jail" "$bin/airlock-jail"
 strip --strip-debug -o "$l1/bin/microvm-guest" "$driver"
+# `airlock seceval --tier microvm` (the CLI) and the probe it uploads into the guest.
+strip --strip-debug -o "$l1/bin/airlock" "$bin/airlock"
+strip --strip-debug -o "$l1/bin/airlock-probe" "$bin/airlock-probe"
 cp "$rig/vmlinux" "$l1/vmlinux"
 cp "$run/l2.cpio" "$l1/l2.cpio"
 cat > "$l1/init" <<'EOF'
@@ -217,7 +220,24 @@ else
     # The jailed VMM's console and errors.
     tail -n 20 /run/e2e/sandbox/agent.log 2>/dev/null
 fi
-# Three guests ran on the image's disk (a boot and two forks); not one byte of it changed.
+# The seceval microvm column: one more fork of the snapshot, a sandbox of the runtime; the
+# VMM's confinement read from L1, the probe run inside the guest.
+if AIRLOCK_PROBE_BIN=/bin/airlock-probe AIRLOCK_JAIL_BIN=/bin/airlock-jail AIRLOCK_VMM_BIN=/bin/airlock-vmm \
+    AIRLOCK_MICROVM_SNAPSHOT=/run/e2e/snapshot AIRLOCK_MICROVM_ROOT_DISK=/root.ext4 \
+    /bin/airlock seceval --tier microvm --only tier.microvm >/run/e2e/seceval.txt 2>&1; then
+    echo "E2E PASS seceval-microvm"
+else
+    echo "E2E FAIL seceval-microvm: airlock seceval --tier microvm failed"
+fi
+cat /run/e2e/seceval.txt
+for case in vsock vmm-namespaces vmm-view vmm-seccomp vmm-cgroup; do
+    if grep -q "^  tier.microvm-$case  *blocked(" /run/e2e/seceval.txt; then
+        echo "E2E PASS seceval-microvm-$case"
+    else
+        echo "E2E FAIL seceval-microvm-$case: not blocked"
+    fi
+done
+# Four guests ran on the image's disk (a boot and three forks); not one byte of it changed.
 if [ "$(sha256sum /root.ext4)" = "$image_sum" ]; then
     echo "E2E PASS image-disk-unchanged"
 else
@@ -235,7 +255,8 @@ expected=(l1-kvm l2-init l2-virtio-mmio-acpi l2-virtio-rng-read l2-virtio-vsock-
     jailed-vmm-namespaces jailed-vmm-view jailed-vmm-cgroup restore-still-counting jailed-destroyed
     image-write-survives-restore image-write-in-overlay-disk
     restore-vsock-connect restore-vmm-confined forks-reseeded-own-identity l1-driver
-    image-disk-unchanged)
+    seceval-microvm seceval-microvm-vsock seceval-microvm-vmm-namespaces seceval-microvm-vmm-view
+    seceval-microvm-vmm-seccomp seceval-microvm-vmm-cgroup image-disk-unchanged)
 log="$run/console.log"
 echo "microvm-nested: booting L1 (QEMU TCG, nested SVM); the console goes to $log"
 started=$SECONDS

@@ -1,0 +1,152 @@
+//! A small blocking client of a sandbox's agent (envd) on its Unix socket, for the microvm
+//! column: upload a file, run a command to its end. One request per connection
+//! (`Connection: close`), so a response is read to the end of the stream.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use base64::Engine as _;
+
+/// A guard against a guest that stops answering (emulated guests are slow), not a bound on
+/// how long a case may take.
+const ANSWER_LIMIT: Duration = Duration::from_secs(300);
+
+/// What a command printed and how it ended.
+#[derive(Debug, Default)]
+pub struct Finished {
+    pub stdout: String,
+    pub exit_code: Option<i32>,
+}
+
+/// One HTTP/1.1 request on a fresh connection: the status and the (de-chunked) body.
+fn request(socket: &Path, head: &str, body: &[u8]) -> anyhow::Result<(u16, Vec<u8>)> {
+    let mut stream = UnixStream::connect(socket)
+        .with_context(|| format!("connecting to the agent at {}", socket.display()))?;
+    stream.set_read_timeout(Some(ANSWER_LIMIT))?;
+    let mut bytes = format!(
+        "{head}Host: localhost\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    bytes.extend_from_slice(body);
+    stream.write_all(&bytes)?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer)?;
+    let split = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .context("the agent's answer has no end of head")?;
+    let head = String::from_utf8_lossy(&answer[..split]).into_owned();
+    let status = head
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+        .with_context(|| format!("the agent's answer has no status: {head}"))?;
+    let body = &answer[split + 4..];
+    let chunked = head
+        .lines()
+        .any(|l| l.eq_ignore_ascii_case("transfer-encoding: chunked"));
+    Ok((
+        status,
+        if chunked {
+            dechunk(body)?
+        } else {
+            body.to_vec()
+        },
+    ))
+}
+
+fn dechunk(mut body: &[u8]) -> anyhow::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = body
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .context("a chunk without its size line")?;
+        let size_text = String::from_utf8_lossy(&body[..line_end]).into_owned();
+        let size = usize::from_str_radix(size_text.trim(), 16)
+            .with_context(|| format!("a bad chunk size `{size_text}`"))?;
+        body = &body[line_end + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        let chunk = body.get(..size).context("a chunk cut short")?;
+        out.extend_from_slice(chunk);
+        body = body.get(size + 2..).context("a chunk cut short")?;
+    }
+}
+
+/// Writes `data` to `path` in the sandbox (envd's `POST /files`).
+pub fn upload(socket: &Path, path: &str, data: &[u8]) -> anyhow::Result<()> {
+    let boundary = "airlock-seceval-boundary";
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{path}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+    )
+    .into_bytes();
+    body.extend_from_slice(data);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    let head = format!(
+        "POST /files?path={path} HTTP/1.1\r\nContent-Type: multipart/form-data; boundary={boundary}\r\n"
+    );
+    let (status, answer) = request(socket, &head, &body)?;
+    if status != 200 {
+        bail!(
+            "uploading {path} answered {status}: {}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+    Ok(())
+}
+
+/// Runs `cmd args` in the sandbox to its end (envd's `process.Process/Start`).
+pub fn run(socket: &Path, cmd: &str, args: &[String]) -> anyhow::Result<Finished> {
+    let message = serde_json::json!({"process": {"cmd": cmd, "args": args}, "stdin": false});
+    let json = message.to_string();
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&u32::try_from(json.len())?.to_be_bytes());
+    frame.extend_from_slice(json.as_bytes());
+    let head = "POST /process.Process/Start HTTP/1.1\r\nContent-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\n";
+    let (status, body) = request(socket, head, &frame)?;
+    if status != 200 {
+        bail!(
+            "starting {cmd} answered {status}: {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+    let mut finished = Finished::default();
+    let mut stdout = Vec::new();
+    let mut rest = body.as_slice();
+    while rest.len() >= 5 {
+        let length = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        let payload = rest.get(5..5 + length).context("an envelope cut short")?;
+        let message: serde_json::Value = serde_json::from_slice(payload)?;
+        let event = &message["event"];
+        if let Some(data) = event["data"]["stdout"].as_str() {
+            stdout.extend(base64::engine::general_purpose::STANDARD.decode(data)?);
+        }
+        if let Some(code) = event["end"]["exitCode"].as_i64() {
+            finished.exit_code = i32::try_from(code).ok();
+        }
+        rest = &rest[5 + length..];
+    }
+    finished.stdout = String::from_utf8_lossy(&stdout).into_owned();
+    Ok(finished)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_dechunk_joins_chunks_and_refuses_a_cut_one() {
+        assert_eq!(
+            dechunk(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n").unwrap(),
+            b"abcde"
+        );
+        assert!(dechunk(b"5\r\nab").is_err());
+        assert!(dechunk(b"zz\r\n").is_err());
+    }
+}
