@@ -80,7 +80,7 @@ mkdir -p "$run"
 busybox_tree() {
     mkdir -p "$1/bin" "$1/proc" "$1/sys" "$1/dev" "$1/tmp" "$1/modules"
     cp "$busybox" "$1/bin/busybox"
-    for applet in sh mount insmod echo cat ls head grep sleep poweroff reboot mkdir dd od wc mv kill uname dmesg tail cp chmod switch_root touch sha256sum tr; do
+    for applet in sh mount insmod echo cat ls head grep sleep poweroff reboot mkdir dd od wc mv kill uname dmesg tail cp chmod switch_root touch sha256sum tr ifconfig; do
         ln -s busybox "$1/bin/$applet"
     done
 }
@@ -151,7 +151,8 @@ mount -t ext4 -o ro "$root" /lower || echo "E2E FAIL l2-image-root: mounting $ro
 mount -t ext4 "$overlay" /disk || echo "E2E FAIL l2-image-root: mounting $overlay"
 mount -t overlay overlay -o lowerdir=/lower,upperdir=/disk/upper,workdir=/disk/work /new-root ||
     echo "E2E FAIL l2-image-root: the overlay"
-mkdir -p /new-root/proc /new-root/sys /new-root/dev /new-root/tmp /new-root/.airlock
+# The mount points Airlock's guest has (the daemon's commands start in /workspace).
+mkdir -p /new-root/proc /new-root/sys /new-root/dev /new-root/tmp /new-root/workspace /new-root/.airlock
 mount -t tmpfs -o mode=0755,size=64m tmpfs /new-root/.airlock
 cp /bin/airlock-agent /new-root/.airlock/agent
 mount -o remount,ro /new-root/.airlock
@@ -237,7 +238,36 @@ for case in vsock vmm-namespaces vmm-view vmm-seccomp vmm-cgroup; do
         echo "E2E FAIL seceval-microvm-$case: not blocked"
     fi
 done
-# Four guests ran on the image's disk (a boot and three forks); not one byte of it changed.
+# The daemon over HTTP on the microvm tier: `airlock serve` in L1, and the CLI, a client of its
+# API, creates a sandbox (one more fork), runs a command in it and deletes it.
+ifconfig lo 127.0.0.1 up
+export AIRLOCK_URL=http://127.0.0.1:3000
+AIRLOCK_JAIL_BIN=/bin/airlock-jail AIRLOCK_VMM_BIN=/bin/airlock-vmm \
+    AIRLOCK_MICROVM_SNAPSHOT=/run/e2e/snapshot AIRLOCK_MICROVM_ROOT_DISK=/root.ext4 \
+    /bin/airlock serve --listen 127.0.0.1:3000 --state-dir /run/e2e/daemon --insecure-no-auth \
+    --scratch memory >/run/e2e/daemon.log 2>&1 &
+daemon=$!
+tries=0
+until /bin/airlock sandbox ls >/dev/null 2>&1 || [ $tries -ge 300 ]; do tries=$((tries + 1)); sleep 1; done
+if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB 2>/run/e2e/create.err); then
+    echo "E2E PASS daemon-create"
+    out=$(/bin/airlock sandbox exec "$id" -- /bin/sh -c 'cat /etc/motd; cat /proc/version' 2>&1)
+    case "$out" in
+        *"Welcome to the Airlock test image"*"Linux version 6.1"*) echo "E2E PASS daemon-exec" ;;
+        *) echo "E2E FAIL daemon-exec: $out" ;;
+    esac
+    /bin/airlock sandbox rm "$id" || echo "E2E FAIL daemon-delete: rm failed"
+    if /bin/airlock sandbox ls | grep -q "$id" || grep -qa '^airlock-vmm' /proc/[0-9]*/cmdline; then
+        echo "E2E FAIL daemon-delete: the sandbox or its VMM is left"
+    else
+        echo "E2E PASS daemon-delete"
+    fi
+else
+    echo "E2E FAIL daemon-create: $(cat /run/e2e/create.err)"
+    tail -n 20 /run/e2e/daemon.log
+fi
+kill "$daemon"
+# Five guests ran on the image's disk (a boot and four forks); not one byte of it changed.
 if [ "$(sha256sum /root.ext4)" = "$image_sum" ]; then
     echo "E2E PASS image-disk-unchanged"
 else
@@ -256,7 +286,8 @@ expected=(l1-kvm l2-init l2-virtio-mmio-acpi l2-virtio-rng-read l2-virtio-vsock-
     image-write-survives-restore image-write-in-overlay-disk
     restore-vsock-connect restore-vmm-confined forks-reseeded-own-identity l1-driver
     seceval-microvm seceval-microvm-vsock seceval-microvm-vmm-namespaces seceval-microvm-vmm-view
-    seceval-microvm-vmm-seccomp seceval-microvm-vmm-cgroup image-disk-unchanged)
+    seceval-microvm-vmm-seccomp seceval-microvm-vmm-cgroup daemon-create daemon-exec daemon-delete
+    image-disk-unchanged)
 log="$run/console.log"
 echo "microvm-nested: booting L1 (QEMU TCG, nested SVM); the console goes to $log"
 started=$SECONDS

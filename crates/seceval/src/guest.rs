@@ -32,9 +32,13 @@ fn request(socket: &Path, head: &str, body: &[u8]) -> anyhow::Result<(u16, Vec<u
     )
     .into_bytes();
     bytes.extend_from_slice(body);
-    stream.write_all(&bytes)?;
+    stream
+        .write_all(&bytes)
+        .context("sending the request to the agent")?;
     let mut answer = Vec::new();
-    stream.read_to_end(&mut answer)?;
+    stream
+        .read_to_end(&mut answer)
+        .context("reading the agent's answer")?;
     let split = answer
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -79,8 +83,31 @@ fn dechunk(mut body: &[u8]) -> anyhow::Result<Vec<u8>> {
     }
 }
 
-/// Writes `data` to `path` in the sandbox (envd's `POST /files`).
+/// Writes `data` to `path` in the sandbox (envd's `POST /files`). A connection reset before
+/// any answer is retried once, and said on stderr: seen once in the nested rig with a 2 MB
+/// upload just after a restore, not explained yet.
 pub fn upload(socket: &Path, path: &str, data: &[u8]) -> anyhow::Result<()> {
+    match upload_once(socket, path, data) {
+        Err(err) if is_reset(&err) => {
+            eprintln!("airlock seceval: uploading {path} was reset ({err:#}); once more");
+            upload_once(socket, path, data)
+        }
+        other => other,
+    }
+}
+
+fn is_reset(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause.downcast_ref::<std::io::Error>().is_some_and(|e| {
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            )
+        })
+    })
+}
+
+fn upload_once(socket: &Path, path: &str, data: &[u8]) -> anyhow::Result<()> {
     let boundary = "airlock-seceval-boundary";
     let mut body = format!(
         "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{path}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
