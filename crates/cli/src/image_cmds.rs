@@ -71,14 +71,10 @@ pub enum ImageCommand {
 }
 
 pub fn image(store: &StoreArgs, command: ImageCommand) -> anyhow::Result<ExitCode> {
-    // No store for this one.
-    let command = match command {
-        ImageCommand::OverlayDisk { size_mib, path } => {
-            airlock_image::disk::overlay_disk(&path, size_mib << 20)?;
-            return Ok(ExitCode::SUCCESS);
-        }
-        other => other,
-    };
+    // This one needs no store: none is opened (or created) for it.
+    if let ImageCommand::OverlayDisk { size_mib, path } = &command {
+        return overlay_disk(*size_mib, path);
+    }
     let store = store.open()?;
     match command {
         ImageCommand::Pull {
@@ -144,7 +140,7 @@ pub fn image(store: &StoreArgs, command: ImageCommand) -> anyhow::Result<ExitCod
             println!("{}", store.root_disk(&reference)?.path.display());
             Ok(ExitCode::SUCCESS)
         }
-        ImageCommand::OverlayDisk { .. } => Ok(ExitCode::SUCCESS),
+        ImageCommand::OverlayDisk { size_mib, path } => overlay_disk(size_mib, &path),
         ImageCommand::Prune => {
             let report = store.prune()?;
             println!(
@@ -157,6 +153,14 @@ pub fn image(store: &StoreArgs, command: ImageCommand) -> anyhow::Result<ExitCod
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+fn overlay_disk(size_mib: u64, path: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let size_bytes = size_mib
+        .checked_mul(1 << 20)
+        .ok_or_else(|| anyhow::anyhow!("--size-mib {size_mib} is too large"))?;
+    airlock_image::disk::overlay_disk(path, size_bytes)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn pull(
