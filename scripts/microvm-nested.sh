@@ -5,10 +5,13 @@
 # image's qemu-utils) emulates an AMD CPU with SVM under TCG and boots a level-1 Debian 6.1
 # kernel through its PVH entry; in L1, kvm-amd gives a real SVM-backed /dev/kvm, and
 # Airlock's VMM (the static airlock-vmm) boots the same Debian kernel as L2 with an
-# initramfs whose init loads the virtio modules and runs L2's checks. The first fork of L2's
-# snapshot is a microvm-tier sandbox of the runtime: the VMM restores it inside the process
+# initramfs whose init loads the virtio, block, ext4 and overlayfs modules, runs L2's checks
+# and switches its root to the busybox test image's disk under an overlay disk. The first
+# fork of L2's snapshot is a microvm-tier sandbox of the runtime: the VMM restores it inside the process
 # tier's jail (airlock-jail), so L1's init moves its root to a tmpfs (the jail pivots its
-# view's root, which an initramfs root cannot be pivoted away from) and mounts cgroup v2. Every check prints
+# view's root, which an initramfs root cannot be pivoted away from) and mounts cgroup v2; then,
+# in L1 still, `airlock seceval --tier microvm` and the daemon over HTTP (a sandbox created, a
+# command run, the sandbox deleted) fork it again. Every check prints
 # `E2E PASS <name>` or `E2E FAIL <name> ...` on the console (L2's console is echoed by the
 # VMM onto L1's, which is QEMU's standard output); this script fails on any FAIL and on any
 # expected PASS line missing.
@@ -229,6 +232,7 @@ if AIRLOCK_PROBE_BIN=/bin/airlock-probe AIRLOCK_JAIL_BIN=/bin/airlock-jail AIRLO
     echo "E2E PASS seceval-microvm"
 else
     echo "E2E FAIL seceval-microvm: airlock seceval --tier microvm failed"
+    dmesg | grep -a 'type=1326\|seccomp' | tail -n 5
 fi
 cat /run/e2e/seceval.txt
 for case in vsock vmm-namespaces vmm-view vmm-seccomp vmm-cgroup; do

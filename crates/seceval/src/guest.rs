@@ -1,6 +1,6 @@
 //! A small blocking client of a sandbox's agent (envd) on its Unix socket, for the microvm
-//! column: upload a file, run a command to its end. One request per connection
-//! (`Connection: close`), so a response is read to the end of the stream.
+//! column: upload a file, run a command to its end. One request per connection, its answer
+//! read by its framing.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -21,13 +21,15 @@ pub struct Finished {
     pub exit_code: Option<i32>,
 }
 
-/// One HTTP/1.1 request on a fresh connection: the status and the (de-chunked) body.
+/// One HTTP/1.1 request on a fresh connection: the status and the (de-chunked) body. The
+/// answer is read by its own framing (length or chunks), then this side closes: the agent's
+/// close is never waited for.
 fn request(socket: &Path, head: &str, body: &[u8]) -> anyhow::Result<(u16, Vec<u8>)> {
     let mut stream = UnixStream::connect(socket)
         .with_context(|| format!("connecting to the agent at {}", socket.display()))?;
     stream.set_read_timeout(Some(ANSWER_LIMIT))?;
     let mut bytes = format!(
-        "{head}Host: localhost\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        "{head}Host: localhost\r\nContent-Length: {}\r\n\r\n",
         body.len()
     )
     .into_bytes();
@@ -36,13 +38,26 @@ fn request(socket: &Path, head: &str, body: &[u8]) -> anyhow::Result<(u16, Vec<u
         .write_all(&bytes)
         .context("sending the request to the agent")?;
     let mut answer = Vec::new();
-    stream
-        .read_to_end(&mut answer)
-        .context("reading the agent's answer")?;
-    let split = answer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .context("the agent's answer has no end of head")?;
+    let mut buffer = [0u8; 64 << 10];
+    loop {
+        if let Some(done) = complete(&answer)? {
+            return Ok(done);
+        }
+        let n = stream
+            .read(&mut buffer)
+            .context("reading the agent's answer")?;
+        if n == 0 {
+            bail!("the agent closed the connection before its answer was complete");
+        }
+        answer.extend_from_slice(&buffer[..n]);
+    }
+}
+
+/// The status and body of `answer` once it holds a whole response.
+fn complete(answer: &[u8]) -> anyhow::Result<Option<(u16, Vec<u8>)>> {
+    let Some(split) = answer.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return Ok(None);
+    };
     let head = String::from_utf8_lossy(&answer[..split]).into_owned();
     let status = head
         .strip_prefix("HTTP/1.1 ")
@@ -50,42 +65,46 @@ fn request(socket: &Path, head: &str, body: &[u8]) -> anyhow::Result<(u16, Vec<u
         .and_then(|code| code.parse().ok())
         .with_context(|| format!("the agent's answer has no status: {head}"))?;
     let body = &answer[split + 4..];
-    let chunked = head
-        .lines()
-        .any(|l| l.eq_ignore_ascii_case("transfer-encoding: chunked"));
-    Ok((
-        status,
-        if chunked {
-            dechunk(body)?
-        } else {
-            body.to_vec()
-        },
-    ))
+    let header = |name: &str| {
+        head.lines().find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            key.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| value.trim().to_owned())
+        })
+    };
+    if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        return Ok(dechunk(body).map(|body| (status, body)));
+    }
+    let length: usize = match header("content-length") {
+        Some(text) => text
+            .parse()
+            .with_context(|| format!("a bad Content-Length `{text}`"))?,
+        None if status == 204 || status == 304 => 0,
+        None => bail!("the agent's answer has neither a length nor chunks: {head}"),
+    };
+    Ok((body.len() >= length).then(|| (status, body[..length].to_vec())))
 }
 
-fn dechunk(mut body: &[u8]) -> anyhow::Result<Vec<u8>> {
+/// The body of a chunked answer, `None` while it is not all there yet.
+fn dechunk(mut body: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::new();
     loop {
-        let line_end = body
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .context("a chunk without its size line")?;
+        let line_end = body.windows(2).position(|w| w == b"\r\n")?;
         let size_text = String::from_utf8_lossy(&body[..line_end]).into_owned();
-        let size = usize::from_str_radix(size_text.trim(), 16)
-            .with_context(|| format!("a bad chunk size `{size_text}`"))?;
+        // A size line that is not hex never completes: the caller's read ends it.
+        let size = usize::from_str_radix(size_text.trim(), 16).ok()?;
         body = &body[line_end + 2..];
         if size == 0 {
-            return Ok(out);
+            return Some(out);
         }
-        let chunk = body.get(..size).context("a chunk cut short")?;
-        out.extend_from_slice(chunk);
-        body = body.get(size + 2..).context("a chunk cut short")?;
+        out.extend_from_slice(body.get(..size)?);
+        body = body.get(size + 2..)?;
     }
 }
 
 /// Writes `data` to `path` in the sandbox (envd's `POST /files`). A connection reset before
-/// any answer is retried once, and said on stderr: seen once in the nested rig with a 2 MB
-/// upload just after a restore, not explained yet.
+/// any answer is retried once, and said on stderr.
 pub fn upload(socket: &Path, path: &str, data: &[u8]) -> anyhow::Result<()> {
     match upload_once(socket, path, data) {
         Err(err) if is_reset(&err) => {
@@ -168,12 +187,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn test_dechunk_joins_chunks_and_refuses_a_cut_one() {
+    fn test_complete_waits_for_the_whole_answer_by_its_framing() {
+        let chunked: &[u8] =
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
+        assert_eq!(complete(chunked).unwrap(), Some((200, b"abcde".to_vec())));
+        assert_eq!(complete(&chunked[..chunked.len() - 7]).unwrap(), None);
+        let sized: &[u8] = b"HTTP/1.1 404 Not Found\r\ncontent-length: 4\r\n\r\nnope";
+        assert_eq!(complete(sized).unwrap(), Some((404, b"nope".to_vec())));
+        assert_eq!(complete(&sized[..sized.len() - 1]).unwrap(), None);
         assert_eq!(
-            dechunk(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n").unwrap(),
-            b"abcde"
+            complete(b"HTTP/1.1 204 No Content\r\n\r\n").unwrap(),
+            Some((204, Vec::new()))
         );
-        assert!(dechunk(b"5\r\nab").is_err());
-        assert!(dechunk(b"zz\r\n").is_err());
+        assert!(complete(b"HTTP/1.1 200 OK\r\n\r\n").is_err());
     }
 }

@@ -13,8 +13,9 @@
 //!
 //! The guest comes from the operator's settings ([`guest`]): a kernel and initramfs to boot,
 //! or a snapshot of a booted guest to fork; with an image's root disk set, the guest's root
-//! filesystem is that image under the sandbox's own overlay disk ([`disks`]). Before a sandbox is handed over, its agent has
-//! answered and taken the sandbox's environment with fresh host entropy ([`ready`]).
+//! filesystem is that image under the sandbox's own overlay disk ([`disks`]). Before a
+//! sandbox is handed over, its agent has answered and taken the sandbox's environment with
+//! fresh host entropy ([`ready`]).
 
 pub mod disks;
 pub mod guest;
@@ -208,7 +209,9 @@ impl TierBackend for MicrovmTier {
         );
         let root = empty_root()
             .map_err(|e| setup_error(format!("preparing the VMM's empty root: {e}")))?;
-        let sandbox_dir = agent.socket.parent().unwrap_or(Path::new("/"));
+        let sandbox_dir = agent.socket.parent().ok_or_else(|| {
+            setup_error("the agent's socket names no sandbox directory".to_owned())
+        })?;
         let disks = disks::DiskPlan::new(
             &guest,
             disks::root_disk_from_vars(|name| std::env::var_os(name)),
