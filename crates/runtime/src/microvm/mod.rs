@@ -17,6 +17,7 @@
 //! sandbox is handed over, its agent has answered and taken the sandbox's environment with
 //! fresh host entropy ([`ready`]).
 
+pub mod answer;
 pub mod disks;
 pub mod guest;
 pub mod ready;
