@@ -4,10 +4,11 @@
 # `apt-get download` and unpacked with `dpkg-deb -x`: never installed, which would replace the
 # image's qemu-utils) emulates an AMD CPU with SVM under TCG and boots a level-1 Debian 6.1
 # kernel through its PVH entry; in L1, kvm-amd gives a real SVM-backed /dev/kvm, and
-# Airlock's VMM (the static airlock-vmm) boots the same Debian kernel as L2 with an
-# initramfs whose init loads the virtio, block, ext4 and overlayfs modules, runs L2's checks
-# and switches its root to the busybox test image's disk under an overlay disk. The first
-# fork of L2's snapshot is a microvm-tier sandbox of the runtime: the VMM restores it inside the process
+# Airlock's VMM (the static airlock-vmm) boots the project's guest kernel (scripts/guest-kernel.sh:
+# no modules, no ACPI, so the VMM declares its virtio-mmio devices on the command line) as L2
+# with an initramfs whose init runs L2's checks and switches its root to the busybox test
+# image's disk under an overlay disk before it execs the agent. The first fork of L2's
+# snapshot is a microvm-tier sandbox of the runtime: the VMM restores it inside the process
 # tier's jail (airlock-jail), so L1's init moves its root to a tmpfs (the jail pivots its
 # view's root, which an initramfs root cannot be pivoted away from) and mounts cgroup v2; then,
 # in L1 still, `airlock seceval --tier microvm` and the daemon over HTTP (a sandbox created, a
@@ -19,10 +20,16 @@
 # Cached under target/microvm-rig/<key>/ (key: the fetch steps' format number, the package
 # list and the versions apt resolves): the .debs, the unpacked tree and the extracted vmlinux. Built per
 # run: the two initramfs images (they hold this build's binaries).
-# Usage: scripts/microvm-nested.sh [TARGET_DIR]  (default target/x86_64-unknown-linux-gnu/debug)
+# Usage: scripts/microvm-nested.sh [TARGET_DIR [GUEST_VMLINUX]]
+#   (defaults: target/x86_64-unknown-linux-gnu/debug, and scripts/guest-kernel.sh's kernel)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${1:-target/x86_64-unknown-linux-gnu/debug}"
+guest_kernel="${2:-}"
+if [ -z "$guest_kernel" ]; then
+    guest_kernel="$(scripts/guest-kernel.sh "$(nproc)" | tail -n 1)"
+fi
+[ -f "$guest_kernel" ] || { echo "microvm-nested: no guest kernel at $guest_kernel" >&2; exit 1; }
 driver="$(ls -t "$bin"/deps/microvm_guest-* 2>/dev/null | grep -v '\.d$' | head -n1 || true)"
 for binary in "$bin/airlock" "$bin/airlock-probe" "$bin/airlock-vmm" "$bin/airlock-agent" "$bin/airlock-jail" "$driver"; do
     [ -x "$binary" ] || { echo "microvm-nested: ${binary:-the microvm_guest test} is missing (cargo build --workspace; cargo test --workspace --test microvm_guest --no-run)" >&2; exit 1; }
@@ -88,20 +95,13 @@ busybox_tree() {
     done
 }
 
-# L2: the modules Debian's kernel needs (virtio, vsock, block, ext4 and overlayfs), a few
-# checks, then the agent as the init, from the image's root filesystem when the VMM gives the
-# guest its disks (found by serial: the image's read-only, the sandbox's overlay), else from
-# the initramfs.
+# L2: the project's kernel (its drivers built in: virtio, vsock, block, ext4, overlayfs), a
+# few checks, then the agent as the init, from the image's root filesystem when the VMM gives
+# the guest its disks (found by serial: the image's read-only, the sandbox's overlay), else
+# from the initramfs.
 l2="$run/l2"
 busybox_tree "$l2"
 mkdir -p "$l2/root"
-for module in drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_mmio \
-    drivers/char/hw_random/virtio-rng net/vmw_vsock/vsock \
-    net/vmw_vsock/vmw_vsock_virtio_transport_common net/vmw_vsock/vmw_vsock_virtio_transport \
-    drivers/block/virtio_blk lib/crc16 fs/mbcache fs/jbd2/jbd2 crypto/crc32c_generic fs/ext4/ext4 \
-    fs/overlayfs/overlay; do
-    cp "$modules/$module.ko" "$l2/modules/"
-done
 strip --strip-debug -o "$l2/bin/airlock-agent" "$bin/airlock-agent"
 cat > "$l2/init" <<'EOF'
 #!/bin/sh
@@ -109,20 +109,16 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 echo "E2E PASS l2-init"
-# Modules in dependency order; none for what the kernel has built in (a kernel built with
-# them ships no .ko, and /sys/module/<name> exists for what is loaded or built in).
-load() {
-    for m in "$@"; do
-        [ -f "/modules/$m.ko" ] || continue
-        [ -d "/sys/module/${m//-/_}" ] || insmod "/modules/$m.ko" || echo "E2E FAIL l2-insmod $m"
-    done
-}
-load virtio_ring virtio virtio_mmio virtio-rng vsock vmw_vsock_virtio_transport_common \
-    vmw_vsock_virtio_transport virtio_blk crc16 mbcache jbd2 crc32c_generic ext4 overlay
-if grep -q '^0x0004$' /sys/bus/virtio/devices/*/device 2>/dev/null; then
-    echo "E2E PASS l2-virtio-mmio-acpi"
+# The project's kernel, not Debian's: built here, without module support.
+if grep -q 'debian-kernel@lists.debian.org' /proc/version || [ -e /proc/modules ]; then
+    echo "E2E FAIL l2-own-kernel: $(cat /proc/version)"
 else
-    echo "E2E FAIL l2-virtio-mmio-acpi: no virtio device of type 4 (entropy)"
+    echo "E2E PASS l2-own-kernel"
+fi
+if grep -q '^0x0004$' /sys/bus/virtio/devices/*/device 2>/dev/null; then
+    echo "E2E PASS l2-virtio-mmio"
+else
+    echo "E2E FAIL l2-virtio-mmio: no virtio device of type 4 (entropy)"
 fi
 if [ "$(dd if=/dev/hwrng bs=16 count=1 2>/dev/null | wc -c)" = 16 ]; then
     echo "E2E PASS l2-virtio-rng-read"
@@ -166,10 +162,10 @@ EOF
 chmod +x "$l2/init"
 python3 scripts/initramfs.py "$l2" "$run/l2.cpio"
 
-# L1: KVM for AMD, our VMM, L2's kernel and initramfs, and L2's disks: the busybox test
-# image's ext4 root disk, made by the image store from its OCI layout (scripts/test-images.sh)
-# as the microvm tier takes it, and the first boot's overlay disk (L1 has no mke2fs). In L1's
-# initramfs: L1 has no other way in.
+# L1 (Debian's kernel): KVM for AMD, our VMM, L2's kernel and initramfs, and L2's disks: the
+# busybox test image's ext4 root disk, made by the image store from its OCI layout
+# (scripts/test-images.sh) as the microvm tier takes it, and the first boot's overlay disk
+# (L1 has no mke2fs). In L1's initramfs: L1 has no other way in.
 l1="$run/l1"
 busybox_tree "$l1"
 layout=target/test-images/layouts/busybox
@@ -189,7 +185,7 @@ strip --strip-debug -o "$l1/bin/microvm-guest" "$driver"
 # `airlock seceval --tier microvm` (the CLI) and the probe it uploads into the guest.
 strip --strip-debug -o "$l1/bin/airlock" "$bin/airlock"
 strip --strip-debug -o "$l1/bin/airlock-probe" "$bin/airlock-probe"
-cp "$rig/vmlinux" "$l1/vmlinux"
+cp "$guest_kernel" "$l1/vmlinux"
 cp "$run/l2.cpio" "$l1/l2.cpio"
 cat > "$l1/init" <<'EOF'
 #!/bin/sh
@@ -212,10 +208,11 @@ for m in irqbypass kvm ccp kvm-amd; do insmod /modules/$m.ko || echo "E2E FAIL l
 if [ -c /dev/kvm ]; then echo "E2E PASS l1-kvm"; else echo "E2E FAIL l1-kvm: no /dev/kvm"; fi
 mkdir -p /run/e2e
 image_sum="$(sha256sum /root.ext4)"
-if AIRLOCK_E2E_VMM=/bin/airlock-vmm AIRLOCK_E2E_KERNEL=/vmlinux AIRLOCK_E2E_INITRD=/l2.cpio \
-    AIRLOCK_E2E_DIR=/run/e2e AIRLOCK_E2E_OVERLAY=/overlay.img AIRLOCK_JAIL_BIN=/bin/airlock-jail \
-    AIRLOCK_VMM_BIN=/bin/airlock-vmm AIRLOCK_MICROVM_SNAPSHOT=/run/e2e/snapshot \
-    AIRLOCK_MICROVM_ROOT_DISK=/root.ext4 /bin/microvm-guest --ignored --nocapture --test-threads 1; then
+if AIRLOCK_E2E_CMDLINE_DEVICES=1 AIRLOCK_E2E_VMM=/bin/airlock-vmm AIRLOCK_E2E_KERNEL=/vmlinux \
+    AIRLOCK_E2E_INITRD=/l2.cpio AIRLOCK_E2E_DIR=/run/e2e AIRLOCK_E2E_OVERLAY=/overlay.img \
+    AIRLOCK_JAIL_BIN=/bin/airlock-jail AIRLOCK_VMM_BIN=/bin/airlock-vmm \
+    AIRLOCK_MICROVM_SNAPSHOT=/run/e2e/snapshot AIRLOCK_MICROVM_ROOT_DISK=/root.ext4 \
+    /bin/microvm-guest --ignored --nocapture --test-threads 1; then
     echo "E2E PASS l1-driver"
 else
     echo "E2E FAIL l1-driver: the microvm_guest test failed"
@@ -282,7 +279,7 @@ EOF
 chmod +x "$l1/init"
 python3 scripts/initramfs.py "$l1" "$run/l1.cpio"
 
-expected=(l1-kvm l2-init l2-virtio-mmio-acpi l2-virtio-rng-read l2-virtio-vsock-device
+expected=(l1-kvm l2-init l2-own-kernel l2-virtio-mmio l2-virtio-rng-read l2-virtio-vsock-device
     l2-image-root vsock-connect envd-health envd-command envd-file image-root-read
     image-overlay-write snapshot-written
     jailed-create jailed-envd-health jailed-envd-command jailed-envd-file jailed-vmm-confined
