@@ -250,6 +250,7 @@ mod tests {
             kernel: "/k".into(),
             initrd: None,
             cmdline: String::new(),
+            cmdline_devices: false,
         };
         let plan = DiskPlan::new(&source, Some("/r.ext4".into()), Path::new("/sbx/b")).unwrap();
         assert_eq!(
