@@ -4,11 +4,15 @@
 # `apt-get download` and unpacked with `dpkg-deb -x`: never installed, which would replace the
 # image's qemu-utils) emulates an AMD CPU with SVM under TCG and boots a level-1 Debian 6.1
 # kernel through its PVH entry; in L1, kvm-amd gives a real SVM-backed /dev/kvm, and
-# Airlock's VMM (the static airlock-vmm) boots the same Debian kernel as L2 with an
-# initramfs whose init loads the virtio modules and runs L2's checks. The first fork of L2's
+# Airlock's VMM (the static airlock-vmm) boots the project's guest kernel (scripts/guest-kernel.sh:
+# no modules, no ACPI, so the VMM declares its virtio-mmio devices on the command line) as L2
+# with an initramfs whose init runs L2's checks and switches its root to the busybox test
+# image's disk under an overlay disk before it execs the agent. The first fork of L2's
 # snapshot is a microvm-tier sandbox of the runtime: the VMM restores it inside the process
 # tier's jail (airlock-jail), so L1's init moves its root to a tmpfs (the jail pivots its
-# view's root, which an initramfs root cannot be pivoted away from) and mounts cgroup v2. Every check prints
+# view's root, which an initramfs root cannot be pivoted away from) and mounts cgroup v2; then,
+# in L1 still, `airlock seceval --tier microvm` and the daemon over HTTP (a sandbox created, a
+# command run, the sandbox deleted) fork it again. Every check prints
 # `E2E PASS <name>` or `E2E FAIL <name> ...` on the console (L2's console is echoed by the
 # VMM onto L1's, which is QEMU's standard output); this script fails on any FAIL and on any
 # expected PASS line missing.
@@ -16,12 +20,18 @@
 # Cached under target/microvm-rig/<key>/ (key: the fetch steps' format number, the package
 # list and the versions apt resolves): the .debs, the unpacked tree and the extracted vmlinux. Built per
 # run: the two initramfs images (they hold this build's binaries).
-# Usage: scripts/microvm-nested.sh [TARGET_DIR]  (default target/x86_64-unknown-linux-gnu/debug)
+# Usage: scripts/microvm-nested.sh [TARGET_DIR [GUEST_VMLINUX]]
+#   (defaults: target/x86_64-unknown-linux-gnu/debug, and scripts/guest-kernel.sh's kernel)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${1:-target/x86_64-unknown-linux-gnu/debug}"
+guest_kernel="${2:-}"
+if [ -z "$guest_kernel" ]; then
+    guest_kernel="$(scripts/guest-kernel.sh "$(nproc)" | tail -n 1)"
+fi
+[ -f "$guest_kernel" ] || { echo "microvm-nested: no guest kernel at $guest_kernel" >&2; exit 1; }
 driver="$(ls -t "$bin"/deps/microvm_guest-* 2>/dev/null | grep -v '\.d$' | head -n1 || true)"
-for binary in "$bin/airlock-vmm" "$bin/airlock-agent" "$bin/airlock-jail" "$driver"; do
+for binary in "$bin/airlock" "$bin/airlock-probe" "$bin/airlock-vmm" "$bin/airlock-agent" "$bin/airlock-jail" "$driver"; do
     [ -x "$binary" ] || { echo "microvm-nested: ${binary:-the microvm_guest test} is missing (cargo build --workspace; cargo test --workspace --test microvm_guest --no-run)" >&2; exit 1; }
 done
 
@@ -80,21 +90,18 @@ mkdir -p "$run"
 busybox_tree() {
     mkdir -p "$1/bin" "$1/proc" "$1/sys" "$1/dev" "$1/tmp" "$1/modules"
     cp "$busybox" "$1/bin/busybox"
-    for applet in sh mount insmod echo cat ls head grep sleep poweroff reboot mkdir dd od wc mv kill uname dmesg tail cp chmod switch_root touch; do
+    for applet in sh mount insmod echo cat ls head grep sleep poweroff reboot mkdir dd od wc mv kill uname dmesg tail cp chmod switch_root touch sha256sum tr ifconfig; do
         ln -s busybox "$1/bin/$applet"
     done
 }
 
-# L2: the virtio and vsock modules Debian's kernel needs, a few checks, then the agent as
-# the init (an initramfs root: no block device yet).
+# L2: the project's kernel (its drivers built in: virtio, vsock, block, ext4, overlayfs), a
+# few checks, then the agent as the init, from the image's root filesystem when the VMM gives
+# the guest its disks (found by serial: the image's read-only, the sandbox's overlay), else
+# from the initramfs.
 l2="$run/l2"
 busybox_tree "$l2"
 mkdir -p "$l2/root"
-for module in drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_mmio \
-    drivers/char/hw_random/virtio-rng net/vmw_vsock/vsock \
-    net/vmw_vsock/vmw_vsock_virtio_transport_common net/vmw_vsock/vmw_vsock_virtio_transport; do
-    cp "$modules/$module.ko" "$l2/modules/"
-done
 strip --strip-debug -o "$l2/bin/airlock-agent" "$bin/airlock-agent"
 cat > "$l2/init" <<'EOF'
 #!/bin/sh
@@ -102,13 +109,16 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 echo "E2E PASS l2-init"
-for m in virtio_ring virtio virtio_mmio virtio-rng vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport; do
-    insmod /modules/$m.ko || echo "E2E FAIL l2-insmod $m"
-done
-if grep -q '^0x0004$' /sys/bus/virtio/devices/*/device 2>/dev/null; then
-    echo "E2E PASS l2-virtio-mmio-acpi"
+# The project's kernel, not Debian's: built here, without module support.
+if grep -q 'debian-kernel@lists.debian.org' /proc/version || [ -e /proc/modules ]; then
+    echo "E2E FAIL l2-own-kernel: $(cat /proc/version)"
 else
-    echo "E2E FAIL l2-virtio-mmio-acpi: no virtio device of type 4 (entropy)"
+    echo "E2E PASS l2-own-kernel"
+fi
+if grep -q '^0x0004$' /sys/bus/virtio/devices/*/device 2>/dev/null; then
+    echo "E2E PASS l2-virtio-mmio"
+else
+    echo "E2E FAIL l2-virtio-mmio: no virtio device of type 4 (entropy)"
 fi
 if [ "$(dd if=/dev/hwrng bs=16 count=1 2>/dev/null | wc -c)" = 16 ]; then
     echo "E2E PASS l2-virtio-rng-read"
@@ -121,21 +131,61 @@ else
     echo "E2E FAIL l2-virtio-vsock-device: no virtio device of type 19 (vsock)"
 fi
 export HOME=/root PATH=/bin
-exec /bin/airlock-agent --listen-vsock 49983
+# The disk whose serial is $1 (the runtime names them airlock-root and airlock-overlay).
+disk() {
+    for dev in /sys/block/vd*; do
+        [ "$(cat "$dev/serial" 2>/dev/null)" = "$1" ] && echo "/dev/${dev##*/}"
+    done
+}
+root=$(disk airlock-root)
+overlay=$(disk airlock-overlay)
+if [ -z "$root" ] || [ -z "$overlay" ]; then
+    echo "E2E no image disks: the initramfs stays the root"
+    exec /bin/airlock-agent --listen-vsock 49983
+fi
+# The image read-only, the sandbox's writes in upper/ on its own disk, the agent on a tmpfs
+# of its own (nothing of Airlock's is written into the image or the overlay).
+mkdir -p /lower /disk /new-root
+mount -t ext4 -o ro "$root" /lower || echo "E2E FAIL l2-image-root: mounting $root"
+mount -t ext4 "$overlay" /disk || echo "E2E FAIL l2-image-root: mounting $overlay"
+mount -t overlay overlay -o lowerdir=/lower,upperdir=/disk/upper,workdir=/disk/work /new-root ||
+    echo "E2E FAIL l2-image-root: the overlay"
+# The mount points Airlock's guest has (the daemon's commands start in /workspace).
+mkdir -p /new-root/proc /new-root/sys /new-root/dev /new-root/tmp /new-root/workspace /new-root/.airlock
+mount -t tmpfs -o mode=0755,size=64m tmpfs /new-root/.airlock
+cp /bin/airlock-agent /new-root/.airlock/agent
+mount -o remount,ro /new-root/.airlock
+for fs in proc sys dev; do mount --move "/$fs" "/new-root/$fs"; done
+echo "E2E PASS l2-image-root"
+exec switch_root /new-root /.airlock/agent --listen-vsock 49983
 EOF
 chmod +x "$l2/init"
 python3 scripts/initramfs.py "$l2" "$run/l2.cpio"
 
-# L1: KVM for AMD, our VMM, L2's kernel and initramfs.
+# L1 (Debian's kernel): KVM for AMD, our VMM, L2's kernel and initramfs, and L2's disks: the
+# busybox test image's ext4 root disk, made by the image store from its OCI layout
+# (scripts/test-images.sh) as the microvm tier takes it, and the first boot's overlay disk
+# (L1 has no mke2fs). In L1's initramfs: L1 has no other way in.
 l1="$run/l1"
 busybox_tree "$l1"
+layout=target/test-images/layouts/busybox
+image="$(python3 -c 'import json, sys
+index = json.load(open(sys.argv[1]))
+print(next(m["digest"] for m in index["manifests"] if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == "plain"))' "$layout/index.json")"
+"$bin/airlock" image --store "$run/store" import "$layout" >/dev/null
+cp "$("$bin/airlock" image --store "$run/store" disk "$image")" "$l1/root.ext4"
+rm -rf "$run/store"
+"$bin/airlock" image overlay-disk --size-mib 32 "$l1/overlay.img"
 for module in virt/lib/irqbypass arch/x86/kvm/kvm drivers/crypto/ccp/ccp arch/x86/kvm/kvm-amd; do
     cp "$modules/$module.ko" "$l1/modules/"
 done
 strip --strip-debug -o "$l1/bin/airlock-vmm" "$bin/airlock-vmm"
 strip --strip-debug -o "$l1/bin/airlock-jail" "$bin/airlock-jail"
 strip --strip-debug -o "$l1/bin/microvm-guest" "$driver"
-cp "$rig/vmlinux" "$l1/vmlinux"
+# `airlock seceval --tier microvm` (the CLI) and the probe it uploads into the guest.
+strip --strip-debug -o "$l1/bin/airlock" "$bin/airlock"
+strip --strip-debug -o "$l1/bin/airlock-probe" "$bin/airlock-probe"
+cp "$guest_kernel" "$l1/vmlinux"
 cp "$run/l2.cpio" "$l1/l2.cpio"
 cat > "$l1/init" <<'EOF'
 #!/bin/sh
@@ -143,7 +193,7 @@ if [ ! -e /.tmpfs-root ]; then
     # The initramfs root cannot be pivoted away from (the jail pivots): run from a tmpfs.
     mkdir /new-root
     mount -t tmpfs -o mode=0755 tmpfs /new-root
-    cp -a /bin /modules /vmlinux /l2.cpio /init /new-root/
+    cp -a /bin /modules /vmlinux /l2.cpio /root.ext4 /overlay.img /init /new-root/
     mkdir /new-root/proc /new-root/sys /new-root/dev /new-root/tmp /new-root/run
     touch /new-root/.tmpfs-root
     exec switch_root /new-root /init
@@ -157,9 +207,12 @@ chmod 1777 /tmp
 for m in irqbypass kvm ccp kvm-amd; do insmod /modules/$m.ko || echo "E2E FAIL l1-insmod $m"; done
 if [ -c /dev/kvm ]; then echo "E2E PASS l1-kvm"; else echo "E2E FAIL l1-kvm: no /dev/kvm"; fi
 mkdir -p /run/e2e
-if AIRLOCK_E2E_VMM=/bin/airlock-vmm AIRLOCK_E2E_KERNEL=/vmlinux AIRLOCK_E2E_INITRD=/l2.cpio \
-    AIRLOCK_E2E_DIR=/run/e2e AIRLOCK_JAIL_BIN=/bin/airlock-jail AIRLOCK_VMM_BIN=/bin/airlock-vmm \
-    AIRLOCK_MICROVM_SNAPSHOT=/run/e2e/snapshot /bin/microvm-guest --ignored --nocapture --test-threads 1; then
+image_sum="$(sha256sum /root.ext4)"
+if AIRLOCK_E2E_CMDLINE_DEVICES=1 AIRLOCK_E2E_VMM=/bin/airlock-vmm AIRLOCK_E2E_KERNEL=/vmlinux \
+    AIRLOCK_E2E_INITRD=/l2.cpio AIRLOCK_E2E_DIR=/run/e2e AIRLOCK_E2E_OVERLAY=/overlay.img \
+    AIRLOCK_JAIL_BIN=/bin/airlock-jail AIRLOCK_VMM_BIN=/bin/airlock-vmm \
+    AIRLOCK_MICROVM_SNAPSHOT=/run/e2e/snapshot AIRLOCK_MICROVM_ROOT_DISK=/root.ext4 \
+    /bin/microvm-guest --ignored --nocapture --test-threads 1; then
     echo "E2E PASS l1-driver"
 else
     echo "E2E FAIL l1-driver: the microvm_guest test failed"
@@ -168,16 +221,74 @@ else
     # The jailed VMM's console and errors.
     tail -n 20 /run/e2e/sandbox/agent.log 2>/dev/null
 fi
+# The seceval microvm column: one more fork of the snapshot, a sandbox of the runtime; the
+# VMM's confinement read from L1, the probe run inside the guest.
+if AIRLOCK_PROBE_BIN=/bin/airlock-probe AIRLOCK_JAIL_BIN=/bin/airlock-jail AIRLOCK_VMM_BIN=/bin/airlock-vmm \
+    AIRLOCK_MICROVM_SNAPSHOT=/run/e2e/snapshot AIRLOCK_MICROVM_ROOT_DISK=/root.ext4 \
+    /bin/airlock seceval --tier microvm --only tier.microvm >/run/e2e/seceval.txt 2>&1; then
+    echo "E2E PASS seceval-microvm"
+else
+    echo "E2E FAIL seceval-microvm: airlock seceval --tier microvm failed"
+    dmesg | grep -a 'type=1326\|seccomp' | tail -n 5
+fi
+cat /run/e2e/seceval.txt
+for case in vsock vmm-namespaces vmm-view vmm-seccomp vmm-cgroup; do
+    if grep -q "^  tier.microvm-$case  *blocked(" /run/e2e/seceval.txt; then
+        echo "E2E PASS seceval-microvm-$case"
+    else
+        echo "E2E FAIL seceval-microvm-$case: not blocked"
+    fi
+done
+# The daemon over HTTP on the microvm tier: `airlock serve` in L1, and the CLI, a client of its
+# API, creates a sandbox (one more fork), runs a command in it and deletes it.
+ifconfig lo 127.0.0.1 up
+export AIRLOCK_URL=http://127.0.0.1:3000
+AIRLOCK_JAIL_BIN=/bin/airlock-jail AIRLOCK_VMM_BIN=/bin/airlock-vmm \
+    AIRLOCK_MICROVM_SNAPSHOT=/run/e2e/snapshot AIRLOCK_MICROVM_ROOT_DISK=/root.ext4 \
+    /bin/airlock serve --listen 127.0.0.1:3000 --state-dir /run/e2e/daemon --insecure-no-auth \
+    --scratch memory >/run/e2e/daemon.log 2>&1 &
+daemon=$!
+tries=0
+until /bin/airlock sandbox ls >/dev/null 2>&1 || [ $tries -ge 300 ]; do tries=$((tries + 1)); sleep 1; done
+if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB 2>/run/e2e/create.err); then
+    echo "E2E PASS daemon-create"
+    out=$(/bin/airlock sandbox exec "$id" -- /bin/sh -c 'cat /etc/motd; cat /proc/version' 2>&1)
+    case "$out" in
+        *"Welcome to the Airlock test image"*"Linux version 6.1"*) echo "E2E PASS daemon-exec" ;;
+        *) echo "E2E FAIL daemon-exec: $out" ;;
+    esac
+    /bin/airlock sandbox rm "$id" || echo "E2E FAIL daemon-delete: rm failed"
+    if /bin/airlock sandbox ls | grep -q "$id" || grep -qa '^airlock-vmm' /proc/[0-9]*/cmdline; then
+        echo "E2E FAIL daemon-delete: the sandbox or its VMM is left"
+    else
+        echo "E2E PASS daemon-delete"
+    fi
+else
+    echo "E2E FAIL daemon-create: $(cat /run/e2e/create.err)"
+    tail -n 20 /run/e2e/daemon.log
+fi
+kill "$daemon"
+# Five guests ran on the image's disk (a boot and four forks); not one byte of it changed.
+if [ "$(sha256sum /root.ext4)" = "$image_sum" ]; then
+    echo "E2E PASS image-disk-unchanged"
+else
+    echo "E2E FAIL image-disk-unchanged: /root.ext4 changed"
+fi
 poweroff -f
 EOF
 chmod +x "$l1/init"
 python3 scripts/initramfs.py "$l1" "$run/l1.cpio"
 
-expected=(l1-kvm l2-init l2-virtio-mmio-acpi l2-virtio-rng-read l2-virtio-vsock-device
-    vsock-connect envd-health envd-command envd-file snapshot-written
+expected=(l1-kvm l2-init l2-own-kernel l2-virtio-mmio l2-virtio-rng-read l2-virtio-vsock-device
+    l2-image-root vsock-connect envd-health envd-command envd-file image-root-read
+    image-overlay-write snapshot-written
     jailed-create jailed-envd-health jailed-envd-command jailed-envd-file jailed-vmm-confined
     jailed-vmm-namespaces jailed-vmm-view jailed-vmm-cgroup restore-still-counting jailed-destroyed
-    restore-vsock-connect restore-vmm-confined forks-reseeded-own-identity l1-driver)
+    image-write-survives-restore image-write-in-overlay-disk
+    restore-vsock-connect restore-vmm-confined forks-reseeded-own-identity l1-driver
+    seceval-microvm seceval-microvm-vsock seceval-microvm-vmm-namespaces seceval-microvm-vmm-view
+    seceval-microvm-vmm-seccomp seceval-microvm-vmm-cgroup daemon-create daemon-exec daemon-delete
+    image-disk-unchanged)
 log="$run/console.log"
 echo "microvm-nested: booting L1 (QEMU TCG, nested SVM); the console goes to $log"
 started=$SECONDS

@@ -9,9 +9,18 @@
 //! restores the snapshot inside the process tier's jail, and envd is reached on the socket the
 //! jail bound, as the daemon reaches it.
 //!
-//! Environment: AIRLOCK_E2E_VMM, AIRLOCK_E2E_KERNEL, AIRLOCK_E2E_INITRD (paths),
-//! AIRLOCK_E2E_DIR (a scratch directory for the sockets and the snapshot), and the runtime's:
-//! AIRLOCK_JAIL_BIN, AIRLOCK_VMM_BIN, AIRLOCK_MICROVM_SNAPSHOT (`$AIRLOCK_E2E_DIR/snapshot`).
+//! The guest's root filesystem is an image's: the boot is given the image's ext4 root disk
+//! read-only and an overlay disk, and its init switches its root to an overlayfs of the two;
+//! the forks get the same root disk and each a copy of the snapshot's overlay disk (the
+//! runtime's, for the first).
+//!
+//! Environment: AIRLOCK_E2E_VMM, AIRLOCK_E2E_KERNEL, AIRLOCK_E2E_INITRD, AIRLOCK_E2E_OVERLAY
+//! (the boot's overlay disk) (paths), AIRLOCK_E2E_DIR (a scratch directory for the sockets
+//! and the snapshot), AIRLOCK_E2E_CMDLINE_DEVICES (set: the devices are declared on the
+//! kernel's command line too, for a kernel without ACPI such as scripts/guest-kernel.sh's),
+//! and the runtime's: AIRLOCK_JAIL_BIN, AIRLOCK_VMM_BIN, AIRLOCK_MICROVM_SNAPSHOT
+//! (`$AIRLOCK_E2E_DIR/snapshot`) and AIRLOCK_MICROVM_ROOT_DISK (the busybox test image's root
+//! disk).
 
 #![allow(
     clippy::unwrap_used,
@@ -29,6 +38,7 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use airlock_api::{SandboxConfig, Tier};
+use airlock_runtime::microvm::disks::{ENV_ROOT_DISK, OVERLAY_FILE, OVERLAY_SERIAL, ROOT_SERIAL};
 use airlock_runtime::{LiveSandbox, LiveSpec, Runtime, VolumeSource, error_chain};
 use common::{Body, Conn, collect};
 use serde_json::json;
@@ -38,6 +48,10 @@ const ENVD_PORT: u32 = 49983;
 /// The first boot's guest memory (the snapshot's, and so the forks').
 const GUEST_MEMORY_MIB: u64 = 384;
 const L2_CMDLINE: &str = "console=ttyS0 reboot=t panic=-1 quiet mitigations=off pci=off";
+/// A file only the test image has (scripts/test-images.sh).
+const IMAGE_MOTD: &[u8] = b"Welcome to the Airlock test image\n";
+/// Written by the boot before its snapshot, into a directory of the image.
+const BOOT_WRITE: &[u8] = b"written by the boot into the image's /opt/keep\n";
 
 fn env_path(name: &str) -> PathBuf {
     PathBuf::from(std::env::var_os(name).unwrap_or_else(|| panic!("{name} is not set")))
@@ -294,7 +308,10 @@ fn check_vmm_jail(record: &LiveSandbox) {
         "the VMM's view holds more than Airlock's mounts"
     );
     assert_eq!(list("/run/airlock"), ["agent", "vm"]);
-    assert_eq!(list("/run/airlock/vm"), ["snapshot"]);
+    assert_eq!(
+        list("/run/airlock/vm"),
+        [OVERLAY_FILE, "root.ext4", "snapshot"]
+    );
     let kvm = std::fs::read_dir(format!("/proc/{pid}/root/dev"))
         .unwrap()
         .any(|entry| entry.unwrap().file_name() == "kvm");
@@ -317,6 +334,30 @@ fn check_vmm_jail(record: &LiveSandbox) {
     pass("jailed-vmm-cgroup");
 }
 
+/// `--disk` for the image's root disk (read-only) then an overlay disk, as the runtime
+/// gives them.
+fn disk_args(overlay: &Path) -> [String; 4] {
+    [
+        "--disk".to_owned(),
+        format!("{}:ro:id={ROOT_SERIAL}", env_path(ENV_ROOT_DISK).display()),
+        "--disk".to_owned(),
+        format!("{}:id={OVERLAY_SERIAL}", overlay.display()),
+    ]
+}
+
+/// Whether the disk image `file` holds `text` anywhere. L1's busybox does the search (fast
+/// where this debug build under emulation is slow); its grep reads lines as C strings, so
+/// the disk's zeros go first.
+fn file_holds(file: &Path, text: &str) -> bool {
+    let status = Command::new("sh")
+        .args(["-c", r#"tr -d '\000' < "$1" | grep -q -F "$2""#, "sh"])
+        .arg(file)
+        .arg(text)
+        .status()
+        .unwrap();
+    status.success()
+}
+
 struct Vmm(Child);
 
 impl Drop for Vmm {
@@ -334,8 +375,13 @@ fn test_microvm_guest_agent_over_vsock_serves_envd_and_resumes_from_a_snapshot()
     std::fs::create_dir_all(&dir).unwrap();
     let socket = dir.join("vsock.sock");
     let snapshot = dir.join("snapshot");
-    let mut booted = Vmm(Command::new(&vmm_binary)
-        .arg("linux")
+    let mut command = Command::new(&vmm_binary);
+    command.arg("linux");
+    // A kernel without ACPI (the project's own) finds its devices on the command line.
+    if std::env::var_os("AIRLOCK_E2E_CMDLINE_DEVICES").is_some() {
+        command.arg("--cmdline-devices");
+    }
+    let mut booted = Vmm(command
         .arg("--kernel")
         .arg(env_path("AIRLOCK_E2E_KERNEL"))
         .arg("--initrd")
@@ -350,6 +396,7 @@ fn test_microvm_guest_agent_over_vsock_serves_envd_and_resumes_from_a_snapshot()
         .arg(&socket)
         .arg("--snapshot")
         .arg(&snapshot)
+        .args(disk_args(&env_path("AIRLOCK_E2E_OVERLAY")))
         .spawn()
         .unwrap());
 
@@ -376,6 +423,26 @@ fn test_microvm_guest_agent_over_vsock_serves_envd_and_resumes_from_a_snapshot()
         back.len()
     );
     pass("envd-file");
+
+    // The root is the image's, under the overlay: a file only the image has.
+    let (status, motd) = get_file(&mut conn, "/etc/motd");
+    assert_eq!((status, motd.as_slice()), (200, IMAGE_MOTD), "/etc/motd");
+    let mounts = run(&mut conn, "cat /proc/mounts");
+    assert!(
+        mounts
+            .lines()
+            .any(|line| line.starts_with("overlay / overlay ")
+                && line.contains("upperdir=/disk/upper")),
+        "the root is not the image's overlay: {mounts}"
+    );
+    pass("image-root-read");
+    assert_eq!(
+        put_file(&mut conn, "/opt/keep/from-boot.txt", BOOT_WRITE),
+        200
+    );
+    let listing = run(&mut conn, "ls /opt/keep; cat /opt/keep/one");
+    assert_eq!(listing, "from-boot.txt\none\ntwo\none\n", "/opt/keep");
+    pass("image-overlay-write");
 
     run(
         &mut conn,
@@ -435,6 +502,34 @@ fn test_microvm_guest_agent_over_vsock_serves_envd_and_resumes_from_a_snapshot()
     );
     pass("jailed-envd-file");
     check_vmm_jail(&record);
+    // The boot's write came with the snapshot's overlay disk; the fork's goes to its own.
+    let (status, back) = get_file(&mut conn, "/opt/keep/from-boot.txt");
+    assert_eq!(
+        (status, back.as_slice()),
+        (200, BOOT_WRITE),
+        "the boot's write"
+    );
+    pass("image-write-survives-restore");
+    let marker = format!(
+        "written by fork {} into the image's tree",
+        std::process::id()
+    );
+    assert_eq!(
+        put_file(&mut conn, "/opt/keep/from-fork.txt", marker.as_bytes()),
+        200
+    );
+    run(&mut conn, "sync");
+    let overlay = record.dir.join(OVERLAY_FILE);
+    assert!(
+        file_holds(&overlay, &marker),
+        "the fork's write is not in {}",
+        overlay.display()
+    );
+    assert!(
+        !file_holds(&env_path(ENV_ROOT_DISK), &marker),
+        "the fork's write is in the image's disk"
+    );
+    pass("image-write-in-overlay-disk");
     // The restored guest carries the count on (a fresh boot would have no counter at all),
     // and the same process goes on counting after the restore.
     let resumed = counter(&mut conn);
@@ -481,12 +576,15 @@ fn test_microvm_guest_agent_over_vsock_serves_envd_and_resumes_from_a_snapshot()
     );
     pass("jailed-destroyed");
     let second_socket = dir.join("vsock-second.sock");
+    let second_overlay = dir.join("second-overlay.img");
+    std::fs::copy(snapshot.join("disk-1.img"), &second_overlay).unwrap();
     let mut second = Vmm(Command::new(&vmm_binary)
         .arg("restore")
         .arg("--snapshot")
         .arg(&snapshot)
         .arg("--vsock-socket")
         .arg(&second_socket)
+        .args(disk_args(&second_overlay))
         .spawn()
         .unwrap());
     let mut conn = connect_guest(&second_socket, &mut second);

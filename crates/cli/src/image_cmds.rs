@@ -1,4 +1,5 @@
-//! `airlock image pull|import|ls|inspect|rm|prune`: the local image store (`airlock-image`).
+//! `airlock image pull|import|ls|inspect|rm|prune|disk|overlay-disk`: the local image store
+//! (`airlock-image`) and the microvm tier's disks made from its images.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -57,9 +58,23 @@ pub enum ImageCommand {
     Rm { reference: String },
     /// Remove every image, blob and layer that nothing refers to.
     Prune,
+    /// Print the path of the image's ext4 root disk for the microvm tier (built from its
+    /// layers on first use, cached per image digest; AIRLOCK_MICROVM_ROOT_DISK takes it).
+    Disk { reference: String },
+    /// Make an empty, sparse overlay disk (ext4 holding `upper/` and `work/`) at PATH, as the
+    /// microvm tier gives each sandbox over its image's root disk.
+    OverlayDisk {
+        #[arg(long, default_value_t = 1024)]
+        size_mib: u64,
+        path: PathBuf,
+    },
 }
 
 pub fn image(store: &StoreArgs, command: ImageCommand) -> anyhow::Result<ExitCode> {
+    // This one needs no store: none is opened (or created) for it.
+    if let ImageCommand::OverlayDisk { size_mib, path } = &command {
+        return overlay_disk(*size_mib, path);
+    }
     let store = store.open()?;
     match command {
         ImageCommand::Pull {
@@ -121,6 +136,11 @@ pub fn image(store: &StoreArgs, command: ImageCommand) -> anyhow::Result<ExitCod
             }
             Ok(ExitCode::SUCCESS)
         }
+        ImageCommand::Disk { reference } => {
+            println!("{}", store.root_disk(&reference)?.path.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        ImageCommand::OverlayDisk { size_mib, path } => overlay_disk(size_mib, &path),
         ImageCommand::Prune => {
             let report = store.prune()?;
             println!(
@@ -133,6 +153,14 @@ pub fn image(store: &StoreArgs, command: ImageCommand) -> anyhow::Result<ExitCod
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+fn overlay_disk(size_mib: u64, path: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let size_bytes = size_mib
+        .checked_mul(1 << 20)
+        .ok_or_else(|| anyhow::anyhow!("--size-mib {size_mib} is too large"))?;
+    airlock_image::disk::overlay_disk(path, size_bytes)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn pull(

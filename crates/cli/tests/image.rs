@@ -335,3 +335,70 @@ fn test_image_import_ls_inspect_rm_prune() {
         0
     );
 }
+
+/// `debugfs -R COMMAND DISK` (read-only): its standard output.
+fn debugfs(disk: &Path, command: &str) -> String {
+    let output = run({
+        let mut c = Command::new("debugfs");
+        c.arg("-R").arg(command).arg(disk);
+        c
+    });
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn test_image_disk_prints_the_cached_root_disk_and_overlay_disk_makes_upper_and_work() {
+    let scratch = Scratch::new("cli-disk");
+    let store = scratch.0.join("store");
+    run({
+        let mut c = airlock(&store);
+        c.args(["import", "--tag", "airlock/disk:1"])
+            .arg(images().join("busybox.tar"));
+        c
+    });
+    let disk = || {
+        let output = run({
+            let mut c = airlock(&store);
+            c.args(["disk", "airlock/disk:1"]);
+            c
+        });
+        PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+    };
+    let first = disk();
+    assert!(first.starts_with(store.join("disks/sha256")), "{first:?}");
+    assert_eq!(
+        debugfs(&first, "cat /etc/motd"),
+        "Welcome to the Airlock test image\n"
+    );
+    // Cached: the same file, not rebuilt.
+    let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&first).unwrap());
+    assert_eq!(disk(), first);
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&first).unwrap()),
+        inode
+    );
+    let missing = airlock(&store)
+        .args(["disk", "airlock/none:1"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(125));
+
+    let overlay = scratch.0.join("overlay.img");
+    let mut make = Command::new(env!("CARGO_BIN_EXE_airlock"));
+    make.args(["image", "overlay-disk", "--size-mib", "64"])
+        .arg(&overlay);
+    run(make);
+    assert_eq!(std::fs::metadata(&overlay).unwrap().len(), 64 << 20);
+    let listing = debugfs(&overlay, "ls /");
+    assert!(
+        listing.contains("upper") && listing.contains("work"),
+        "{listing}"
+    );
+    let small = Command::new(env!("CARGO_BIN_EXE_airlock"))
+        .args(["image", "overlay-disk", "--size-mib", "1"])
+        .arg(scratch.0.join("small.img"))
+        .output()
+        .unwrap();
+    assert_eq!(small.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&small.stderr).contains("smaller than"));
+}

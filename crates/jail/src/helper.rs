@@ -496,6 +496,10 @@ fn init(
                 .and_then(|agent| agent.vmm.as_ref())
                 .map(|vmm| vmm.files.as_slice())
                 .unwrap_or_default(),
+            vmm_disks: agent
+                .and_then(|agent| agent.vmm.as_ref())
+                .map(|vmm| vmm.disks.as_slice())
+                .unwrap_or_default(),
         },
         &plan.identity,
         join_network,

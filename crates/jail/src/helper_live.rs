@@ -40,6 +40,8 @@ pub struct VmmFds {
     pub kvm: OwnedFd,
     /// Detached mounts of the spec's files, by name, for the view.
     pub files: Vec<(String, OwnedFd)>,
+    /// Detached mounts of the spec's disks, by name: shown read-write.
+    pub disks: Vec<(String, OwnedFd)>,
     pub mode: String,
     pub args: Vec<String>,
 }
@@ -48,21 +50,28 @@ fn prepare_vmm(vmm: &VmmSpec) -> io::Result<VmmFds> {
     let kvm = File::options().read(true).write(true).open("/dev/kvm")?;
     // Above the descriptors init installs, as for the workload cgroup's.
     let kvm = sys::dup_above(&OwnedFd::from(kvm), AGENT_OOM_EVENTS_FD + 1)?;
-    let mut files = Vec::new();
-    for (name, path) in &vmm.files {
-        if !crate::view_vmm::is_file_name(name) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("`{name}` cannot name a file of the VMM's view"),
-            ));
+    let detach = |entries: &[(String, std::path::PathBuf)]| -> io::Result<Vec<(String, OwnedFd)>> {
+        let mut trees = Vec::new();
+        for (name, path) in entries {
+            if !crate::view_vmm::is_file_name(name) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("`{name}` cannot name a file of the VMM's view"),
+                ));
+            }
+            let tree = sys::open_tree_clone(None, path, false).map_err(|e| {
+                io::Error::new(e.kind(), format!("opening {}: {e}", path.display()))
+            })?;
+            trees.push((name.clone(), tree));
         }
-        let tree = sys::open_tree_clone(None, path, false)
-            .map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", path.display())))?;
-        files.push((name.clone(), tree));
-    }
+        Ok(trees)
+    };
+    let files = detach(&vmm.files)?;
+    let disks = detach(&vmm.disks)?;
     Ok(VmmFds {
         kvm,
         files,
+        disks,
         mode: vmm.mode.clone(),
         args: vmm.args.clone(),
     })
@@ -327,6 +336,7 @@ mod tests {
         let vmm = VmmFds {
             kvm,
             files: Vec::new(),
+            disks: Vec::new(),
             mode: "restore".into(),
             args: vec!["--snapshot".into(), "/run/airlock/vm/snapshot".into()],
         };

@@ -122,11 +122,16 @@ pub struct VmmSpec {
     /// Host files or directories shown read-only at `VMM_FILES_DIR/<name>` (the kernel, the
     /// initramfs, a snapshot's directory). Names are single path components.
     pub files: Vec<(String, std::path::PathBuf)>,
+    /// Host regular files shown read-write (never executable, no devices) at
+    /// `VMM_FILES_DIR/<name>`: the sandbox's own disks (its overlay disk). The runtime makes
+    /// them the VMM's user's and grants them in Landlock; names as for `files`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disks: Vec<(String, std::path::PathBuf)>,
     /// The rest of the VMM's arguments; they name the files by their paths in the view.
     pub args: Vec<String>,
 }
 
-/// Where [`VmmSpec::files`] appear inside the microvm tier's jail.
+/// Where [`VmmSpec::files`] and [`VmmSpec::disks`] appear inside the microvm tier's jail.
 pub const VMM_FILES_DIR: &str = "/run/airlock/vm";
 /// The descriptor the VMM finds `/dev/kvm` on.
 pub const VMM_KVM_FD: i32 = 5;

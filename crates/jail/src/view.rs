@@ -107,6 +107,8 @@ pub struct Attachments<'a> {
     pub image_root: Option<&'a OwnedFd>,
     /// The microvm tier's files, under `VMM_FILES_DIR` (see `view_vmm`).
     pub vmm_files: &'a [(String, OwnedFd)],
+    /// The microvm tier's disks, read-write under `VMM_FILES_DIR`.
+    pub vmm_disks: &'a [(String, OwnedFd)],
 }
 
 pub fn build(
@@ -163,7 +165,8 @@ pub fn build(
     if let Some(binary) = attachments.agent_binary {
         attach_agent(stage, binary, image)?;
     }
-    crate::view_vmm::attach_files(stage, attachments.vmm_files)?;
+    crate::view_vmm::attach_files(stage, attachments.vmm_files, false)?;
+    crate::view_vmm::make_targets(stage, attachments.vmm_disks)?;
     if let Some(dir) = attachments.egress_dir {
         attach_egress(stage, dir, attachments.trust_bundle, image)?;
     }
@@ -179,6 +182,8 @@ pub fn build(
             ),
         )?;
     }
+    // The microvm tier's own disks: writable, on top of the read-only view.
+    crate::view_vmm::attach_files(stage, attachments.vmm_disks, true)?;
     let fresh = matches!(workspace, PreparedWorkspace::Fresh);
     let scratch = match (attachments.scratch, &plan.scratch) {
         (Some(prepared), _) => prepared,

@@ -1,6 +1,7 @@
 //! The microvm tier's part of the view: the VMM's files (kernel, initramfs, a snapshot's
-//! directory), detached mounts the helper opened on the host, attached read-only under
-//! `VMM_FILES_DIR`. The tier's root is an empty directory, so these, the VMM binary and
+//! directory, an image's root disk), detached mounts the helper opened on the host, attached
+//! read-only under `VMM_FILES_DIR`, and the sandbox's own disks (its overlay disk) there
+//! read-write. The tier's root is an empty directory, so these, the VMM binary and
 //! Airlock's own `/dev`, `/proc` and scratch are all the VMM sees.
 
 use std::fs;
@@ -22,8 +23,9 @@ pub fn is_file_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
-/// Attaches each file at `VMM_FILES_DIR/<name>` in the staged root.
-pub fn attach_files(stage: &Path, files: &[(String, OwnedFd)]) -> Result<(), ViewError> {
+/// Creates the mount points of `files` under `VMM_FILES_DIR` in the staged root: for the
+/// disks, before the view is made read-only (they are attached after it, read-write).
+pub fn make_targets(stage: &Path, files: &[(String, OwnedFd)]) -> Result<(), ViewError> {
     if files.is_empty() {
         return Ok(());
     }
@@ -46,17 +48,40 @@ pub fn attach_files(stage: &Path, files: &[(String, OwnedFd)]) -> Result<(), Vie
         } else {
             step(shown, fs::write(&target, b""))?;
         }
-        // Host files: never writable nor executable from inside.
+    }
+    Ok(())
+}
+
+/// Attaches each file at `VMM_FILES_DIR/<name>` in the staged root, read-only (the kernel,
+/// the initramfs, a snapshot, an image's root disk), or read-write if `writable` (the
+/// sandbox's own disks, regular files, attached once the view is read-only, on mount points
+/// [`make_targets`] made before).
+pub fn attach_files(
+    stage: &Path,
+    files: &[(String, OwnedFd)],
+    writable: bool,
+) -> Result<(), ViewError> {
+    if !writable {
+        make_targets(stage, files)?;
+    }
+    let dir = stage.join(crate::spec::VMM_FILES_DIR.trim_start_matches('/'));
+    for (name, tree) in files {
+        let shown = || format!("attaching the VMM's {name}");
+        if writable && step(shown, sys::fstat_is_dir(tree))? {
+            return step(shown, Err(std::io::ErrorKind::IsADirectory.into()));
+        }
+        // Host files: never executable from inside, writable only if a sandbox's own disk.
+        let read_only = if writable { 0 } else { MOUNT_ATTR_RDONLY };
         step(
             shown,
             sys::mount_setattr(
                 tree,
                 true,
-                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+                read_only | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
                 None,
             ),
         )?;
-        let target_fd = step(shown, sys::open_path(&target))?;
+        let target_fd = step(shown, sys::open_path(&dir.join(name)))?;
         step(shown, sys::move_mount_onto(tree, &target_fd))?;
     }
     Ok(())

@@ -47,6 +47,7 @@ fn main() {
         "unix-queue" => unix_queue_mib(number(1)),
         "x32" => x32_syscall(),
         "socket" => open_socket(number(1), number(2), number(3)),
+        "vsock-connect" => vsock_connect(number(1), number(2)),
         "chmod-setuid" => chmod_setuid(&arg(1)),
         "open-write" => files::open_write(&arg(1)),
         "stat" => files::stat(&arg(1)),
@@ -112,6 +113,7 @@ fn errno_name(errno: i32) -> &'static str {
         libc::EROFS => "EROFS",
         libc::ENOSYS => "ENOSYS",
         libc::ECONNREFUSED => "ECONNREFUSED",
+        libc::ECONNRESET => "ECONNRESET",
         libc::ENETUNREACH => "ENETUNREACH",
         libc::EAFNOSUPPORT => "EAFNOSUPPORT",
         libc::EINVAL => "EINVAL",
@@ -528,6 +530,34 @@ fn open_socket(domain: i64, kind: i64, protocol: i64) -> Outcome {
     // SAFETY: closing the descriptor we just opened.
     unsafe { libc::close(fd as libc::c_int) };
     Ok(String::new())
+}
+
+/// Connects an AF_VSOCK stream socket to CID:PORT: a microVM guest reaching a vsock service
+/// of its host (CID 2).
+fn vsock_connect(cid: i64, port: i64) -> Outcome {
+    let cid = u32::try_from(cid).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let port = u32::try_from(port).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: socket takes integers; the descriptor is closed below.
+    let fd = unsafe_call(|| unsafe {
+        libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) as libc::c_long
+    })?;
+    // SAFETY: sockaddr_vm is plain integers, for which all zeroes is valid.
+    let mut address: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
+    address.svm_family = libc::AF_VSOCK as libc::sa_family_t;
+    address.svm_cid = cid;
+    address.svm_port = port;
+    let length = std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t;
+    // SAFETY: `fd` is the socket opened above; `address` is a valid sockaddr_vm of `length`.
+    let connected = unsafe_call(|| unsafe {
+        libc::connect(
+            fd as libc::c_int,
+            (&raw const address).cast::<libc::sockaddr>(),
+            length,
+        ) as libc::c_long
+    });
+    // SAFETY: closing the descriptor opened above.
+    unsafe { libc::close(fd as libc::c_int) };
+    connected.map(|_| String::new())
 }
 
 fn chmod_setuid(path: &str) -> Outcome {

@@ -101,7 +101,7 @@ fn test_microvm_jail_runs_the_vmm_in_a_view_of_only_its_snapshot_under_both_filt
     let mut config = SandboxConfig::new(vec!["/run/airlock/agent".into()]);
     config.resources.memory_bytes = Some(96 << 20);
     let plan = airlock_policy::compile(&config, &facts).unwrap();
-    let plan = vmm_plan(&plan, empty_root().unwrap());
+    let plan = vmm_plan(&plan, empty_root().unwrap(), None);
     let options = SpawnOptions {
         helper: bin_dir().join("airlock-jail"),
         cgroups: host.cgroups.clone(),

@@ -64,6 +64,8 @@ pub enum Via {
     Daemon,
     /// A host-side scenario against that daemon, coded in `daemon.rs`.
     Scenario,
+    /// The microvm tier's VMM, read from the host's `/proc` (`microvm.rs`, by the case's id).
+    Vmm,
 }
 
 /// Host objects a case needs; the suite creates them once and removes them at the end.
@@ -263,6 +265,10 @@ pub struct Case {
     /// What changes on the container tier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<TierCase>,
+    /// Set: the case runs on the microvm tier, changed so (`microvm.rs`); unset, it is n/a
+    /// there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub microvm: Option<TierCase>,
 }
 
 impl Case {
@@ -270,11 +276,13 @@ impl Case {
     pub fn on_tier(&self, tier: airlock_api::Tier) -> Case {
         let mut case = self.clone();
         case.container = None;
-        let Some(over) = self
-            .container
-            .clone()
-            .filter(|_| tier == airlock_api::Tier::Container)
-        else {
+        case.microvm = None;
+        let over = match tier {
+            airlock_api::Tier::Container => self.container.clone(),
+            airlock_api::Tier::Microvm => self.microvm.clone(),
+            _ => None,
+        };
+        let Some(over) = over else {
             return case;
         };
         if let Some(probe) = over.probe {
@@ -331,6 +339,12 @@ impl Catalog {
             .iter()
             .filter(|c| c.container.is_some())
             .map(|c| c.on_tier(airlock_api::Tier::Container))
+            .chain(
+                self.cases
+                    .iter()
+                    .filter(|c| c.microvm.is_some())
+                    .map(|c| c.on_tier(airlock_api::Tier::Microvm)),
+            )
             .collect();
         for case in &self.cases {
             if !seen.insert(case.id.as_str()) {
@@ -566,6 +580,7 @@ const ERRNOS: &[(&str, i32)] = &[
     ("EAFNOSUPPORT", 97),
     ("EADDRNOTAVAIL", 99),
     ("ENETUNREACH", 101),
+    ("ECONNRESET", 104),
     ("ETIMEDOUT", 110),
     ("ECONNREFUSED", 111),
     ("EHOSTUNREACH", 113),

@@ -6,14 +6,17 @@
 //! Module map: `catalog` (the data and the outcome vocabulary), `fixtures` (host objects the
 //! attacks aim at), `fakenet` (the fake internet in network namespaces), `daemon` (the
 //! control-plane cases), `judge0` (the daemon's Judge0 API's cases), `runner` (one case, its
-//! proofs, control and baseline), `report` (scorecard, JSON, markdown).
+//! proofs, control and baseline), `microvm` (the microvm tier's column, with `guest`, its
+//! client of the guest's agent), `report` (scorecard, JSON, markdown).
 
 mod catalog;
 mod daemon;
 mod desktop;
 mod fakenet;
 mod fixtures;
+mod guest;
 mod judge0;
+mod microvm;
 mod report;
 mod runner;
 mod scenarios;
@@ -123,6 +126,10 @@ pub fn seceval(args: SecevalArgs) -> anyhow::Result<ExitCode> {
         let tier_cases: Vec<&catalog::Case> = tier_cases.iter().collect();
         let (results, desktop) = match unavailable {
             Some(reason) => (report::all_not_applicable(&tier_cases, &reason), None),
+            None if tier == airlock_api::Tier::Microvm => (
+                microvm::column(&cases, &find_probe(args.probe.as_deref())?)?,
+                None,
+            ),
             None => run_tier(&catalog, &tier_cases, &args, tier)?,
         };
         all.push(TierResults {

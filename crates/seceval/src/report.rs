@@ -284,6 +284,7 @@ pub fn markdown(catalog: &Catalog) -> String {
                 Via::Run => {}
                 Via::Daemon => attack.push_str(" (in a daemon's sandbox)"),
                 Via::Scenario => attack.push_str(" (against the daemon, from the host)"),
+                Via::Vmm => attack.push_str(" (the VMM, read from the host)"),
             }
             if let Some(reason) = &case.na {
                 let _ = write!(attack, " **n/a: {reason}**");

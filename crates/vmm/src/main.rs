@@ -303,6 +303,8 @@ fn run_restore(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
+    // Before any thread exists (see the function).
+    seccomp::single_malloc_arena();
     match main_inner() {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -12,9 +12,13 @@
 //! so the daemon, the E2B data plane and the SDKs reach a guest exactly as a process sandbox.
 //!
 //! The guest comes from the operator's settings ([`guest`]): a kernel and initramfs to boot,
-//! or a snapshot of a booted guest to fork. Before a sandbox is handed over, its agent has
-//! answered and taken the sandbox's environment with fresh host entropy ([`ready`]).
+//! or a snapshot of a booted guest to fork; with an image's root disk set, the guest's root
+//! filesystem is that image under the sandbox's own overlay disk ([`disks`]). Before a
+//! sandbox is handed over, its agent has answered and taken the sandbox's environment with
+//! fresh host entropy ([`ready`]).
 
+pub mod answer;
+pub mod disks;
 pub mod guest;
 pub mod ready;
 
@@ -100,9 +104,15 @@ pub(crate) fn jail_config(config: &SandboxConfig) -> std::borrow::Cow<'_, Sandbo
     }
 }
 
-/// The process tier's plan, turned into the VMM's jail.
-pub fn vmm_plan(plan: &Plan, root: PathBuf) -> Plan {
+/// The process tier's plan, turned into the VMM's jail (`disks`: the sandbox's own disks,
+/// which the VMM writes).
+pub fn vmm_plan(plan: &Plan, root: PathBuf, disks: Option<&disks::DiskPlan>) -> Plan {
     let mut plan = plan.clone();
+    if disks.is_some() {
+        plan.landlock
+            .write_files
+            .push(disks::DiskPlan::overlay_in_view());
+    }
     plan.view.root = RootPlan::Host { path: root };
     // Nothing of the host is in the view to mask.
     plan.view.masks.clear();
@@ -144,10 +154,10 @@ impl TierBackend for MicrovmTier {
             ));
         }
         if config.rootfs.is_some() || config.image.is_some() {
-            return Err(unavailable(
-                "the guest's root is its initramfs or snapshot; a rootfs or image cannot be given yet"
-                    .to_owned(),
-            ));
+            return Err(unavailable(format!(
+                "the guest's root is the operator's image disk ({}) or its initramfs; a sandbox cannot choose a rootfs or image yet",
+                disks::ENV_ROOT_DISK
+            )));
         }
         if let Some(document) = &config.policy {
             let policy = airlock_policy::Policy::from_document(document).map_err(|e| {
@@ -162,7 +172,8 @@ impl TierBackend for MicrovmTier {
             }
         }
         let guest = GuestSource::from_env().map_err(unavailable)?;
-        for path in guest.required_paths() {
+        let root_disk = disks::root_disk_from_vars(|name| std::env::var_os(name));
+        for path in guest.required_paths().into_iter().chain(root_disk) {
             if !path.exists() {
                 return Err(unavailable(format!(
                     "the guest's {} does not exist",
@@ -199,11 +210,28 @@ impl TierBackend for MicrovmTier {
         );
         let root = empty_root()
             .map_err(|e| setup_error(format!("preparing the VMM's empty root: {e}")))?;
-        let plan = vmm_plan(plan, root);
+        let sandbox_dir = agent.socket.parent().ok_or_else(|| {
+            setup_error("the agent's socket names no sandbox directory".to_owned())
+        })?;
+        let disks = disks::DiskPlan::new(
+            &guest,
+            disks::root_disk_from_vars(|name| std::env::var_os(name)),
+            sandbox_dir,
+        );
+        if let Some(disks) = &disks {
+            disks
+                .prepare(disks::host_owner(&plan.identity))
+                .map_err(|e| setup_error(crate::error_chain(&e)))?;
+        }
+        let plan = vmm_plan(plan, root, disks.as_ref());
         let socket = agent.socket.clone();
+        let mut vmm = guest::vmm_spec(&guest, memory_mib);
+        if let Some(disks) = &disks {
+            disks.add_to(&mut vmm);
+        }
         let agent = AgentSpec {
             binary: find_vmm(&options.helper),
-            vmm: Some(guest::vmm_spec(&guest, memory_mib)),
+            vmm: Some(vmm),
             ..agent
         };
         let starting = airlock_jail::live::start(&plan, options, id, agent)?;

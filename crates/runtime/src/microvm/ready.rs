@@ -32,21 +32,32 @@ const RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// Bytes of host entropy sent (the agent takes 32 to 512).
 const ENTROPY_BYTES: usize = 64;
 
-/// One HTTP/1.1 exchange on a fresh connection; answers the status line's code.
+/// The most an answer of the agent here may be.
+const ANSWER_LIMIT_BYTES: usize = 64 << 10;
+
+/// One HTTP/1.1 exchange on a fresh connection, read by the answer's framing
+/// ([`super::answer`]); answers the status code and the text.
 fn exchange(socket: &Path, request: &[u8]) -> std::io::Result<(u16, String)> {
     let mut stream = UnixStream::connect(socket)?;
     stream.set_read_timeout(Some(ATTEMPT_TIMEOUT))?;
     stream.set_write_timeout(Some(ATTEMPT_TIMEOUT))?;
     stream.write_all(request)?;
     let mut answer = Vec::new();
-    stream.take(64 << 10).read_to_end(&mut answer)?;
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    let code = text
-        .strip_prefix("HTTP/1.1 ")
-        .and_then(|rest| rest.get(..3))
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
-    Ok((code, text))
+    let mut buffer = [0u8; 4096];
+    loop {
+        match super::answer::complete(&answer) {
+            Ok(Some((code, body))) => {
+                return Ok((code, String::from_utf8_lossy(&body).into_owned()));
+            }
+            Ok(None) if answer.len() < ANSWER_LIMIT_BYTES => {}
+            Ok(None) | Err(_) => return Err(std::io::ErrorKind::InvalidData.into()),
+        }
+        let n = stream.read(&mut buffer)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        answer.extend_from_slice(&buffer[..n]);
+    }
 }
 
 /// Whether process `pid` still runs (not gone, not a zombie).

@@ -10,6 +10,7 @@ fn boot() -> GuestSource {
         kernel: "/srv/vmlinux".into(),
         initrd: None,
         cmdline: guest::DEFAULT_CMDLINE.into(),
+        cmdline_devices: false,
     }
 }
 
@@ -75,7 +76,7 @@ fn test_vmm_plan_shows_an_empty_root_without_masks_and_no_workload_cgroup() {
     assert_eq!(jail_config(&config).tier, Tier::Process);
     plan.isolate_workload_memory(crate::AGENT_RESERVE_BYTES);
     assert!(!plan.view.masks.is_empty());
-    let vmm = vmm_plan(&plan, "/tmp/airlock-vmm-root".into());
+    let vmm = vmm_plan(&plan, "/tmp/airlock-vmm-root".into(), None);
     assert_eq!(
         vmm.view.root,
         RootPlan::Host {
@@ -93,6 +94,17 @@ fn test_vmm_plan_shows_an_empty_root_without_masks_and_no_workload_cgroup() {
     assert_eq!(vmm.seccomp, plan.seccomp);
     assert_eq!(vmm.landlock, plan.landlock);
     assert_eq!(vmm.identity, plan.identity);
+    // With disks, the VMM may write its overlay disk, and only that file more.
+    let source = GuestSource::Snapshot {
+        dir: "/snap".into(),
+    };
+    let disks = disks::DiskPlan::new(&source, Some("/r.ext4".into()), Path::new("/sbx")).unwrap();
+    let with_disks = vmm_plan(&plan, "/tmp/airlock-vmm-root".into(), Some(&disks));
+    let mut expected = plan.landlock.clone();
+    expected
+        .write_files
+        .push("/run/airlock/vm/overlay.img".into());
+    assert_eq!(with_disks.landlock, expected);
 }
 
 #[test]
