@@ -295,6 +295,7 @@ impl Runtime {
             hold: None,
             stdio: None,
             zygote: self.zygote.clone(),
+            background: false,
         }
     }
 

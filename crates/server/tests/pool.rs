@@ -278,3 +278,80 @@ async fn test_a_daemon_stopped_mid_fill_leaves_no_member_behind() {
         "members' cgroups outlived their daemon: {left:?}"
     );
 }
+
+/// The nice value (field 19) and scheduling policy (field 41) of a `/proc/PID/stat` line.
+fn nice_and_policy(stat: &str) -> (i32, u32) {
+    let (_, rest) = stat.rsplit_once(')').unwrap();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    (fields[16].parse().unwrap(), fields[38].parse().unwrap())
+}
+
+/// Every thread of sandbox `id`, seen from the host through its cgroups, with its nice value.
+fn thread_nices(id: &str) -> Vec<(i32, i32)> {
+    let mut tids = std::collections::BTreeSet::new();
+    let mut dirs = common::sandbox_cgroups(id);
+    while let Some(dir) = dirs.pop() {
+        for file in ["tasks", "cgroup.threads"] {
+            let text = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+            tids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+        }
+        let children = std::fs::read_dir(&dir).into_iter().flatten().flatten();
+        dirs.extend(
+            children
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path()),
+        );
+    }
+    tids.into_iter()
+        .filter_map(|tid| {
+            let stat = std::fs::read_to_string(format!("/proc/{tid}/stat")).ok()?;
+            Some((tid, nice_and_policy(&stat).0))
+        })
+        .collect()
+}
+
+/// A fill runs at the lowest priority, so that it never slows a sandbox in use; the claim puts
+/// the member back to the normal one, so that a process started in a claimed sandbox has the
+/// nice value and scheduling policy of one started in a cold sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_pool_fills_run_in_the_background_and_a_claim_restores_the_normal_priority() {
+    common::require_binaries();
+    let mut daemon = TestDaemon::start("pool-priority", &["--warm-pool", "base=1"]);
+    let client = daemon.client();
+    wait_ready(&client, "base", 1).await;
+    let member = members(&client).await.remove(0);
+    let filling = thread_nices(&member);
+    assert!(!filling.is_empty(), "the member's cgroups hold its threads");
+    assert!(
+        filling.iter().all(|(_, nice)| *nice == 19),
+        "every thread of an unclaimed member is at nice 19: {filling:?}"
+    );
+
+    let claimed = client
+        .create(&CreateSandboxRequest::default())
+        .await
+        .unwrap();
+    let id = claimed.sandbox.id;
+    assert_eq!(id, member, "the create was served by the member");
+    let after = thread_nices(&id);
+    assert!(
+        after.iter().all(|(_, nice)| *nice == 0),
+        "the claim restored every thread (the agent's included): {after:?}"
+    );
+    let mut cold = CreateSandboxRequest::default();
+    cold.resources.pids_max = Some(100);
+    let cold = client.create(&cold).await.unwrap().sandbox.id;
+    assert_ne!(cold, member);
+    // From inside: what a command started in each sandbox runs at.
+    let inside = |id: String| {
+        let client = &client;
+        async move { nice_and_policy(&shell(client, &id, "cat /proc/self/stat").await) }
+    };
+    let from_claimed = inside(id.clone()).await;
+    let from_cold = inside(cold.clone()).await;
+    assert_eq!(from_claimed, from_cold, "claimed as cold");
+    assert_eq!(from_cold, (0, 0), "nice 0, SCHED_OTHER");
+    client.delete(&id).await.unwrap();
+    client.delete(&cold).await.unwrap();
+    assert!(daemon.terminate());
+}
