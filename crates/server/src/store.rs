@@ -514,6 +514,22 @@ impl Store {
         Ok(())
     }
 
+    /// [`Store::delete_sandbox`] and, in the same transaction (one write on the delete path),
+    /// the event `(kind, message)` that says why: whoever finds the row gone finds the reason.
+    pub fn delete_sandbox_noting(
+        &self,
+        id: &str,
+        kind: &str,
+        message: &str,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        insert_event(&tx, Some(id), kind, message)?;
+        tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
+        tx.commit()?;
+        Ok(())
+    }
+
     pub fn get_sandbox(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
         let raw = self
             .conn()
