@@ -5,9 +5,9 @@
 //! venv (`scripts/e2b-tests.sh` makes it) against a private daemon, or the one at `--url`, and
 //! prints p50 and p95 of each step. It never asserts a timing.
 //!
-//! Each round also runs the same cycle against a null server (`e2b_null.rs`, answering the three
-//! calls at once), interleaved with Airlock's: its p50 is the SDK's own floor, and Airlock's p50
-//! minus it is what the daemon, the agent and the sandbox cost.
+//! The same cycles then run against a null server (`e2b_null.rs`, answering the three calls at
+//! once): its p50 is the SDK's own floor, and Airlock's p50 minus it is what the daemon, the
+//! agent and the sandbox cost.
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};

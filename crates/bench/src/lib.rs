@@ -79,7 +79,7 @@ pub enum BenchCommand {
         /// Serve the creates from a warm pool of `base` of SIZE members (default 4).
         #[arg(long, value_name = "SIZE", num_args = 0..=1, default_missing_value = "4")]
         pool: Option<u32>,
-        /// Skip the SDK's floor (the same cycles against a null server, interleaved).
+        /// Skip the SDK's floor (the same cycles against a null server, after Airlock's).
         #[arg(long)]
         no_floor: bool,
     },
