@@ -7,8 +7,7 @@
 //! template's start command runs inherit it. Nothing inside the sandbox can lower it again (that
 //! needs `CAP_SYS_NICE` in the host's user namespace, or an `RLIMIT_NICE` above the default 0),
 //! so at the claim every thread of the member is at [`BACKGROUND_NICE`], and [`restore_normal`]
-//! sets each back to the nice value a cold sandbox inherits: the supervisor's own
-//! ([`own_nice`]; 0 unless the daemon itself was started under `nice`).
+//! sets each back to 0.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -18,22 +17,12 @@ use crate::live::LiveRecord;
 
 /// The nice value a fill runs at: the lowest priority `SCHED_OTHER` has.
 pub const BACKGROUND_NICE: i32 = 19;
+/// The nice value every sandbox otherwise runs at.
+pub const NORMAL_NICE: i32 = 0;
 
 /// Lowers the calling thread to [`BACKGROUND_NICE`] (the helper, before it creates init).
 pub(crate) fn enter_background() -> io::Result<()> {
     crate::sys::set_nice(0, BACKGROUND_NICE)
-}
-
-/// The calling thread's nice value: what a sandbox it starts cold inherits (through the zygote,
-/// started at the same value, or the helper it spawns).
-pub fn own_nice() -> io::Result<i32> {
-    let stat = std::fs::read_to_string("/proc/thread-self/stat")?;
-    parse_nice(&stat).ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            "malformed /proc/thread-self/stat",
-        )
-    })
 }
 
 /// A thread's nice value, from `/proc/TID/stat` (field 19); `None` once it has exited.
@@ -49,15 +38,10 @@ fn parse_nice(stat: &str) -> Option<i32> {
 }
 
 /// Puts a started sandbox back to the normal priority: its helper and every thread in its
-/// cgroups at [`BACKGROUND_NICE`] go to [`own_nice`], the calling thread's. Passes repeat until
-/// one finds nothing left to restore, so that a thread created during a pass (by a thread not
-/// yet restored) is caught by the next. Returns how many threads were restored.
+/// cgroups at [`BACKGROUND_NICE`] go to [`NORMAL_NICE`]. Passes repeat until one finds nothing
+/// left to restore, so that a thread created during a pass (by a thread not yet restored) is
+/// caught by the next. Returns how many threads were restored.
 pub fn restore_normal(record: &LiveRecord) -> io::Result<usize> {
-    let normal = own_nice()?;
-    if normal == BACKGROUND_NICE {
-        // A supervisor that runs at 19 itself: its cold sandboxes do too.
-        return Ok(0);
-    }
     let cgroup = SandboxCgroup::from_dirs(&record.cgroup_dirs);
     let mut restored = 0;
     let mut done: BTreeSet<libc::pid_t> = BTreeSet::new();
@@ -73,7 +57,7 @@ pub fn restore_normal(record: &LiveRecord) -> io::Result<usize> {
             if nice_of(tid) != Some(BACKGROUND_NICE) {
                 continue;
             }
-            match crate::sys::set_nice(tid, normal) {
+            match crate::sys::set_nice(tid, NORMAL_NICE) {
                 Ok(()) => {
                     changed = true;
                     if done.insert(tid) {
@@ -106,11 +90,8 @@ mod tests {
     }
 
     #[test]
-    fn test_nice_of_this_process_is_read_both_ways() {
+    fn test_nice_of_this_thread_is_read() {
         let tid = i32::try_from(std::process::id()).unwrap_or(0);
-        let nice = nice_of(tid).unwrap();
-        assert!((-20..=19).contains(&nice));
-        // Threads inherit the main thread's value.
-        assert_eq!(own_nice().unwrap(), nice);
+        assert!(nice_of(tid).is_some_and(|nice| (-20..=19).contains(&nice)));
     }
 }

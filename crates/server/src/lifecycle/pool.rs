@@ -21,7 +21,7 @@
 //! user's create. A member starts at the background CPU priority (nice 19, every process of it;
 //! `airlock_jail::priority`), so that a fill running on never slows the sandboxes in use, such
 //! as the one just claimed running its first command; the claim puts every thread of the member
-//! back to the daemon's own nice value (what a cold one inherits) before anything else.
+//! back to nice 0 before anything else, so that a claimed sandbox runs as a cold one does.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::os::unix::fs::DirBuilderExt;
