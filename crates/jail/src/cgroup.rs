@@ -526,27 +526,6 @@ impl SandboxCgroup {
             .collect()
     }
 
-    /// Every thread in the sandbox's cgroup (`tasks` on v1, `cgroup.threads` on v2).
-    pub fn threads(&self) -> Vec<libc::pid_t> {
-        let Some(dir) = self
-            .dir(Controller::Pids)
-            .or_else(|| self.dirs.first().map(|(_, d)| d))
-        else {
-            return Vec::new();
-        };
-        [dir.clone(), dir.join(AGENT_CHILD), dir.join(WORKLOAD_CHILD)]
-            .iter()
-            .flat_map(|dir| {
-                fs::read_to_string(dir.join("tasks"))
-                    .or_else(|_| fs::read_to_string(dir.join("cgroup.threads")))
-                    .unwrap_or_default()
-                    .lines()
-                    .filter_map(|l| l.trim().parse().ok())
-                    .collect::<Vec<libc::pid_t>>()
-            })
-            .collect()
-    }
-
     /// Where this cgroup is frozen: the v1 freezer's directory, or the v2 directory.
     pub fn freezer(&self) -> Option<crate::freezer::Freezer> {
         match self.dir(Controller::Freezer) {

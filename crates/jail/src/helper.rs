@@ -76,11 +76,6 @@ fn report_failure(failure: Failure) -> i32 {
 fn start() -> Result<(), Failure> {
     let (spec, mut channel) = read_spec()?;
     report::set_tracing(spec.trace);
-    if spec.background {
-        // Before init exists, so that every process of the sandbox inherits it.
-        crate::priority::enter_background()
-            .map_err(|e| with_source("lowering the CPU priority of a warm pool's fill", &e))?;
-    }
     if spec.agent.is_some() {
         helper_live::detach_from_caller()
             .map_err(|e| with_source("leaving the caller's session", &e))?;

@@ -23,7 +23,6 @@ pub mod landlock;
 pub mod live;
 pub mod mountfs;
 pub mod oom;
-pub mod priority;
 pub mod procctl;
 mod relay;
 pub mod report;

@@ -16,10 +16,6 @@ pub struct HelperSpec {
     /// Layers switched off or marked for a security evaluation; the default changes nothing.
     #[serde(default, skip_serializing_if = "Evaluation::is_default")]
     pub evaluation: Evaluation,
-    /// A warm pool's fill: the helper lowers itself (and so the whole sandbox) to
-    /// [`crate::priority::BACKGROUND_NICE`] before it creates init; the claim restores it.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub background: bool,
 }
 
 /// The sandbox's cgroup, sent on the same descriptor after the [`HelperSpec`], once the
@@ -175,7 +171,6 @@ mod tests {
             trace: false,
             agent: None,
             evaluation: Evaluation::default(),
-            background: false,
         }
     }
 

@@ -137,9 +137,6 @@ pub struct SpawnOptions {
     pub stdio: Option<std::sync::Arc<Stdio>>,
     /// Fork helpers from this zygote instead of exec'ing `helper` (long-lived runtimes).
     pub zygote: Option<std::sync::Arc<crate::zygote::Zygote>>,
-    /// Start the sandbox at the background priority (a warm pool's fill; see
-    /// [`crate::priority`]).
-    pub background: bool,
 }
 
 /// Descriptors that become a sandbox's fds 0, 1 and 2 (the helper and init pass them on to
@@ -279,7 +276,6 @@ impl Sandbox {
             trace: options.trace,
             agent,
             evaluation: options.evaluation,
-            background: options.background,
         };
         let bytes = spec::encode_spec(&spec).map_err(|e| JailError::SendSpec(e.into()))?;
         let mut spec_w = File::from(spec_w);

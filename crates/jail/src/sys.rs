@@ -226,13 +226,6 @@ pub fn getpid() -> libc::pid_t {
     unsafe { libc::getpid() }
 }
 
-/// `setpriority(PRIO_PROCESS, tid, nice)`: one thread's nice value (0 names the caller).
-pub fn set_nice(tid: libc::pid_t, nice: i32) -> io::Result<()> {
-    let tid = libc::id_t::try_from(tid).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: setpriority takes integers only and changes no memory of ours.
-    check_int(unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) }).map(drop)
-}
-
 pub fn getppid() -> libc::pid_t {
     // SAFETY: getppid cannot fail and has no memory effects.
     unsafe { libc::getppid() }

@@ -295,7 +295,6 @@ impl Runtime {
             hold: None,
             stdio: None,
             zygote: self.zygote.clone(),
-            background: false,
         }
     }
 

@@ -160,12 +160,6 @@ impl Pending {
         self.starting.warnings()
     }
 
-    /// Puts a sandbox started by [`Runtime::create_live_in_background`] back to the normal CPU
-    /// priority, every thread of it; returns how many threads were restored.
-    pub fn restore_priority(&self) -> io::Result<usize> {
-        airlock_jail::priority::restore_normal(self.starting.record())
-    }
-
     /// Lets the sandbox outlive this process. Call once its record is durable.
     pub fn commit(self) -> Result<LiveSandbox, RuntimeError> {
         let Pending {
@@ -261,26 +255,6 @@ impl Runtime {
         spec: &LiveSpec,
         egress: Option<&crate::EgressSession>,
     ) -> Result<Pending, RuntimeError> {
-        self.create_live_at(spec, egress, false)
-    }
-
-    /// [`Runtime::create_live_with`] at the background CPU priority (a warm pool's fill), so
-    /// that starting it never slows a sandbox in use; [`Pending::restore_priority`] puts it back
-    /// to the normal priority before it is handed over.
-    pub fn create_live_in_background(
-        &self,
-        spec: &LiveSpec,
-        egress: Option<&crate::EgressSession>,
-    ) -> Result<Pending, RuntimeError> {
-        self.create_live_at(spec, egress, true)
-    }
-
-    fn create_live_at(
-        &self,
-        spec: &LiveSpec,
-        egress: Option<&crate::EgressSession>,
-        background: bool,
-    ) -> Result<Pending, RuntimeError> {
         check_id(&spec.id)?;
         let backend = Backend::for_tier(spec.config.tier).available(&self.support)?;
         let mut config = spec.config.clone();
@@ -294,7 +268,6 @@ impl Runtime {
         let mut plan =
             airlock_policy::compile(&crate::microvm::jail_config(&config), &self.facts())?;
         let mut options = self.spawn_options();
-        options.background = background;
         let id_range = self.id_range(&plan)?;
         if let Some(range) = &id_range {
             plan.use_id_range(range.base());

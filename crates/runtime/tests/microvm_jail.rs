@@ -110,7 +110,6 @@ fn test_microvm_jail_runs_the_vmm_in_a_view_of_only_its_snapshot_under_both_filt
         hold: None,
         stdio: None,
         zygote: None,
-        background: false,
     };
     let agent = AgentSpec {
         binary: vmm.clone(),

@@ -132,7 +132,6 @@ fn test_one_shot_runs_are_refused_with_the_reason() {
         hold: None,
         stdio: None,
         zygote: None,
-        background: false,
     };
     let err = MicrovmTier.start(&plan, &options).unwrap_err().to_string();
     assert!(err.contains("long-lived sandboxes only"), "{err}");

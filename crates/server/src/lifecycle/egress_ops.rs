@@ -89,20 +89,6 @@ impl Daemon {
         }
     }
 
-    /// [`Daemon::create_live`] at the background CPU priority (a warm pool's fill).
-    pub(super) fn create_live_in_background(
-        &self,
-        spec: &LiveSpec,
-        egress: Option<&SandboxEgress>,
-    ) -> Result<Pending, RuntimeError> {
-        match egress {
-            Some(egress) => {
-                egress.with_session(|session| self.runtime.create_live_in_background(spec, session))
-            }
-            None => self.runtime.create_live_in_background(spec, None),
-        }
-    }
-
     /// The egress proxy of a re-adopted sandbox, with its stored placeholders. Whatever fails
     /// is an event; the sandbox keeps running (without credentials, or without egress).
     pub(super) fn restart_egress(&self, row: &SandboxRow) -> Option<Arc<SandboxEgress>> {

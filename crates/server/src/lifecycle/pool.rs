@@ -18,10 +18,7 @@
 //!
 //! Fillers (`--pool-fill-concurrency`, one by default) start one member at a time, and none
 //! while a create (cold, or a claim) is in flight, so that refilling never competes with a
-//! user's create. A member starts at the background CPU priority (nice 19, every process of it;
-//! `airlock_jail::priority`), so that a fill running on never slows the sandboxes in use, such
-//! as the one just claimed running its first command; the claim puts every thread of the member
-//! back to nice 0 before anything else, so that a claimed sandbox runs as a cold one does.
+//! user's create.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::os::unix::fs::DirBuilderExt;
@@ -497,13 +494,6 @@ impl Daemon {
         request: &CreateSandboxRequest,
         token_hash: &str,
     ) -> Result<Sandbox, ApiError> {
-        // Filled in the background; handed over at the normal priority, as a cold one runs.
-        if let Err(err) = member.pending.restore_priority() {
-            let err =
-                ApiError::internal(format!("cannot restore the member's CPU priority: {err}"));
-            self.destroy_members(vec![member]).await;
-            return Err(err);
-        }
         if let Err(err) = Agent::new(&member.pending.record().socket)
             .claim(&request.env)
             .await
@@ -739,7 +729,7 @@ impl Daemon {
             volume: VolumeSource::Empty,
         };
         let pending = self
-            .create_live_in_background(&spec, egress.as_deref())
+            .create_live(&spec, egress.as_deref())
             .map_err(|err| abandon(runtime_error(&err), egress.as_deref()))?;
         let member = Member {
             warnings: pending.warnings().to_vec(),
