@@ -4,8 +4,9 @@
 # `apt-get download` and unpacked with `dpkg-deb -x`: never installed, which would replace the
 # image's qemu-utils) emulates an AMD CPU with SVM under TCG and boots a level-1 Debian 6.1
 # kernel through its PVH entry; in L1, kvm-amd gives a real SVM-backed /dev/kvm, and
-# Airlock's VMM (the static airlock-vmm) boots the same Debian kernel as L2 with an
-# initramfs whose init loads the virtio modules and runs L2's checks. The first fork of L2's
+# Airlock's VMM (the static airlock-vmm) boots the project's guest kernel (scripts/guest-kernel.sh:
+# no modules, no ACPI, so the VMM declares its virtio-mmio devices on the command line) as L2
+# with an initramfs whose init runs L2's checks and then the agent. The first fork of L2's
 # snapshot is a microvm-tier sandbox of the runtime: the VMM restores it inside the process
 # tier's jail (airlock-jail), so L1's init moves its root to a tmpfs (the jail pivots its
 # view's root, which an initramfs root cannot be pivoted away from) and mounts cgroup v2. Every check prints
@@ -16,10 +17,16 @@
 # Cached under target/microvm-rig/<key>/ (key: the fetch steps' format number, the package
 # list and the versions apt resolves): the .debs, the unpacked tree and the extracted vmlinux. Built per
 # run: the two initramfs images (they hold this build's binaries).
-# Usage: scripts/microvm-nested.sh [TARGET_DIR]  (default target/x86_64-unknown-linux-gnu/debug)
+# Usage: scripts/microvm-nested.sh [TARGET_DIR [GUEST_VMLINUX]]
+#   (defaults: target/x86_64-unknown-linux-gnu/debug, and scripts/guest-kernel.sh's kernel)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${1:-target/x86_64-unknown-linux-gnu/debug}"
+guest_kernel="${2:-}"
+if [ -z "$guest_kernel" ]; then
+    guest_kernel="$(scripts/guest-kernel.sh "$(nproc)" | tail -n 1)"
+fi
+[ -f "$guest_kernel" ] || { echo "microvm-nested: no guest kernel at $guest_kernel" >&2; exit 1; }
 driver="$(ls -t "$bin"/deps/microvm_guest-* 2>/dev/null | grep -v '\.d$' | head -n1 || true)"
 for binary in "$bin/airlock-vmm" "$bin/airlock-agent" "$bin/airlock-jail" "$driver"; do
     [ -x "$binary" ] || { echo "microvm-nested: ${binary:-the microvm_guest test} is missing (cargo build --workspace; cargo test --workspace --test microvm_guest --no-run)" >&2; exit 1; }
@@ -85,16 +92,11 @@ busybox_tree() {
     done
 }
 
-# L2: the virtio and vsock modules Debian's kernel needs, a few checks, then the agent as
-# the init (an initramfs root: no block device yet).
+# L2: the project's kernel (its drivers built in), a few checks, then the agent as the init
+# (an initramfs root: no block device yet).
 l2="$run/l2"
 busybox_tree "$l2"
 mkdir -p "$l2/root"
-for module in drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_mmio \
-    drivers/char/hw_random/virtio-rng net/vmw_vsock/vsock \
-    net/vmw_vsock/vmw_vsock_virtio_transport_common net/vmw_vsock/vmw_vsock_virtio_transport; do
-    cp "$modules/$module.ko" "$l2/modules/"
-done
 strip --strip-debug -o "$l2/bin/airlock-agent" "$bin/airlock-agent"
 cat > "$l2/init" <<'EOF'
 #!/bin/sh
@@ -102,13 +104,16 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 echo "E2E PASS l2-init"
-for m in virtio_ring virtio virtio_mmio virtio-rng vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport; do
-    insmod /modules/$m.ko || echo "E2E FAIL l2-insmod $m"
-done
-if grep -q '^0x0004$' /sys/bus/virtio/devices/*/device 2>/dev/null; then
-    echo "E2E PASS l2-virtio-mmio-acpi"
+# The project's kernel, not Debian's: built here, without module support.
+if grep -q 'debian-kernel@lists.debian.org' /proc/version || [ -e /proc/modules ]; then
+    echo "E2E FAIL l2-own-kernel: $(cat /proc/version)"
 else
-    echo "E2E FAIL l2-virtio-mmio-acpi: no virtio device of type 4 (entropy)"
+    echo "E2E PASS l2-own-kernel"
+fi
+if grep -q '^0x0004$' /sys/bus/virtio/devices/*/device 2>/dev/null; then
+    echo "E2E PASS l2-virtio-mmio"
+else
+    echo "E2E FAIL l2-virtio-mmio: no virtio device of type 4 (entropy)"
 fi
 if [ "$(dd if=/dev/hwrng bs=16 count=1 2>/dev/null | wc -c)" = 16 ]; then
     echo "E2E PASS l2-virtio-rng-read"
@@ -126,7 +131,7 @@ EOF
 chmod +x "$l2/init"
 python3 scripts/initramfs.py "$l2" "$run/l2.cpio"
 
-# L1: KVM for AMD, our VMM, L2's kernel and initramfs.
+# L1 (Debian's kernel): KVM for AMD, our VMM, L2's kernel and initramfs.
 l1="$run/l1"
 busybox_tree "$l1"
 for module in virt/lib/irqbypass arch/x86/kvm/kvm drivers/crypto/ccp/ccp arch/x86/kvm/kvm-amd; do
@@ -135,7 +140,7 @@ done
 strip --strip-debug -o "$l1/bin/airlock-vmm" "$bin/airlock-vmm"
 strip --strip-debug -o "$l1/bin/airlock-jail" "$bin/airlock-jail"
 strip --strip-debug -o "$l1/bin/microvm-guest" "$driver"
-cp "$rig/vmlinux" "$l1/vmlinux"
+cp "$guest_kernel" "$l1/vmlinux"
 cp "$run/l2.cpio" "$l1/l2.cpio"
 cat > "$l1/init" <<'EOF'
 #!/bin/sh
@@ -157,7 +162,7 @@ chmod 1777 /tmp
 for m in irqbypass kvm ccp kvm-amd; do insmod /modules/$m.ko || echo "E2E FAIL l1-insmod $m"; done
 if [ -c /dev/kvm ]; then echo "E2E PASS l1-kvm"; else echo "E2E FAIL l1-kvm: no /dev/kvm"; fi
 mkdir -p /run/e2e
-if AIRLOCK_E2E_VMM=/bin/airlock-vmm AIRLOCK_E2E_KERNEL=/vmlinux AIRLOCK_E2E_INITRD=/l2.cpio \
+if AIRLOCK_E2E_CMDLINE_DEVICES=1 AIRLOCK_E2E_VMM=/bin/airlock-vmm AIRLOCK_E2E_KERNEL=/vmlinux AIRLOCK_E2E_INITRD=/l2.cpio \
     AIRLOCK_E2E_DIR=/run/e2e AIRLOCK_JAIL_BIN=/bin/airlock-jail AIRLOCK_VMM_BIN=/bin/airlock-vmm \
     AIRLOCK_MICROVM_SNAPSHOT=/run/e2e/snapshot /bin/microvm-guest --ignored --nocapture --test-threads 1; then
     echo "E2E PASS l1-driver"
@@ -173,7 +178,7 @@ EOF
 chmod +x "$l1/init"
 python3 scripts/initramfs.py "$l1" "$run/l1.cpio"
 
-expected=(l1-kvm l2-init l2-virtio-mmio-acpi l2-virtio-rng-read l2-virtio-vsock-device
+expected=(l1-kvm l2-init l2-own-kernel l2-virtio-mmio l2-virtio-rng-read l2-virtio-vsock-device
     vsock-connect envd-health envd-command envd-file snapshot-written
     jailed-create jailed-envd-health jailed-envd-command jailed-envd-file jailed-vmm-confined
     jailed-vmm-namespaces jailed-vmm-view jailed-vmm-cgroup restore-still-counting jailed-destroyed

@@ -374,3 +374,23 @@ def test_interpreter_from_a_warm_pool(daemon, new_interpreter, tag):
         assert with_env.run_code("import os; os.environ['POOLED_ENV']").text == tag
     finally:
         set_pool(daemon, 0, TEMPLATE)
+
+
+def test_interpreter_serves_again_after_each_kind_of_resume(interpreter):
+    """A frozen pause keeps the kernel and its state; a filesystem pause ends every process,
+    so the resume starts the interpreter again: `run_code` answers from a fresh kernel."""
+    from airlock_harness import sdk_version
+
+    interpreter.run_code("kept = 41")
+    assert interpreter.pause() is True
+    frozen = Sandbox.connect(interpreter.sandbox_id)
+    assert frozen.run_code("kept + 1").text == "42", "the kernel's state survives a frozen pause"
+
+    if sdk_version() >= (2, 60, 0):
+        assert frozen.pause(mode="filesystem") is True
+    else:
+        assert frozen.pause(keep_memory=False) is True
+    restarted = Sandbox.connect(interpreter.sandbox_id)
+    fresh = restarted.run_code("'kept' in globals(), 1 + 1")
+    assert fresh.error is None, fresh.error
+    assert fresh.text == "(False, 2)", "a fresh kernel answers after a filesystem resume"

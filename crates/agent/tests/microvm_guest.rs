@@ -10,7 +10,9 @@
 //! jail bound, as the daemon reaches it.
 //!
 //! Environment: AIRLOCK_E2E_VMM, AIRLOCK_E2E_KERNEL, AIRLOCK_E2E_INITRD (paths),
-//! AIRLOCK_E2E_DIR (a scratch directory for the sockets and the snapshot), and the runtime's:
+//! AIRLOCK_E2E_DIR (a scratch directory for the sockets and the snapshot),
+//! AIRLOCK_E2E_CMDLINE_DEVICES (set: the devices are declared on the kernel's command line too,
+//! for a kernel without ACPI such as scripts/guest-kernel.sh's), and the runtime's:
 //! AIRLOCK_JAIL_BIN, AIRLOCK_VMM_BIN, AIRLOCK_MICROVM_SNAPSHOT (`$AIRLOCK_E2E_DIR/snapshot`).
 
 #![allow(
@@ -334,8 +336,13 @@ fn test_microvm_guest_agent_over_vsock_serves_envd_and_resumes_from_a_snapshot()
     std::fs::create_dir_all(&dir).unwrap();
     let socket = dir.join("vsock.sock");
     let snapshot = dir.join("snapshot");
-    let mut booted = Vmm(Command::new(&vmm_binary)
-        .arg("linux")
+    let mut command = Command::new(&vmm_binary);
+    command.arg("linux");
+    // A kernel without ACPI (the project's own) finds its devices on the command line.
+    if std::env::var_os("AIRLOCK_E2E_CMDLINE_DEVICES").is_some() {
+        command.arg("--cmdline-devices");
+    }
+    let mut booted = Vmm(command
         .arg("--kernel")
         .arg(env_path("AIRLOCK_E2E_KERNEL"))
         .arg("--initrd")

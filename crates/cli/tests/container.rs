@@ -373,6 +373,52 @@ fn test_container_root_keeps_only_its_file_capabilities() {
     );
 }
 
+/// Debian's `groupadd` (shadow, built with libaudit) opens the audit netlink before anything
+/// else and aborts on EPERM: the filter answers EPROTONOSUPPORT there, as a kernel without audit
+/// does, so a package's post-install script that adds its system group works as the image's
+/// root, while the socket stays closed.
+#[test]
+fn test_container_root_adds_a_group_with_debians_groupadd() {
+    let scratch = Scratch::new();
+    let root = scratch.workspace("debian");
+    let images = std::env::var_os("AIRLOCK_TEST_IMAGES").map_or_else(
+        || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/test-images"),
+        std::path::PathBuf::from,
+    );
+    let tarball = images.join("python.tar");
+    assert!(
+        tarball.is_file(),
+        "{} is missing: run scripts/test-images.sh",
+        tarball.display()
+    );
+    let unpacked = std::process::Command::new("tar")
+        .args(["-x", "--exclude=./dev/*", "-f"])
+        .arg(&tarball)
+        .arg("-C")
+        .arg(&root)
+        .status()
+        .unwrap();
+    assert!(unpacked.success(), "tar -x of {}", tarball.display());
+    let root = root.to_str().unwrap();
+    let added = sh(
+        root,
+        &["--user", "0"],
+        "groupadd --system airlock-group && getent group airlock-group",
+    );
+    assert_eq!(added.code, 0, "{added:?}");
+    assert!(added.stdout.starts_with("airlock-group:x:"), "{added:?}");
+    let audit = sh(
+        root,
+        &["--user", "0"],
+        "python3 -c 'import socket\ntry:\n    socket.socket(16, 3, 9)\nexcept OSError as e:\n    print(e.errno)'",
+    );
+    assert_eq!(
+        audit.stdout.trim(),
+        "93", // EPROTONOSUPPORT
+        "the audit socket stays closed: {audit:?}"
+    );
+}
+
 #[test]
 fn test_container_hostile_image_links_cannot_redirect_mounts() {
     let scratch = Scratch::new();

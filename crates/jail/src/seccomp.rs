@@ -137,6 +137,7 @@ fn ret_for(action: SyscallAction, tag: Option<u16>) -> u32 {
         (SyscallAction::Eperm, Some(tag)) => RET_ERRNO | u32::from(tag),
         (SyscallAction::Eperm, None) => RET_ERRNO | libc::EPERM as u32,
         (SyscallAction::Enosys, _) => RET_ERRNO | libc::ENOSYS as u32,
+        (SyscallAction::Eprotonosupport, _) => RET_ERRNO | libc::EPROTONOSUPPORT as u32,
     }
 }
 

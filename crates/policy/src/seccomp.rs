@@ -16,6 +16,9 @@ pub enum SyscallAction {
     Eperm,
     /// Fail with `ENOSYS`, so that libc falls back to an older call we can inspect.
     Enosys,
+    /// Fail with `EPROTONOSUPPORT`, as a kernel built without the protocol does, so that
+    /// callers that can do without it carry on (libaudit's users, such as `groupadd`).
+    Eprotonosupport,
 }
 
 /// How an argument is compared: `(arg & mask) == value` or `!=`. Only the low 32 bits of the
@@ -67,6 +70,7 @@ const AF_BLUETOOTH: u32 = 31;
 const AF_VSOCK: u32 = 40;
 const AF_XDP: u32 = 44;
 const NETLINK_ROUTE: u32 = 0;
+const NETLINK_AUDIT: u32 = 9;
 const SOCK_TYPE_MASK: u32 = 0xf;
 const SOCK_RAW: u32 = 3;
 const SOCK_PACKET: u32 = 10;
@@ -232,6 +236,13 @@ fn rules_refusing(set_id_bits: u32) -> Vec<SeccompRule> {
             "the obsolete SOCK_PACKET type is link-layer access under another name",
         ),
     ];
+    // Before the netlink rule below: rules for one syscall are tried in order.
+    rules.push(rule(
+        "socket",
+        &[eq(0, ALL, AF_NETLINK), eq(2, ALL, NETLINK_AUDIT)],
+        SyscallAction::Eprotonosupport,
+        "the audit netlink reads and writes the host's audit trail; answered as by a kernel without audit, which shadow's tools (groupadd, useradd) accept where EPERM aborts them",
+    ));
     for (checks, why) in sockets {
         rules.push(rule("socket", checks, SyscallAction::Eperm, why));
     }

@@ -12,6 +12,9 @@ pub const ENV_KERNEL: &str = "AIRLOCK_MICROVM_KERNEL";
 pub const ENV_INITRD: &str = "AIRLOCK_MICROVM_INITRD";
 /// The kernel command line, instead of [`DEFAULT_CMDLINE`].
 pub const ENV_CMDLINE: &str = "AIRLOCK_MICROVM_CMDLINE";
+/// Set to `1`: the VMM also declares its devices on the kernel command line
+/// (`virtio_mmio.device=`), for a kernel without ACPI such as scripts/guest-kernel.sh's.
+pub const ENV_CMDLINE_DEVICES: &str = "AIRLOCK_MICROVM_CMDLINE_DEVICES";
 /// A snapshot directory (`airlock-vmm linux --snapshot`) of a booted guest whose agent serves:
 /// sandboxes are then its copy-on-write forks, not fresh boots.
 pub const ENV_SNAPSHOT: &str = "AIRLOCK_MICROVM_SNAPSHOT";
@@ -35,6 +38,8 @@ pub enum GuestSource {
         kernel: PathBuf,
         initrd: Option<PathBuf>,
         cmdline: String,
+        /// The devices are declared on the command line too ([`ENV_CMDLINE_DEVICES`]).
+        cmdline_devices: bool,
     },
     /// Restore a snapshot (memory mapped copy-on-write): a fork, reseeded at resume.
     Snapshot { dir: PathBuf },
@@ -57,10 +62,21 @@ impl GuestSource {
             || DEFAULT_CMDLINE.to_owned(),
             |v| v.to_string_lossy().into_owned(),
         );
+        let cmdline_devices = match get(ENV_CMDLINE_DEVICES) {
+            None => false,
+            Some(value) if value.is_empty() || value == "0" => false,
+            Some(value) if value == "1" => true,
+            Some(value) => {
+                return Err(format!(
+                    "{ENV_CMDLINE_DEVICES} is {value:?}: use 1 (the kernel has no ACPI) or 0"
+                ));
+            }
+        };
         Ok(GuestSource::Boot {
             kernel,
             initrd: path(ENV_INITRD),
             cmdline,
+            cmdline_devices,
         })
     }
 
@@ -97,9 +113,13 @@ pub fn vmm_spec(source: &GuestSource, memory_mib: u64) -> VmmSpec {
             kernel,
             initrd,
             cmdline,
+            cmdline_devices,
         } => {
             let mut files = vec![("kernel".to_owned(), kernel.clone())];
             let mut args = vec!["--kernel".to_owned(), inside("kernel")];
+            if *cmdline_devices {
+                args.push("--cmdline-devices".to_owned());
+            }
             if let Some(initrd) = initrd {
                 files.push(("initrd".to_owned(), initrd.clone()));
                 args.extend(["--initrd".to_owned(), inside("initrd")]);
@@ -175,8 +195,41 @@ mod tests {
             GuestSource::Boot {
                 kernel: "/k".into(),
                 initrd: None,
-                cmdline: "console=ttyS0".into()
+                cmdline: "console=ttyS0".into(),
+                cmdline_devices: false,
             }
+        );
+    }
+
+    #[test]
+    fn test_guest_source_cmdline_devices_for_a_kernel_without_acpi() {
+        let kernel = (ENV_KERNEL, "/k");
+        let declared = source(&[kernel, (ENV_CMDLINE_DEVICES, "1")]).unwrap();
+        let GuestSource::Boot {
+            cmdline_devices, ..
+        } = &declared
+        else {
+            panic!("{declared:?}");
+        };
+        assert!(cmdline_devices);
+        let spec = vmm_spec(&declared, 256);
+        assert_eq!(
+            spec.args[..3],
+            ["--kernel", "/run/airlock/vm/kernel", "--cmdline-devices"]
+        );
+        for off in ["0", ""] {
+            let plain = source(&[kernel, (ENV_CMDLINE_DEVICES, off)]).unwrap();
+            assert!(
+                !vmm_spec(&plain, 256)
+                    .args
+                    .iter()
+                    .any(|a| a == "--cmdline-devices")
+            );
+        }
+        let err = source(&[kernel, (ENV_CMDLINE_DEVICES, "yes")]).unwrap_err();
+        assert!(
+            err.contains(ENV_CMDLINE_DEVICES) && err.contains("\"yes\""),
+            "{err}"
         );
     }
 
@@ -195,6 +248,7 @@ mod tests {
                 kernel: "/srv/vmlinux".into(),
                 initrd: Some("/srv/initrd.cpio".into()),
                 cmdline: DEFAULT_CMDLINE.into(),
+                cmdline_devices: false,
             },
             384,
         );

@@ -10,6 +10,7 @@ fn boot() -> GuestSource {
         kernel: "/srv/vmlinux".into(),
         initrd: None,
         cmdline: guest::DEFAULT_CMDLINE.into(),
+        cmdline_devices: false,
     }
 }
 

@@ -230,13 +230,17 @@ impl Daemon {
                 let (record, egress) = (live.record.clone(), live.egress.clone());
                 self.install_running(id, &token, record, egress, deadline_ms);
                 self.audit.lifecycle(Some(id), "resumed", mode.as_str());
-                // Started again on its files: the template's start command runs again.
+                // Started again on its files: the template's start command (and its interpreter or
+                // wasm worker) runs again.
                 if mode == PauseMode::Filesystem
                     && let Some(name) = &row.request.template
                     && let Some(template) = self.find_template(name)?
                 {
                     let cwd = self.sandbox_cwd(&row.request);
                     let started = match self.start_template(id, &template, &cwd).await {
+                        Ok(()) if template.name == super::INTERPRETER_TEMPLATE => {
+                            Box::pin(self.start_interpreter(id)).await
+                        }
                         Ok(()) if super::is_wasm_template(&template.name) => {
                             // Boxed: the worker's start finds the agent, which may resume.
                             Box::pin(self.restart_wasm_worker(id, &template.name, &row.request))
