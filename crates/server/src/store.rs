@@ -834,6 +834,31 @@ mod tests {
     }
 
     #[test]
+    fn test_delete_sandbox_noting_removes_the_row_and_keeps_why() {
+        let (store, dir) = temp_store();
+        let row = SandboxRow {
+            id: "gone".into(),
+            state: RowState::Deleting,
+            request: CreateSandboxRequest::default(),
+            token_hash: "h".into(),
+            live: None,
+            created_ms: 5,
+            deadline_ms: 10,
+            egress: None,
+            pause: None,
+        };
+        store.insert_sandbox(&row).unwrap();
+        store
+            .delete_sandbox_noting("gone", "delete", "deleted through the API")
+            .unwrap();
+        assert_eq!(store.get_sandbox("gone").unwrap(), None);
+        let events = store.events(Some("gone"), 10).unwrap();
+        let last = events.last().map(|e| (e.kind.as_str(), e.message.as_str()));
+        assert_eq!(last, Some(("delete", "deleted through the API")));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
     fn test_reopen_keeps_data_and_seeds_base_once() {
         let (store, dir) = temp_store();
         store.insert_key("k1", "ci", "hash1").unwrap();
