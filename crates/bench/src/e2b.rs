@@ -4,6 +4,10 @@
 //! The driver is `tests/e2b/bench_e2b.py` (compiled in); it runs under the Python of the SDK's
 //! venv (`scripts/e2b-tests.sh` makes it) against a private daemon, or the one at `--url`, and
 //! prints p50 and p95 of each step. It never asserts a timing.
+//!
+//! The same cycles then run against a null server (`e2b_null.rs`, answering the three calls at
+//! once): its p50 is the SDK's own floor, and Airlock's p50 minus it is what the daemon, the
+//! agent and the sandbox cost.
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -11,6 +15,7 @@ use std::process::{Command, ExitCode};
 use anyhow::Context;
 
 use crate::api::BenchDaemon;
+use crate::e2b_null::NullServer;
 
 const DRIVER: &str = include_str!("../../../tests/e2b/bench_e2b.py");
 /// The venv `scripts/e2b-tests.sh` installs the newest SDK into.
@@ -24,6 +29,7 @@ pub fn e2b(
     iterations: usize,
     python: Option<PathBuf>,
     pool: Option<u32>,
+    floor: bool,
 ) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(iterations >= 10, "--iterations must be at least 10");
     let python = python.unwrap_or_else(|| PathBuf::from(DEFAULT_PYTHON));
@@ -47,13 +53,23 @@ pub fn e2b(
         runtime.block_on(crate::api::fill_pool(&daemon.client, size))?;
     }
     let base_url = daemon.client.base_url();
-    let status = Command::new(&python)
+    let null = if floor {
+        Some(NullServer::start().context("cannot start the null E2B server")?)
+    } else {
+        None
+    };
+    let mut driver = Command::new(&python);
+    driver
         .arg("-c")
         .arg(DRIVER)
         .arg("--iterations")
         .arg(iterations.to_string())
         // With a warm pool, issue 14's target; cold, the foundation's.
-        .args(["--target-ms", if pool.is_some() { "10" } else { "25" }])
+        .args(["--target-ms", if pool.is_some() { "10" } else { "25" }]);
+    if let Some(null) = &null {
+        driver.arg("--floor-url").arg(null.url());
+    }
+    let status = driver
         .env("E2B_API_URL", &base_url)
         .env("E2B_SANDBOX_URL", &base_url)
         .env("E2B_API_KEY", key)
@@ -71,6 +87,11 @@ pub fn e2b(
     }
     // Stops the private daemon; the driver has killed every sandbox it made.
     drop(daemon);
+    let unexpected = null.as_ref().map_or(0, NullServer::unexpected);
+    anyhow::ensure!(
+        unexpected == 0,
+        "the SDK made {unexpected} calls the null server does not answer: its floor is not the same cycle"
+    );
     Ok(match status.code() {
         Some(0) => ExitCode::SUCCESS,
         Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

@@ -9,6 +9,7 @@ mod api;
 mod container;
 mod desktop;
 mod e2b;
+mod e2b_null;
 mod egress;
 mod git;
 mod image;
@@ -78,6 +79,9 @@ pub enum BenchCommand {
         /// Serve the creates from a warm pool of `base` of SIZE members (default 4).
         #[arg(long, value_name = "SIZE", num_args = 0..=1, default_missing_value = "4")]
         pool: Option<u32>,
+        /// Skip the SDK's floor (the same cycles against a null server, after Airlock's).
+        #[arg(long)]
+        no_floor: bool,
     },
     /// The daemon under load: concurrent clients create a sandbox, run one command in it and
     /// delete it, then what was left is counted (a private daemon).
@@ -274,7 +278,8 @@ pub fn bench(command: BenchCommand, resolve_image: ImageResolver<'_>) -> anyhow:
             iterations,
             python,
             pool,
-        } => crate::e2b::e2b(url, iterations, python, pool),
+            no_floor,
+        } => crate::e2b::e2b(url, iterations, python, pool, !no_floor),
         BenchCommand::Judge0 {
             url,
             iterations,

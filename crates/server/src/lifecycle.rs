@@ -326,9 +326,13 @@ impl Daemon {
         self.audit.close_sandbox(id);
         self.code_contexts.forget_sandbox(id);
         let _ = self.images.release(&image_holder(id));
-        // The event first: whoever sees the sandbox gone must also find why.
-        self.event(Some(id), kind, message);
-        let _ = self.store.delete_sandbox(id);
+        // The event with the row's deletion, in one write: whoever sees the sandbox gone must
+        // also find why.
+        if self.store.delete_sandbox_noting(id, kind, message).is_err() {
+            let _ = self.store.record_event(Some(id), kind, message);
+            let _ = self.store.delete_sandbox(id);
+        }
+        self.audit.lifecycle(Some(id), kind, message);
         self.slots().remove(id);
         true
     }

@@ -514,6 +514,22 @@ impl Store {
         Ok(())
     }
 
+    /// [`Store::delete_sandbox`] and, in the same transaction (one write on the delete path),
+    /// the event `(kind, message)` that says why: whoever finds the row gone finds the reason.
+    pub fn delete_sandbox_noting(
+        &self,
+        id: &str,
+        kind: &str,
+        message: &str,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        insert_event(&tx, Some(id), kind, message)?;
+        tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
+        tx.commit()?;
+        Ok(())
+    }
+
     pub fn get_sandbox(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
         let raw = self
             .conn()
@@ -814,6 +830,31 @@ mod tests {
         store.delete_sandbox("abc").unwrap();
         assert_eq!(store.get_sandbox("abc").unwrap(), None);
         assert!(!store.set_deadline("abc", 1).unwrap());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn test_delete_sandbox_noting_removes_the_row_and_keeps_why() {
+        let (store, dir) = temp_store();
+        let row = SandboxRow {
+            id: "gone".into(),
+            state: RowState::Deleting,
+            request: CreateSandboxRequest::default(),
+            token_hash: "h".into(),
+            live: None,
+            created_ms: 5,
+            deadline_ms: 10,
+            egress: None,
+            pause: None,
+        };
+        store.insert_sandbox(&row).unwrap();
+        store
+            .delete_sandbox_noting("gone", "delete", "deleted through the API")
+            .unwrap();
+        assert_eq!(store.get_sandbox("gone").unwrap(), None);
+        let events = store.events(Some("gone"), 10).unwrap();
+        let last = events.last().map(|e| (e.kind.as_str(), e.message.as_str()));
+        assert_eq!(last, Some(("delete", "deleted through the API")));
         std::fs::remove_dir_all(dir).unwrap();
     }
 
