@@ -211,17 +211,7 @@ fn argv(pid: u32) -> Vec<String> {
 /// The VMM among the sandbox cgroup's processes: on cgroup v2, KVM's per-VM kernel worker
 /// (`kvm-nx-lpage-recovery-*`) joins its creator's cgroup too.
 fn jailed_vmm_pid(record: &LiveSandbox) -> u32 {
-    let pids: Vec<u32> = record
-        .cgroup_dirs
-        .iter()
-        .filter_map(|dir| std::fs::read_to_string(dir.join("cgroup.procs")).ok())
-        .flat_map(|procs| {
-            procs
-                .split_whitespace()
-                .map(|pid| pid.parse().unwrap())
-                .collect::<Vec<u32>>()
-        })
-        .collect();
+    let pids = record.pids();
     let vmms: Vec<u32> = pids
         .iter()
         .copied()

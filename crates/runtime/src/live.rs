@@ -78,6 +78,15 @@ impl LiveSandbox {
     }
 
     /// The sandbox's freezer, when its cgroup has one.
+    /// The processes in the sandbox's cgroup (its leaves included).
+    pub fn pids(&self) -> Vec<u32> {
+        airlock_jail::cgroup::SandboxCgroup::from_dirs(&self.cgroup_dirs)
+            .pids()
+            .into_iter()
+            .filter_map(|pid| u32::try_from(pid).ok())
+            .collect()
+    }
+
     fn freezer(&self) -> Option<airlock_jail::freezer::Freezer> {
         airlock_jail::cgroup::SandboxCgroup::from_dirs(&self.cgroup_dirs).freezer()
     }

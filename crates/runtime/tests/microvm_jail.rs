@@ -36,19 +36,11 @@ fn scratch() -> PathBuf {
 
 /// The sandbox's processes, from its cgroup.
 fn procs(dirs: &[PathBuf]) -> Vec<u32> {
-    let mut pids: Vec<u32> = dirs
-        .iter()
-        .filter_map(|dir| std::fs::read_to_string(dir.join("cgroup.procs")).ok())
-        .flat_map(|procs| {
-            procs
-                .split_whitespace()
-                .map(|pid| pid.parse().unwrap())
-                .collect::<Vec<u32>>()
-        })
-        .collect();
-    pids.sort_unstable();
-    pids.dedup();
-    pids
+    airlock_jail::cgroup::SandboxCgroup::from_dirs(dirs)
+        .pids()
+        .into_iter()
+        .map(|pid| u32::try_from(pid).unwrap())
+        .collect()
 }
 
 fn filters(pid: u32) -> u32 {

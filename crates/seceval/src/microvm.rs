@@ -142,15 +142,8 @@ fn argv0(pid: u32) -> String {
 /// The sandbox's VMM, among its cgroup's processes.
 fn vmm_pid(record: &LiveSandbox) -> anyhow::Result<u32> {
     record
-        .cgroup_dirs
-        .iter()
-        .filter_map(|dir| std::fs::read_to_string(dir.join("cgroup.procs")).ok())
-        .flat_map(|procs| {
-            procs
-                .split_whitespace()
-                .filter_map(|pid| pid.parse().ok())
-                .collect::<Vec<u32>>()
-        })
+        .pids()
+        .into_iter()
         .find(|pid| argv0(*pid) == "airlock-vmm")
         .context("no airlock-vmm in the sandbox's cgroup")
 }

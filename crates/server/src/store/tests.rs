@@ -2,6 +2,21 @@
 
 use super::*;
 
+/// A sandbox row with nothing started yet.
+fn new_row(id: &str, state: RowState) -> SandboxRow {
+    SandboxRow {
+        id: id.into(),
+        state,
+        request: CreateSandboxRequest::default(),
+        token_hash: "h".into(),
+        live: None,
+        created_ms: 5,
+        deadline_ms: 10,
+        egress: None,
+        pause: None,
+    }
+}
+
 fn temp_store() -> (Store, PathBuf) {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -14,17 +29,7 @@ fn temp_store() -> (Store, PathBuf) {
 #[test]
 fn test_sandbox_rows_round_trip_through_states() {
     let (store, dir) = temp_store();
-    let mut row = SandboxRow {
-        id: "abc".into(),
-        state: RowState::Creating,
-        request: CreateSandboxRequest::default(),
-        token_hash: "h".into(),
-        live: None,
-        created_ms: 5,
-        deadline_ms: 10,
-        egress: None,
-        pause: None,
-    };
+    let mut row = new_row("abc", RowState::Creating);
     store.insert_sandbox(&row).unwrap();
     assert!(store.insert_sandbox(&row).is_err(), "ids are unique");
     assert!(store.set_started("abc", "{}", 20, ("ready", "up")).unwrap());
@@ -53,17 +58,7 @@ fn test_sandbox_rows_round_trip_through_states() {
 #[test]
 fn test_delete_sandbox_noting_removes_the_row_and_keeps_why() {
     let (store, dir) = temp_store();
-    let row = SandboxRow {
-        id: "gone".into(),
-        state: RowState::Deleting,
-        request: CreateSandboxRequest::default(),
-        token_hash: "h".into(),
-        live: None,
-        created_ms: 5,
-        deadline_ms: 10,
-        egress: None,
-        pause: None,
-    };
+    let row = new_row("gone", RowState::Deleting);
     store.insert_sandbox(&row).unwrap();
     store
         .delete_sandbox_noting("gone", "delete", "deleted through the API")
