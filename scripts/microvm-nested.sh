@@ -11,8 +11,9 @@
 # snapshot is a microvm-tier sandbox of the runtime: the VMM restores it inside the process
 # tier's jail (airlock-jail), so L1's init moves its root to a tmpfs (the jail pivots its
 # view's root, which an initramfs root cannot be pivoted away from) and mounts cgroup v2; then,
-# in L1 still, `airlock seceval --tier microvm` and the daemon over HTTP (a sandbox created, a
-# command run, the sandbox deleted) fork it again. Every check prints
+# in L1 still, `airlock seceval --tier microvm` and the daemon over HTTP (a sandbox of the
+# snapshot's image created, a command run, the sandbox deleted) fork it again, and a sandbox
+# of another image boots the kernel on that image's disk. Every check prints
 # `E2E PASS <name>` or `E2E FAIL <name> ...` on the console (L2's console is echoed by the
 # VMM onto L1's, which is QEMU's standard output); this script fails on any FAIL and on any
 # expected PASS line missing.
@@ -169,12 +170,21 @@ python3 scripts/initramfs.py "$l2" "$run/l2.cpio"
 l1="$run/l1"
 busybox_tree "$l1"
 layout=target/test-images/layouts/busybox
-image="$(python3 -c 'import json, sys
+digest_of() {
+    python3 -c 'import json, sys
 index = json.load(open(sys.argv[1]))
-print(next(m["digest"] for m in index["manifests"] if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == "plain"))' "$layout/index.json")"
-"$bin/airlock" image --store "$run/store" import "$layout" >/dev/null
-cp "$("$bin/airlock" image --store "$run/store" disk "$image")" "$l1/root.ext4"
-rm -rf "$run/store"
+print(next(m["digest"] for m in index["manifests"] if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == sys.argv[2]))' "$layout/index.json" "$1"
+}
+image="$(digest_of plain)"
+layered="$(digest_of layered)"
+# The daemon's image store in L1, made here with both images' disks (L1 has no mke2fs): a
+# sandbox of `plain` forks the snapshot (made on that disk), one of `layered` boots.
+store="$l1/daemon-images"
+"$bin/airlock" image --store "$store" import "$layout" >/dev/null
+plain_disk="$("$bin/airlock" image --store "$store" disk "$image")"
+"$bin/airlock" image --store "$store" disk "$layered" >/dev/null
+cp "$plain_disk" "$l1/root.ext4"
+printf 'plain=%s\nlayered=%s\nplain_disk=%s\n' "$image" "$layered" "${plain_disk#"$store"/}" >"$l1/images.env"
 "$bin/airlock" image overlay-disk --size-mib 32 "$l1/overlay.img"
 for module in virt/lib/irqbypass arch/x86/kvm/kvm drivers/crypto/ccp/ccp arch/x86/kvm/kvm-amd; do
     cp "$modules/$module.ko" "$l1/modules/"
@@ -193,7 +203,7 @@ if [ ! -e /.tmpfs-root ]; then
     # The initramfs root cannot be pivoted away from (the jail pivots): run from a tmpfs.
     mkdir /new-root
     mount -t tmpfs -o mode=0755 tmpfs /new-root
-    cp -a /bin /modules /vmlinux /l2.cpio /root.ext4 /overlay.img /init /new-root/
+    cp -a /bin /modules /vmlinux /l2.cpio /root.ext4 /overlay.img /daemon-images /images.env /init /new-root/
     mkdir /new-root/proc /new-root/sys /new-root/dev /new-root/tmp /new-root/run
     touch /new-root/.tmpfs-root
     exec switch_root /new-root /init
@@ -207,7 +217,7 @@ chmod 1777 /tmp
 for m in irqbypass kvm ccp kvm-amd; do insmod /modules/$m.ko || echo "E2E FAIL l1-insmod $m"; done
 if [ -c /dev/kvm ]; then echo "E2E PASS l1-kvm"; else echo "E2E FAIL l1-kvm: no /dev/kvm"; fi
 mkdir -p /run/e2e
-image_sum="$(sha256sum /root.ext4)"
+image_sum="$(sha256sum </root.ext4)"
 if AIRLOCK_E2E_CMDLINE_DEVICES=1 AIRLOCK_E2E_VMM=/bin/airlock-vmm AIRLOCK_E2E_KERNEL=/vmlinux \
     AIRLOCK_E2E_INITRD=/l2.cpio AIRLOCK_E2E_DIR=/run/e2e AIRLOCK_E2E_OVERLAY=/overlay.img \
     AIRLOCK_JAIL_BIN=/bin/airlock-jail AIRLOCK_VMM_BIN=/bin/airlock-vmm \
@@ -241,16 +251,22 @@ for case in vsock vmm-namespaces vmm-view vmm-seccomp vmm-cgroup; do
 done
 # The daemon over HTTP on the microvm tier: `airlock serve` in L1, and the CLI, a client of its
 # API, creates a sandbox (one more fork), runs a command in it and deletes it.
+# Its image store holds the busybox test images and their disks; the operator's root disk is
+# the `plain` image's own (so its sandboxes fork the snapshot) and the kernel boots the others.
 ifconfig lo 127.0.0.1 up
 export AIRLOCK_URL=http://127.0.0.1:3000
+. /images.env
+mkdir -p /run/e2e/daemon
+mv /daemon-images /run/e2e/daemon/images
 AIRLOCK_JAIL_BIN=/bin/airlock-jail AIRLOCK_VMM_BIN=/bin/airlock-vmm \
-    AIRLOCK_MICROVM_SNAPSHOT=/run/e2e/snapshot AIRLOCK_MICROVM_ROOT_DISK=/root.ext4 \
+    AIRLOCK_MICROVM_SNAPSHOT=/run/e2e/snapshot AIRLOCK_MICROVM_ROOT_DISK="/run/e2e/daemon/images/$plain_disk" \
+    AIRLOCK_MICROVM_KERNEL=/vmlinux AIRLOCK_MICROVM_INITRD=/l2.cpio AIRLOCK_MICROVM_CMDLINE_DEVICES=1 \
     /bin/airlock serve --listen 127.0.0.1:3000 --state-dir /run/e2e/daemon --insecure-no-auth \
     --scratch memory >/run/e2e/daemon.log 2>&1 &
 daemon=$!
 tries=0
 until /bin/airlock sandbox ls >/dev/null 2>&1 || [ $tries -ge 300 ]; do tries=$((tries + 1)); sleep 1; done
-if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB 2>/run/e2e/create.err); then
+if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB --image "$plain" 2>/run/e2e/create.err); then
     echo "E2E PASS daemon-create"
     out=$(/bin/airlock sandbox exec "$id" -- /bin/sh -c 'cat /etc/motd; cat /proc/version' 2>&1)
     case "$out" in
@@ -267,12 +283,30 @@ else
     echo "E2E FAIL daemon-create: $(cat /run/e2e/create.err)"
     tail -n 20 /run/e2e/daemon.log
 fi
+# Another image: a fresh boot of the kernel on that image's disk (its second layer's file, its
+# whiteout of motd, its config's environment), then gone with its VMM.
+if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB --image "$layered" 2>/run/e2e/create.err); then
+    out=$(/bin/airlock sandbox exec "$id" -- /bin/sh -c 'cat /opt/keep/new; [ -e /etc/motd ] || echo no-motd; echo "image=$AIRLOCK_IMAGE"' 2>&1)
+    case "$out" in
+        *"new in layer two"*"no-motd"*"image=busybox"*) echo "E2E PASS daemon-image-boot" ;;
+        *) echo "E2E FAIL daemon-image-boot: $out" ;;
+    esac
+    /bin/airlock sandbox rm "$id" || echo "E2E FAIL daemon-image-boot: rm failed"
+    if grep -qa '^airlock-vmm' /proc/[0-9]*/cmdline; then
+        echo "E2E FAIL daemon-image-boot: a VMM is left"
+    fi
+else
+    echo "E2E FAIL daemon-image-boot: $(cat /run/e2e/create.err)"
+    tail -n 20 /run/e2e/daemon.log
+fi
 kill "$daemon"
-# Five guests ran on the image's disk (a boot and four forks); not one byte of it changed.
-if [ "$(sha256sum /root.ext4)" = "$image_sum" ]; then
+# Four guests ran on the image's disk (a boot and three forks), and the daemon's fork on the
+# store's (the same bytes, the other boot on the layered image's); not one byte changed.
+if [ "$(sha256sum </root.ext4)" = "$image_sum" ] &&
+    [ "$(sha256sum <"/run/e2e/daemon/images/$plain_disk")" = "$image_sum" ]; then
     echo "E2E PASS image-disk-unchanged"
 else
-    echo "E2E FAIL image-disk-unchanged: /root.ext4 changed"
+    echo "E2E FAIL image-disk-unchanged: /root.ext4 or the store's disk changed"
 fi
 poweroff -f
 EOF
@@ -288,7 +322,7 @@ expected=(l1-kvm l2-init l2-own-kernel l2-virtio-mmio l2-virtio-rng-read l2-virt
     restore-vsock-connect restore-vmm-confined forks-reseeded-own-identity l1-driver
     seceval-microvm seceval-microvm-vsock seceval-microvm-vmm-namespaces seceval-microvm-vmm-view
     seceval-microvm-vmm-seccomp seceval-microvm-vmm-cgroup daemon-create daemon-exec daemon-delete
-    image-disk-unchanged)
+    daemon-image-boot image-disk-unchanged)
 log="$run/console.log"
 echo "microvm-nested: booting L1 (QEMU TCG, nested SVM); the console goes to $log"
 started=$SECONDS

@@ -173,6 +173,11 @@ pub struct SandboxConfig {
     /// overrides the image's user replaces `image.config.user`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<crate::image::ImageRootfs>,
+    /// The microvm tier's root filesystem: the image's ext4 disk (the image store's
+    /// `root_disk`), shown to the guest read-only under the sandbox's own overlay disk. `None`:
+    /// the operator's default (`AIRLOCK_MICROVM_ROOT_DISK`) or the guest's initramfs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_disk: Option<PathBuf>,
 }
 
 impl SandboxConfig {
@@ -192,6 +197,7 @@ impl SandboxConfig {
             command,
             policy: None,
             image: None,
+            root_disk: None,
         }
     }
 

@@ -32,8 +32,11 @@ pub trait TierBackend: Sync {
     }
 
     /// Starts a long-lived sandbox whose pid 1 is the agent; see [`crate::LiveSpec`].
+    /// `config` is what `plan` was compiled from (the microvm tier takes the guest's root
+    /// disk from it).
     fn start_live(
         &self,
+        _config: &SandboxConfig,
         plan: &Plan,
         options: &SpawnOptions,
         id: &str,

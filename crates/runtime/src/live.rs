@@ -329,7 +329,7 @@ impl Runtime {
         };
         let socket = agent.socket.clone();
         let name = format!("{}-{}", self.owner, spec.id);
-        let starting = backend.start_live(&plan, &options, &name, agent)?;
+        let starting = backend.start_live(&config, &plan, &options, &name, agent)?;
         let jail = starting.record();
         let record = LiveSandbox {
             id: spec.id.clone(),

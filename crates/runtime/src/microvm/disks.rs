@@ -173,10 +173,56 @@ pub fn host_owner(identity: &IdentityPlan) -> (u32, u32) {
 }
 
 /// The operator's root disk setting (`get` reads one environment variable).
-pub fn root_disk_from_vars(get: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
+pub fn root_disk_from_vars(get: &impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
     get(ENV_ROOT_DISK)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
+}
+
+/// What a sandbox's guest boots from and on which root disk. `sandbox_disk` (the root disk of
+/// the image the sandbox asked for) replaces the operator's root disk. A snapshot's guest
+/// has the disk it was made on mounted (its page cache and its filesystem's state are that
+/// disk's), so only a sandbox of that image forks it; one of another image boots the
+/// operator's kernel, and without a kernel is refused. `same_file` says whether two paths
+/// are one file.
+pub fn choose_guest(
+    sandbox_disk: Option<&Path>,
+    get: impl Fn(&str) -> Option<std::ffi::OsString>,
+    same_file: impl Fn(&Path, &Path) -> bool,
+) -> Result<(GuestSource, Option<PathBuf>), String> {
+    let operator_disk = root_disk_from_vars(&get);
+    let source = GuestSource::from_vars(&get)?;
+    let Some(disk) = sandbox_disk else {
+        return Ok((source, operator_disk));
+    };
+    let snapshot_of_this_image = operator_disk
+        .as_deref()
+        .is_some_and(|operator| same_file(operator, disk));
+    match source {
+        GuestSource::Snapshot { .. } if !snapshot_of_this_image => {
+            let boot = GuestSource::boot_from_vars(&get).map_err(|_| {
+                format!(
+                    "the operator's guest is a snapshot made on {}, and this sandbox's image is another: a sandbox of another image boots a kernel, and {} is not set",
+                    operator_disk.as_deref().map_or_else(
+                        || "no root disk (its initramfs)".to_owned(),
+                        |d| format!("the root disk {}", d.display())
+                    ),
+                    super::guest::ENV_KERNEL,
+                )
+            })?;
+            Ok((boot, Some(disk.to_path_buf())))
+        }
+        source => Ok((source, Some(disk.to_path_buf()))),
+    }
+}
+
+/// Whether two paths name one file (the same device and inode); false when either is missing.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -260,6 +306,86 @@ mod tests {
             }
         );
         assert_eq!(DiskPlan::new(&source, None, Path::new("/sbx/b")), None);
+    }
+
+    fn choose(
+        sandbox_disk: Option<&str>,
+        vars: &[(&str, &str)],
+    ) -> Result<(GuestSource, Option<PathBuf>), String> {
+        let vars: std::collections::HashMap<String, std::ffi::OsString> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).into()))
+            .collect();
+        // Paths name one file when they are equal (the tests' own notion of a file).
+        choose_guest(
+            sandbox_disk.map(Path::new),
+            |name| vars.get(name).cloned(),
+            |a, b| a == b,
+        )
+    }
+
+    #[test]
+    fn test_choose_guest_a_sandbox_image_replaces_the_operator_disk_on_a_boot() {
+        let kernel = (super::super::guest::ENV_KERNEL, "/k");
+        let operator = (ENV_ROOT_DISK, "/images/plain.ext4");
+        let (source, disk) = choose(None, &[kernel, operator]).unwrap();
+        assert!(matches!(source, GuestSource::Boot { .. }), "{source:?}");
+        assert_eq!(disk, Some(PathBuf::from("/images/plain.ext4")));
+        let (_, disk) = choose(Some("/images/layered.ext4"), &[kernel, operator]).unwrap();
+        assert_eq!(disk, Some(PathBuf::from("/images/layered.ext4")));
+        // Without the operator's disk the initramfs is the root, unless the sandbox names one.
+        assert_eq!(choose(None, &[kernel]).unwrap().1, None);
+        assert_eq!(
+            choose(Some("/images/layered.ext4"), &[kernel]).unwrap().1,
+            Some(PathBuf::from("/images/layered.ext4"))
+        );
+    }
+
+    #[test]
+    fn test_choose_guest_forks_the_snapshot_only_for_the_image_it_was_made_on() {
+        let snapshot = (super::super::guest::ENV_SNAPSHOT, "/snap");
+        let operator = (ENV_ROOT_DISK, "/images/plain.ext4");
+        let kernel = (super::super::guest::ENV_KERNEL, "/k");
+        let fork = |disk| choose(disk, &[snapshot, operator, kernel]).unwrap();
+        for same in [None, Some("/images/plain.ext4")] {
+            let (source, disk) = fork(same);
+            assert_eq!(
+                source,
+                GuestSource::Snapshot {
+                    dir: "/snap".into()
+                }
+            );
+            assert_eq!(disk, Some(PathBuf::from("/images/plain.ext4")));
+        }
+        // Another image's guest boots the operator's kernel on that image's disk.
+        let (source, disk) = fork(Some("/images/layered.ext4"));
+        assert!(
+            matches!(&source, GuestSource::Boot { kernel, .. } if kernel == Path::new("/k")),
+            "{source:?}"
+        );
+        assert_eq!(disk, Some(PathBuf::from("/images/layered.ext4")));
+        // Without a kernel it is refused, naming the snapshot's disk and the missing setting.
+        let err = choose(Some("/images/layered.ext4"), &[snapshot, operator]).unwrap_err();
+        assert!(
+            err.contains("/images/plain.ext4") && err.contains(super::super::guest::ENV_KERNEL),
+            "{err}"
+        );
+        let err = choose(Some("/images/layered.ext4"), &[snapshot]).unwrap_err();
+        assert!(err.contains("initramfs"), "{err}");
+    }
+
+    #[test]
+    fn test_same_file_is_one_inode_not_one_spelling() {
+        let dir = std::env::temp_dir().join(format!("airlock-same-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let a = dir.join("a.ext4");
+        std::fs::write(&a, b"disk").unwrap();
+        std::fs::hard_link(&a, dir.join("b.ext4")).unwrap();
+        std::fs::write(dir.join("copy.ext4"), b"disk").unwrap();
+        assert!(same_file(&a, &dir.join("./b.ext4")));
+        assert!(!same_file(&a, &dir.join("copy.ext4")));
+        assert!(!same_file(&a, &dir.join("missing.ext4")));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -49,10 +49,16 @@ impl GuestSource {
     /// From the operator's settings (`get` reads one environment variable); `Err` says what
     /// is missing.
     pub fn from_vars(get: impl Fn(&str) -> Option<OsString>) -> Result<GuestSource, String> {
-        let path = |name: &str| get(name).filter(|v| !v.is_empty()).map(PathBuf::from);
-        if let Some(dir) = path(ENV_SNAPSHOT) {
+        if let Some(dir) = path_var(&get, ENV_SNAPSHOT) {
             return Ok(GuestSource::Snapshot { dir });
         }
+        GuestSource::boot_from_vars(get)
+    }
+
+    /// The operator's kernel to boot, whether or not a snapshot is set too (a sandbox whose
+    /// image is not the snapshot's boots).
+    pub fn boot_from_vars(get: impl Fn(&str) -> Option<OsString>) -> Result<GuestSource, String> {
+        let path = |name: &str| path_var(&get, name);
         let Some(kernel) = path(ENV_KERNEL) else {
             return Err(format!(
                 "no guest is configured: set {ENV_KERNEL} (a vmlinux with the PVH entry) and {ENV_INITRD} (an initramfs whose init is `airlock-agent --listen-vsock {AGENT_VSOCK_PORT}`), or {ENV_SNAPSHOT}"
@@ -93,6 +99,11 @@ impl GuestSource {
             GuestSource::Snapshot { dir } => vec![dir.join("state.json"), dir.join("memory")],
         }
     }
+}
+
+/// A path setting; an empty value is none.
+fn path_var(get: &impl Fn(&str) -> Option<OsString>, name: &str) -> Option<PathBuf> {
+    get(name).filter(|v| !v.is_empty()).map(PathBuf::from)
 }
 
 /// The guest's memory for a sandbox whose workload may use `memory_bytes` (its limit without

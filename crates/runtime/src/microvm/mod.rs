@@ -98,6 +98,9 @@ pub(crate) fn jail_config(config: &SandboxConfig) -> std::borrow::Cow<'_, Sandbo
     if config.tier == Tier::Microvm {
         let mut jail = config.clone();
         jail.tier = Tier::Process;
+        // The image is the guest's root disk, not the VMM's view; its env is in `env` already.
+        jail.image = None;
+        jail.root_disk = None;
         std::borrow::Cow::Owned(jail)
     } else {
         std::borrow::Cow::Borrowed(config)
@@ -120,6 +123,15 @@ pub fn vmm_plan(plan: &Plan, root: PathBuf, disks: Option<&disks::DiskPlan>) -> 
     // sandbox's limit (the guest's memory plus the reserve) is the whole of it.
     plan.cgroup.workload_memory_bytes = None;
     plan
+}
+
+/// The guest and root disk of a sandbox of `config` under the operator's settings.
+fn chosen_guest(config: &SandboxConfig) -> Result<(GuestSource, Option<PathBuf>), String> {
+    disks::choose_guest(
+        config.root_disk.as_deref(),
+        |name| std::env::var_os(name),
+        disks::same_file,
+    )
 }
 
 fn setup_error(message: String) -> JailError {
@@ -153,11 +165,16 @@ impl TierBackend for MicrovmTier {
                 "a host workspace cannot be shown to a guest yet".to_owned(),
             ));
         }
-        if config.rootfs.is_some() || config.image.is_some() {
-            return Err(unavailable(format!(
-                "the guest's root is the operator's image disk ({}) or its initramfs; a sandbox cannot choose a rootfs or image yet",
-                disks::ENV_ROOT_DISK
-            )));
+        if config.rootfs.is_some() {
+            return Err(unavailable(
+                "a guest's root is an image's disk or its initramfs, never a host directory (rootfs)"
+                    .to_owned(),
+            ));
+        }
+        if config.image.is_some() && config.root_disk.is_none() {
+            return Err(unavailable(
+                "the image has no root disk: a guest boots an image from its ext4 disk (the daemon makes it; `airlock image disk REF`)".to_owned(),
+            ));
         }
         if let Some(document) = &config.policy {
             let policy = airlock_policy::Policy::from_document(document).map_err(|e| {
@@ -171,8 +188,7 @@ impl TierBackend for MicrovmTier {
                 ));
             }
         }
-        let guest = GuestSource::from_env().map_err(unavailable)?;
-        let root_disk = disks::root_disk_from_vars(|name| std::env::var_os(name));
+        let (guest, root_disk) = chosen_guest(config).map_err(unavailable)?;
         for path in guest.required_paths().into_iter().chain(root_disk) {
             if !path.exists() {
                 return Err(unavailable(format!(
@@ -197,12 +213,13 @@ impl TierBackend for MicrovmTier {
 
     fn start_live(
         &self,
+        config: &SandboxConfig,
         plan: &Plan,
         options: &SpawnOptions,
         id: &str,
         agent: AgentSpec,
     ) -> Result<airlock_jail::live::Starting, JailError> {
-        let guest = GuestSource::from_env().map_err(setup_error)?;
+        let (guest, root_disk) = chosen_guest(config).map_err(setup_error)?;
         let memory_mib = guest::guest_memory_mib(
             plan.cgroup
                 .workload_memory_bytes
@@ -213,11 +230,7 @@ impl TierBackend for MicrovmTier {
         let sandbox_dir = agent.socket.parent().ok_or_else(|| {
             setup_error("the agent's socket names no sandbox directory".to_owned())
         })?;
-        let disks = disks::DiskPlan::new(
-            &guest,
-            disks::root_disk_from_vars(|name| std::env::var_os(name)),
-            sandbox_dir,
-        );
+        let disks = disks::DiskPlan::new(&guest, root_disk, sandbox_dir);
         if let Some(disks) = &disks {
             disks
                 .prepare(disks::host_owner(&plan.identity))

@@ -248,6 +248,15 @@ impl Daemon {
             .resolve_leased(digest, &image_holder(id))
             .map_err(|e| ApiError::from_chain(ErrorCode::Unprocessable, &e))?;
         let mut with_image = SandboxConfig::for_image(rootfs, &[]);
+        if config.tier == Tier::Microvm {
+            // The guest boots the image from its ext4 disk, made from the layers once per image.
+            let disk = self
+                .images
+                .root_disk(digest)
+                .map_err(|e| ApiError::from_chain(ErrorCode::Internal, &e))?;
+            with_image.tier = Tier::Microvm;
+            with_image.root_disk = Some(disk.path);
+        }
         with_image.env.append(&mut config.env);
         with_image.workspace = config.workspace.clone();
         with_image.resources = config.resources;
