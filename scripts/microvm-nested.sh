@@ -165,8 +165,8 @@ python3 scripts/initramfs.py "$l2" "$run/l2.cpio"
 
 # L1 (Debian's kernel): KVM for AMD, our VMM, L2's kernel and initramfs, and L2's disks: the
 # busybox test image's ext4 root disk, made by the image store from its OCI layout
-# (scripts/test-images.sh) as the microvm tier takes it, and the first boot's overlay disk
-# (L1 has no mke2fs). In L1's initramfs: L1 has no other way in.
+# (scripts/test-images.sh) as the microvm tier takes it, and the first boot's overlay disk.
+# In L1's initramfs: L1 has no other way in.
 l1="$run/l1"
 busybox_tree "$l1"
 layout=target/test-images/layouts/busybox
@@ -189,6 +189,12 @@ printf 'plain=%s\nlayered=%s\nplain_disk=%s\n' "$image" "$layered" "${plain_disk
 for module in virt/lib/irqbypass arch/x86/kvm/kvm drivers/crypto/ccp/ccp arch/x86/kvm/kvm-amd; do
     cp "$modules/$module.ko" "$l1/modules/"
 done
+# mke2fs and its libraries: the daemon makes a booted guest's fresh overlay disk with it.
+cp /sbin/mke2fs "$l1/bin/mke2fs"
+for lib in $(ldd /sbin/mke2fs | awk '$2 == "=>" {print $3} $1 ~ /^\/lib64\// {print $1}'); do
+    mkdir -p "$l1$(dirname "$lib")"
+    cp -L "$lib" "$l1$lib"
+done
 strip --strip-debug -o "$l1/bin/airlock-vmm" "$bin/airlock-vmm"
 strip --strip-debug -o "$l1/bin/airlock-jail" "$bin/airlock-jail"
 strip --strip-debug -o "$l1/bin/microvm-guest" "$driver"
@@ -203,7 +209,7 @@ if [ ! -e /.tmpfs-root ]; then
     # The initramfs root cannot be pivoted away from (the jail pivots): run from a tmpfs.
     mkdir /new-root
     mount -t tmpfs -o mode=0755 tmpfs /new-root
-    cp -a /bin /modules /vmlinux /l2.cpio /root.ext4 /overlay.img /daemon-images /images.env /init /new-root/
+    cp -a /bin /lib /lib64 /modules /vmlinux /l2.cpio /root.ext4 /overlay.img /daemon-images /images.env /init /new-root/
     mkdir /new-root/proc /new-root/sys /new-root/dev /new-root/tmp /new-root/run
     touch /new-root/.tmpfs-root
     exec switch_root /new-root /init
