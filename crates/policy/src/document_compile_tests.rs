@@ -251,9 +251,31 @@ fn test_explain_names_mechanisms_and_gaps_per_tier() {
         container.contains("nothing of the host is visible"),
         "{container}"
     );
+    // The microvm tier says what holds in a guest and what does not, rule by rule.
     let microvm = explain(&policy, Tier::Microvm, &config, &host());
-    assert!(microvm.contains("not available in this build"), "{microvm}");
-    assert!(microvm.contains("NOT ENFORCED: the microvm tier is not available"));
+    for says in [
+        "tier microvm: a Linux guest",
+        "nothing of the host is visible",
+        "NOT ENFORCED: the guest applies no path rules yet",
+        "NOT ENFORCED: inside the guest, commands keep",
+    ] {
+        assert!(microvm.contains(says), "missing `{says}` in:\n{microvm}");
+    }
+    assert!(!microvm.contains("Landlock grants"), "{microvm}");
+    let guest_rules = crate::document::Policy::from_yaml(
+        "g",
+        "version: 1\nprocess:\n  syscalls:\n    deny_extra: [ptrace]\nresources:\n  pids: 64\n  memory: 256MiB\nnetwork:\n  mode: proxy\n",
+    )
+    .unwrap();
+    let text = explain(&guest_rules, Tier::Microvm, &config, &host());
+    for says in [
+        "syscall rule ptrace\n      REFUSED at create",
+        "pids 64\n      the VMM's cgroup: pids.max\n      NOT ENFORCED: it counts the VMM's threads",
+        "memory 256MiB\n      the guest's memory size",
+        "mode proxy or full\n      REFUSED at create",
+    ] {
+        assert!(text.contains(says), "missing `{says}` in:\n{text}");
+    }
     let full =
         crate::document::Policy::from_yaml("f", "version: 1\nnetwork:\n  mode: full\n").unwrap();
     assert!(

@@ -48,12 +48,10 @@ pub fn explain(policy: &Policy, tier: Tier, config: &SandboxConfig, host: &HostF
         let _ = write!(out, " (extends {})", policy.profiles().join(", "));
     }
     let _ = writeln!(out);
-    let unavailable = !matches!(tier, Tier::Process | Tier::Container);
-    if unavailable {
+    if tier == Tier::Microvm {
         let _ = writeln!(
             out,
-            "tier {}: not available in this build; `airlock run` refuses it, so NOTHING below is enforced. The mechanisms are the ones planned for it.",
-            tier.as_str()
+            "tier microvm: a Linux guest of Airlock's VMM, which runs in the process tier's jail; the guest sees nothing of the host, and the VM is the boundary. Inside the guest there is no Landlock, seccomp filter or capability drop yet: rules that need them are marked NOT ENFORCED, and syscall rules are refused at create. `airlock run` refuses the tier (daemon and runtime sandboxes only)."
         );
     } else {
         let _ = writeln!(out, "tier {}", tier.as_str());
@@ -78,12 +76,7 @@ pub fn explain(policy: &Policy, tier: Tier, config: &SandboxConfig, host: &HostF
         let _ = writeln!(out, "\n{title}");
         for l in lines {
             let _ = writeln!(out, "  {}\n      {}", l.rule, l.mechanism);
-            let missing = if unavailable {
-                Some(format!("the {} tier is not available", tier.as_str()))
-            } else {
-                l.gap
-            };
-            if let Some(missing) = missing {
+            if let Some(missing) = l.gap {
                 let _ = writeln!(out, "      NOT ENFORCED: {missing}");
             }
         }
@@ -92,6 +85,9 @@ pub fn explain(policy: &Policy, tier: Tier, config: &SandboxConfig, host: &HostF
 }
 
 fn filesystem(policy: &Policy, tier: Tier, config: &SandboxConfig, host: &HostFacts) -> Vec<Line> {
+    if tier == Tier::Microvm {
+        return guest_filesystem(policy, config, host);
+    }
     let mut base = config.clone();
     base.policy = None;
     base.tier = Tier::Process;
@@ -184,13 +180,47 @@ fn filesystem(policy: &Policy, tier: Tier, config: &SandboxConfig, host: &HostFa
     lines
 }
 
+/// The microvm tier's filesystem: the guest's own disks; the host is not in it, and the
+/// guest applies no path rules yet.
+fn guest_filesystem(policy: &Policy, config: &SandboxConfig, host: &HostFacts) -> Vec<Line> {
+    let mut lines = vec![
+        line(
+            "/ (base)",
+            "the guest's root: its image's disk, read-only to the VMM and shared, under the sandbox's own overlay disk, where every write lands; nothing of the host is visible, so nothing needs a mask",
+        ),
+        line(
+            ":workspace rw, :tmp rw (base)",
+            "directories of the guest's root (on the overlay disk)",
+        ),
+    ];
+    let mut base = config.clone();
+    base.policy = None;
+    base.tier = Tier::Process;
+    let home = compile(&base, host)
+        .ok()
+        .as_ref()
+        .map_or_else(|| "/tmp".to_owned(), plan_home);
+    for effect in filesystem_effects(policy.document(), &home, false, &[]) {
+        lines.push(gap(
+            format!(
+                "{} {} -> {}",
+                effect.rule,
+                effect.access.as_str(),
+                effect.path
+            ),
+            "the path inside the guest (the host's is not there)",
+            "the guest applies no path rules yet (no Landlock or read-only binds inside it)",
+        ));
+    }
+    lines
+}
+
 fn process(policy: &Policy, tier: Tier) -> Vec<Line> {
+    if tier == Tier::Microvm {
+        return guest_process(policy);
+    }
     let doc = policy.document();
-    let filter = if tier == Tier::Microvm {
-        "seccomp in the guest (the KVM boundary is the outer layer)"
-    } else {
-        "the seccomp filter"
-    };
+    let filter = "the seccomp filter";
     let enforced = if tier == Tier::Container {
         "bounding set emptied (an image root under a root caller keeps its file capabilities \
          in its own user namespace), ids switched, no_new_privs; the built-in seccomp deny-list"
@@ -216,36 +246,101 @@ fn process(policy: &Policy, tier: Tier) -> Vec<Line> {
     lines
 }
 
+/// The microvm tier's processes: the guest's kernel runs them, unconfined inside it.
+fn guest_process(policy: &Policy) -> Vec<Line> {
+    let doc = policy.document();
+    let mut lines = vec![gap(
+        "capabilities, no_new_privs (base)",
+        "the VM: the guest's kernel is the sandbox's own; the VMM that runs it is confined by the process tier's jail and its own seccomp allow-list",
+        "inside the guest, commands keep what the guest's kernel gives them (no capability drop or seccomp deny-list there yet)",
+    )];
+    if let Some(user) = &doc.process.user {
+        lines.push(line(
+            format!("user {user}"),
+            "the VMM's jail runs as this user; the guest's agent starts commands as the user each request names",
+        ));
+    }
+    for name in doc
+        .process
+        .syscalls
+        .deny_extra
+        .iter()
+        .chain(&doc.process.syscalls.allow_extra)
+    {
+        lines.push(gap(
+            format!("syscall rule {name}"),
+            "REFUSED at create",
+            "the guest has no seccomp filter to carry it yet",
+        ));
+    }
+    lines
+}
+
 fn resources(policy: &Policy, tier: Tier) -> Vec<Line> {
     let r = &policy.document().resources;
-    let limit = if tier == Tier::Microvm {
-        "the VM's size and its VMM's cgroup"
-    } else {
-        "the sandbox's cgroup"
-    };
+    let guest = tier == Tier::Microvm;
     let mut lines = Vec::new();
-    let entries = [
+    let entries: [(&str, _, Line); 5] = [
         (
             "memory",
             &r.memory,
-            format!("{limit}: memory limit, no swap"),
+            if guest {
+                line(
+                    "",
+                    "the guest's memory size; the VMM's cgroup holds it and Airlock's reserve, no swap",
+                )
+            } else {
+                line("", "the sandbox's cgroup: memory limit, no swap")
+            },
         ),
-        ("pids", &r.pids, format!("{limit}: pids.max")),
-        ("cpus", &r.cpus, format!("{limit}: CPU bandwidth")),
+        (
+            "pids",
+            &r.pids,
+            if guest {
+                gap(
+                    "",
+                    "the VMM's cgroup: pids.max",
+                    "it counts the VMM's threads: the guest's processes have no limit yet",
+                )
+            } else {
+                line("", "the sandbox's cgroup: pids.max")
+            },
+        ),
+        (
+            "cpus",
+            &r.cpus,
+            if guest {
+                line("", "the VMM's cgroup: CPU bandwidth over its vCPU")
+            } else {
+                line("", "the sandbox's cgroup: CPU bandwidth")
+            },
+        ),
         (
             "disk",
             &r.disk,
-            "tmpfs sizes of /tmp and a fresh /workspace, and RLIMIT_FSIZE".to_owned(),
+            if guest {
+                gap(
+                    "",
+                    "the guest's overlay disk",
+                    "its size is Airlock's fixed 1 GiB (sparse), not this",
+                )
+            } else {
+                line(
+                    "",
+                    "tmpfs sizes of /tmp and a fresh /workspace, and RLIMIT_FSIZE",
+                )
+            },
         ),
         (
             "timeout",
             &r.timeout,
-            "the supervisor's deadline: the whole sandbox is killed".to_owned(),
+            line("", "the supervisor's deadline: the whole sandbox is killed"),
         ),
     ];
-    for (name, value, mechanism) in entries {
+    for (name, value, mut explained) in entries {
         if let Some(value) = value {
-            lines.push(line(format!("{name} {}", value.0), mechanism));
+            explained.rule = format!("{name} {}", value.0);
+            lines.push(explained);
         }
     }
     if lines.is_empty() {
@@ -261,9 +356,18 @@ fn network(policy: &Policy, tier: Tier) -> Vec<Line> {
     let doc = policy.document();
     let mut lines = Vec::new();
     match doc.network.mode.unwrap_or(NetworkMode::None) {
+        NetworkMode::None if tier == Tier::Microvm => lines.push(line(
+            "mode none",
+            "the guest has no network device: its one channel is the vsock to its agent",
+        )),
         NetworkMode::None => {
             lines.push(line("mode none", "a network namespace with loopback only"))
         }
+        NetworkMode::Proxy | NetworkMode::Full if tier == Tier::Microvm => lines.push(gap(
+            "mode proxy or full",
+            "REFUSED at create",
+            "the guest has no network yet (egress over vsock is not built)",
+        )),
         NetworkMode::Full if tier == Tier::Process => lines.push(gap(
             "mode full",
             "REFUSED at start",

@@ -180,6 +180,17 @@ impl TierBackend for MicrovmTier {
             let policy = airlock_policy::Policy::from_document(document).map_err(|e| {
                 RuntimeError::Compile(airlock_policy::CompileError::InvalidPolicy(e))
             })?;
+            let syscalls = &policy.document().process.syscalls;
+            if let Some(name) = syscalls
+                .deny_extra
+                .iter()
+                .chain(&syscalls.allow_extra)
+                .next()
+            {
+                return Err(unavailable(format!(
+                    "the policy's syscall rule `{name}` cannot be enforced: the guest has no seccomp filter yet (`airlock policy explain --tier microvm` lists what holds there)"
+                )));
+            }
             if airlock_policy::egress_plan(&policy).mode
                 != airlock_policy::egress::NetworkMode::None
             {

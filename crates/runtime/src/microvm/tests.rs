@@ -116,6 +116,26 @@ fn test_microvm_check_refuses_what_a_guest_cannot_have_yet() {
     };
     let err = MicrovmTier.check(&config).unwrap_err().to_string();
     assert!(err.contains("host workspace"), "{err}");
+    // A syscall rule would need a filter in the guest: refused, naming the rule.
+    let mut config = SandboxConfig::new(Vec::new());
+    config.tier = Tier::Microvm;
+    let policy = airlock_policy::Policy::from_yaml(
+        "p",
+        "version: 1\nprocess:\n  syscalls:\n    deny_extra: [ptrace]\n",
+    )
+    .unwrap();
+    config.policy = Some(Box::new(policy.document().clone()));
+    let err = MicrovmTier.check(&config).unwrap_err().to_string();
+    assert!(
+        err.contains("`ptrace`") && err.contains("no seccomp filter"),
+        "{err}"
+    );
+    // A host directory as the root is refused too.
+    let mut config = SandboxConfig::new(Vec::new());
+    config.tier = Tier::Microvm;
+    config.rootfs = Some("/srv/root".into());
+    let err = MicrovmTier.check(&config).unwrap_err().to_string();
+    assert!(err.contains("rootfs"), "{err}");
 }
 
 #[test]
