@@ -21,6 +21,12 @@
 //!   snapshot, which a restore (or a copy per fork) is given back with `--disk`.
 //!   Without `--snapshot` the VMM's allow-list is installed (on all threads) before the guest
 //!   first runs;
+//!   `--save-memory FILE --save-state FILE` (both existing files; in `linux` and `restore`)
+//!   is how a jailed VMM snapshots: the two are opened and the memory file sized before the
+//!   allow-list, and SIGUSR1 then pauses the guest, writes its memory (zero pages as holes)
+//!   and its state into them with positioned writes, and exits 0. The caller names them
+//!   `memory` and `state.json` (and keeps the disks: the VMM has ended, so they are the
+//!   snapshot's as they are);
 //!   `--disk PATH[:ro][:id=SERIAL]` (repeatable) adds a virtio-blk device on that raw disk
 //!   file, after the entropy and vsock devices, in order (the guest's `/dev/vda`, `vdb`, ...;
 //!   its serial, `airlock-disk-N` by default, in `/sys/block/vdX/serial`);
@@ -71,6 +77,18 @@ struct Args {
     vsock_port: Option<u32>,
     guest_cid: u64,
     disks: Vec<DiskSpec>,
+    save_memory: Option<PathBuf>,
+    save_state: Option<PathBuf>,
+}
+
+/// Where SIGUSR1's snapshot goes, if anywhere.
+enum Save<'a> {
+    /// No snapshot: SIGUSR1 is not handled, the allow-list is installed.
+    Never,
+    /// Created in this directory, so without the allow-list (the template and the rig).
+    Dir(&'a std::path::Path),
+    /// Into files opened before the allow-list, which is installed.
+    Files(snapshot::SaveFiles),
 }
 
 fn parse() -> anyhow::Result<Args> {
@@ -95,6 +113,8 @@ fn parse() -> anyhow::Result<Args> {
         vsock_port: None,
         guest_cid: 3,
         disks: Vec::new(),
+        save_memory: None,
+        save_state: None,
     };
     while let Some(flag) = args.next() {
         if flag == "--cmdline-devices" {
@@ -123,6 +143,8 @@ fn parse() -> anyhow::Result<Args> {
                 parsed.vsock_listen_fd = Some(value.parse().context("--vsock-listen-fd")?);
             }
             "--vsock-port" => parsed.vsock_port = Some(value.parse().context("--vsock-port")?),
+            "--save-memory" => parsed.save_memory = Some(PathBuf::from(value)),
+            "--save-state" => parsed.save_state = Some(PathBuf::from(value)),
             other => bail!("unknown flag {other}"),
         }
     }
@@ -134,6 +156,15 @@ fn parse() -> anyhow::Result<Args> {
         && parsed.vsock_listen_fd.is_none()
     {
         bail!("--vsock-port needs --vsock-socket or --vsock-listen-fd");
+    }
+    if parsed.save_memory.is_some() != parsed.save_state.is_some() {
+        bail!("give --save-memory and --save-state together");
+    }
+    if parsed.save_memory.is_some()
+        && parsed.mode == "linux"
+        && !parsed.snapshot.as_os_str().is_empty()
+    {
+        bail!("give --snapshot DIR or --save-memory/--save-state, not both");
     }
     if parsed.mode == "linux" {
         if parsed.kernel.is_none() {
@@ -220,33 +251,53 @@ fn vsock_listener(args: &Args) -> anyhow::Result<Option<HostListener>> {
     }))
 }
 
-/// Runs a Linux guest until it ends, or (with `--snapshot`) until SIGUSR1, then snapshots it.
-/// The vsock host thread is started with SIGUSR1 blocked, so the signal interrupts the vCPU.
-fn run_guest(
-    mut vm: Vm,
-    listener: Option<HostListener>,
-    snapshot_dir: Option<&std::path::Path>,
-) -> anyhow::Result<bool> {
+/// The snapshot files of `--save-memory`/`--save-state`, opened now (before the allow-list)
+/// for a guest of `memory_bytes`.
+fn save_files(args: &Args, memory_bytes: u64) -> anyhow::Result<Option<snapshot::SaveFiles>> {
+    match (&args.save_memory, &args.save_state) {
+        (Some(memory), Some(state)) => Ok(Some(snapshot::SaveFiles::open(
+            memory,
+            state,
+            memory_bytes,
+        )?)),
+        _ => Ok(None),
+    }
+}
+
+/// Runs a Linux guest until it ends, or (with a place to save to) until SIGUSR1, then
+/// snapshots it; true when it did. The vsock host thread is started with SIGUSR1 blocked, so
+/// the signal interrupts the vCPU.
+fn run_guest(mut vm: Vm, listener: Option<HostListener>, save: Save<'_>) -> anyhow::Result<bool> {
     vm.console().echo_to_stdout();
-    if snapshot_dir.is_some() {
+    if !matches!(save, Save::Never) {
         airlock_vmm::pause::install_sigusr1()?;
     }
     if listener.is_some() {
         airlock_vmm::pause::spawn_without_sigusr1(|| vm.start_vsock_host(listener))??;
     }
-    // The allow-list, on the vsock thread too; not with a snapshot to write at the end,
-    // which creates files (the guest is then confined by KVM alone, the VMM by the caller).
-    if snapshot_dir.is_none() {
+    // The allow-list, on the vsock thread too; not with a snapshot directory to create at
+    // the end (the guest is then confined by KVM alone, the VMM by the caller).
+    if !matches!(save, Save::Dir(_)) {
         seccomp::install_all_threads()?;
     }
     let exit = vm.run(None)?;
     eprintln!("airlock-vmm: the guest ended: {exit:?}");
-    if let (VmExit::Paused, Some(dir)) = (exit, snapshot_dir) {
-        snapshot::save(&mut vm, dir)?;
-        eprintln!("airlock-vmm: snapshot written to {}", dir.display());
-        return Ok(true);
+    if exit != VmExit::Paused {
+        return Ok(false);
     }
-    Ok(false)
+    match save {
+        Save::Never => Ok(false),
+        Save::Dir(dir) => {
+            snapshot::save(&mut vm, dir)?;
+            eprintln!("airlock-vmm: snapshot written to {}", dir.display());
+            Ok(true)
+        }
+        Save::Files(files) => {
+            let written = snapshot::save_to(&mut vm, &files)?;
+            eprintln!("airlock-vmm: snapshot written ({written} bytes of memory)");
+            Ok(true)
+        }
+    }
 }
 
 fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
@@ -274,7 +325,12 @@ fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
     let vm = Vm::boot_linux(vmm, shell, &boot, devices)?;
     eprintln!("airlock-vmm: booting {}", boot.kernel.display());
     let snapshot_dir = (!args.snapshot.as_os_str().is_empty()).then_some(args.snapshot.as_path());
-    if run_guest(vm, listener, snapshot_dir)? {
+    let save = match (snapshot_dir, save_files(args, args.memory_mib << 20)?) {
+        (Some(dir), _) => Save::Dir(dir),
+        (None, Some(files)) => Save::Files(files),
+        (None, None) => Save::Never,
+    };
+    if run_guest(vm, listener, save)? {
         // The writable disks as the paused guest left them belong to the snapshot.
         for (index, spec) in args.disks.iter().enumerate() {
             let (Some(dir), false) = (snapshot_dir, spec.read_only) else {
@@ -298,8 +354,9 @@ fn run_restore(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
         .map(|spec| Disk::open(&spec.path, spec.read_only))
         .collect::<Result<Vec<_>, _>>()?;
     vm.attach_disks(disks)?;
+    let save = save_files(args, template.state.memory_bytes)?.map_or(Save::Never, Save::Files);
     eprintln!("airlock-vmm: restored {}", args.snapshot.display());
-    run_guest(vm, listener, None).map(|_| ())
+    run_guest(vm, listener, save).map(|_| ())
 }
 
 fn main() -> ExitCode {

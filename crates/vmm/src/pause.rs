@@ -4,6 +4,9 @@
 
 use std::sync::atomic::Ordering;
 
+/// The signal that makes a VMM given somewhere to save pause and snapshot its guest.
+pub const SNAPSHOT_SIGNAL: libc::c_int = libc::SIGUSR1;
+
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
 pub enum PauseError {

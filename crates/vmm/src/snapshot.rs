@@ -1,9 +1,13 @@
 //! Snapshots on disk: `state.json` (vCPU, interrupt controllers, PIT, clock and device
-//! state) and `memory` (the guest's RAM, byte for byte). Restoring maps `memory`
-//! `MAP_PRIVATE`, so any number of forks share its page cache and none writes to it.
+//! state) and `memory` (the guest's RAM, byte for byte, its zero pages left as holes).
+//! Restoring maps `memory` `MAP_PRIVATE`, so any number of forks share its page cache and
+//! none writes to it.
+//!
+//! A VMM under its allow-list cannot create files: [`SaveFiles`] are opened before it, and
+//! [`save_to`] writes into them with positioned writes only; the caller (the runtime, on the
+//! host) names them `memory` and `state.json` once the VMM has exited.
 
 use std::fs::File;
-use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -21,8 +25,10 @@ use crate::vm::{Vm, VmError};
 /// Bumped whenever [`VmState`] changes shape; a snapshot of another version is refused.
 pub const FORMAT_VERSION: u32 = 1;
 
-const STATE_FILE: &str = "state.json";
-const MEMORY_FILE: &str = "memory";
+pub const STATE_FILE: &str = "state.json";
+pub const MEMORY_FILE: &str = "memory";
+/// The granularity of the holes in a memory file.
+const PAGE_BYTES: usize = 4096;
 
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +61,12 @@ pub enum SnapshotError {
     },
     #[error("the snapshot has format version {found}, this VMM reads {FORMAT_VERSION}")]
     Version { found: u32 },
+    #[error("reading guest memory at {address:#x} failed")]
+    ReadMemory {
+        address: u64,
+        #[source]
+        source: vm_memory::GuestMemoryError,
+    },
 }
 
 /// A VM's state without its memory.
@@ -82,34 +94,140 @@ pub struct Snapshot {
 /// Writes a paused VM's snapshot into `dir` (created if missing). The state file is written
 /// last and renamed into place, so a half-written snapshot is never read as whole.
 pub fn save(vm: &mut Vm, dir: &Path) -> Result<(), SnapshotError> {
-    let state = vm.save_state().map_err(SnapshotError::Save)?;
     let write_err = |path: &Path| {
         let path = path.display().to_string();
         move |source| SnapshotError::Write { path, source }
     };
     std::fs::create_dir_all(dir).map_err(write_err(dir))?;
     let memory_path = dir.join(MEMORY_FILE);
-    let mut memory = File::create(&memory_path).map_err(write_err(&memory_path))?;
-    let size = usize::try_from(state.memory_bytes).unwrap_or(usize::MAX);
-    vm.ram()
-        .memory
-        .write_all_volatile_to(GuestAddress(0), &mut memory, size)
-        .map_err(|source| SnapshotError::WriteMemory {
-            path: memory_path.display().to_string(),
-            source,
-        })?;
-    memory.sync_all().map_err(write_err(&memory_path))?;
-    let state_path = dir.join(STATE_FILE);
+    File::create(&memory_path).map_err(write_err(&memory_path))?;
     let partial = dir.join("state.json.partial");
-    let json = serde_json::to_vec(&state).map_err(|source| SnapshotError::Parse {
-        path: partial.display().to_string(),
-        source,
-    })?;
-    let mut file = File::create(&partial).map_err(write_err(&partial))?;
-    file.write_all(&json).map_err(write_err(&partial))?;
-    file.sync_all().map_err(write_err(&partial))?;
+    File::create(&partial).map_err(write_err(&partial))?;
+    let files = SaveFiles::open(&memory_path, &partial, vm.ram().size_bytes)?;
+    save_to(vm, &files)?;
+    let state_path = dir.join(STATE_FILE);
     std::fs::rename(&partial, &state_path).map_err(write_err(&state_path))?;
     Ok(())
+}
+
+/// A snapshot's memory and state files, opened (and the memory file sized, all holes) before
+/// the VMM's allow-list, which allows no open.
+#[derive(Debug)]
+pub struct SaveFiles {
+    memory: File,
+    memory_path: String,
+    state: File,
+    state_path: String,
+}
+
+impl SaveFiles {
+    /// Opens two existing files for writing, emptied; `memory_bytes`: the guest's RAM.
+    pub fn open(
+        memory: &Path,
+        state: &Path,
+        memory_bytes: u64,
+    ) -> Result<SaveFiles, SnapshotError> {
+        let open = |path: &Path| {
+            let err = |source| SnapshotError::Write {
+                path: path.display().to_string(),
+                source,
+            };
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(err)?;
+            file.set_len(0).map_err(err)?;
+            Ok::<File, SnapshotError>(file)
+        };
+        let files = SaveFiles {
+            memory: open(memory)?,
+            memory_path: memory.display().to_string(),
+            state: open(state)?,
+            state_path: state.display().to_string(),
+        };
+        files
+            .memory
+            .set_len(memory_bytes)
+            .map_err(|source| SnapshotError::Write {
+                path: files.memory_path.clone(),
+                source,
+            })?;
+        Ok(files)
+    }
+}
+
+/// Writes a paused VM's snapshot into `files` with positioned writes and `fdatasync` alone
+/// (what the allow-list has): the memory's non-zero pages, then the state. Returns the
+/// memory bytes written.
+pub fn save_to(vm: &mut Vm, files: &SaveFiles) -> Result<u64, SnapshotError> {
+    let state = vm.save_state().map_err(SnapshotError::Save)?;
+    let written = write_sparse(&vm.ram().memory, state.memory_bytes, &files.memory).map_err(
+        |err| match err {
+            SnapshotError::Write { source, .. } => SnapshotError::Write {
+                path: files.memory_path.clone(),
+                source,
+            },
+            other => other,
+        },
+    )?;
+    let write_err = |source| SnapshotError::Write {
+        path: files.state_path.clone(),
+        source,
+    };
+    files.memory.sync_data().map_err(write_err)?;
+    let json = serde_json::to_vec(&state).map_err(|source| SnapshotError::Parse {
+        path: files.state_path.clone(),
+        source,
+    })?;
+    files.state.write_all_at(&json, 0).map_err(write_err)?;
+    files.state.sync_data().map_err(write_err)?;
+    Ok(written)
+}
+
+/// Copies `len` bytes of guest memory into `file` (sized, all holes), skipping the pages that
+/// are all zeros, so a guest's untouched memory costs the host no disk. Returns the bytes
+/// written.
+fn write_sparse(
+    memory: &vm_memory::GuestMemoryMmap,
+    len: u64,
+    file: &File,
+) -> Result<u64, SnapshotError> {
+    let write_err = |source| SnapshotError::Write {
+        path: String::new(),
+        source,
+    };
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut written = 0u64;
+    let mut at = 0u64;
+    while at < len {
+        let n = usize::try_from(len - at).map_or(buffer.len(), |n| n.min(buffer.len()));
+        let chunk = &mut buffer[..n];
+        memory
+            .read_slice(chunk, GuestAddress(at))
+            .map_err(|source| SnapshotError::ReadMemory {
+                address: at,
+                source,
+            })?;
+        // Runs of non-zero pages, each one positioned write.
+        let mut page = 0;
+        while page < n {
+            let zero = |p: usize| chunk[p..(p + PAGE_BYTES).min(n)].iter().all(|b| *b == 0);
+            if zero(page) {
+                page += PAGE_BYTES;
+                continue;
+            }
+            let start = page;
+            while page < n && !zero(page) {
+                page += PAGE_BYTES;
+            }
+            let end = page.min(n);
+            file.write_all_at(&chunk[start..end], at + start as u64)
+                .map_err(write_err)?;
+            written += (end - start) as u64;
+        }
+        at += n as u64;
+    }
+    Ok(written)
 }
 
 /// Reads the snapshot in `dir`.
@@ -212,6 +330,34 @@ mod tests {
     use std::os::unix::fs::MetadataExt;
 
     use super::*;
+
+    #[test]
+    fn test_write_sparse_keeps_every_byte_and_leaves_zero_pages_as_holes() {
+        let len = 64u64 << 20;
+        let memory =
+            vm_memory::GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), len as usize)])
+                .unwrap();
+        memory.write_slice(b"boot", GuestAddress(0x1000)).unwrap();
+        memory.write_slice(b"heap", GuestAddress(40 << 20)).unwrap();
+        memory.write_slice(b"last", GuestAddress(len - 4)).unwrap();
+        let dir = std::env::temp_dir().join(format!("airlock-sparse-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (path, state) = (dir.join("memory"), dir.join("state"));
+        File::create(&path).unwrap();
+        File::create(&state).unwrap();
+        let files = SaveFiles::open(&path, &state, len).unwrap();
+        let written = write_sparse(&memory, len, &files.memory).unwrap();
+        assert_eq!(written, 3 * PAGE_BYTES as u64);
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes.len() as u64, len);
+        assert_eq!(&bytes[0x1000..0x1004], b"boot");
+        assert_eq!(&bytes[40 << 20..(40 << 20) + 4], b"heap");
+        assert_eq!(&bytes[bytes.len() - 4..], b"last");
+        assert_eq!(bytes.iter().filter(|b| **b != 0).count(), 12);
+        let allocated = std::fs::metadata(&path).unwrap().blocks() * 512;
+        assert!(allocated < 1 << 20, "{allocated} bytes allocated");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn test_copy_disk_keeps_content_and_holes() {
