@@ -300,7 +300,13 @@ fn check_vmm_jail(record: &LiveSandbox) {
     assert_eq!(list("/run/airlock"), ["agent", "vm"]);
     assert_eq!(
         list("/run/airlock/vm"),
-        [OVERLAY_FILE, "root.ext4", "snapshot"]
+        [
+            OVERLAY_FILE,
+            "root.ext4",
+            "save-memory",
+            "save-state",
+            "snapshot"
+        ]
     );
     let kvm = std::fs::read_dir(format!("/proc/{pid}/root/dev"))
         .unwrap()

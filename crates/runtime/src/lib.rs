@@ -80,6 +80,8 @@ pub enum RuntimeError {
     LayerMissing(PathBuf),
     #[error("no host id range for the sandbox")]
     IdRange(#[from] IdRangeError),
+    #[error("the microVM could not be paused to disk or copied")]
+    VmPersist(#[from] microvm::persist::PersistError),
 }
 
 /// One runtime per process: it knows where its helper is and what the host supports.

@@ -128,6 +128,9 @@ impl LiveSandbox {
 }
 
 const AGENT_SOCKET: &str = "agent.sock";
+/// A guard against a VMM that never ends after a snapshot request, not a performance bound:
+/// under nested emulation writing a guest's memory takes a while.
+const VM_SAVE_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
 const AGENT_LOG: &str = "agent.log";
 
 /// What a long-lived sandbox's memory limit holds beyond the workload's own: the agent, which
@@ -273,6 +276,12 @@ impl Runtime {
             AGENT_LISTEN_FD.to_string(),
         ];
         config.timeout_ms = None;
+        if backend.tier() == airlock_api::Tier::Microvm {
+            // Given to the guest's agent at every resume: a fork's processes see their own id.
+            let name = crate::microvm::ready::ENV_SANDBOX_ID;
+            config.env.retain(|(key, _)| key != name);
+            config.env.push((name.to_owned(), spec.id.clone()));
+        }
         backend.check(&config)?;
         let mut plan =
             airlock_policy::compile(&crate::microvm::jail_config(&config), &self.facts())?;
@@ -410,6 +419,20 @@ impl Runtime {
         // Once the sandbox runs again, so that the first create from the snapshot finds its
         // clone made. Only a speed-up: without it a create clones the snapshot itself.
         let _ = storage.prepare_spare(snapshot);
+        Ok(())
+    }
+
+    /// Pauses a running microvm sandbox to disk: its VMM snapshots the guest into the
+    /// sandbox's directory and ends (see [`crate::microvm::persist`]); [`Runtime::stop`] then
+    /// removes the rest, and the next [`Runtime::create_live`] in the same directory restores
+    /// it. A frozen sandbox is thawed first (the VMM must run to write its snapshot).
+    pub fn pause_vm(&self, record: &LiveSandbox) -> Result<(), RuntimeError> {
+        if record.is_frozen() {
+            record.thaw().map_err(RuntimeError::Freeze)?;
+        }
+        crate::microvm::persist::pause_to_disk(&record.dir, &record.pids(), VM_SAVE_LIMIT, || {
+            record.agent_log(2048).unwrap_or_default()
+        })?;
         Ok(())
     }
 

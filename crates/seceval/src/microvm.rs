@@ -24,8 +24,17 @@ const PROBE_IN_GUEST: &str = "/tmp/airlock-probe";
 const MEMORY_BYTES: u64 = 512 << 20;
 /// `via: vmm` cases are named by this and their check.
 const VMM_CASE_PREFIX: &str = "tier.microvm-vmm-";
-/// What the VMM's view may hold under `/run/airlock/vm` (`microvm::guest`, `microvm::disks`).
-const VMM_FILES: &[&str] = &["kernel", "initrd", "snapshot", "root.ext4", "overlay.img"];
+/// What the VMM's view may hold under `/run/airlock/vm` (`microvm::guest`, `microvm::disks`,
+/// and the two files `microvm::persist` has it write a snapshot into).
+const VMM_FILES: &[&str] = &[
+    "kernel",
+    "initrd",
+    "snapshot",
+    "root.ext4",
+    "overlay.img",
+    "save-memory",
+    "save-state",
+];
 
 const NOT_ON_TIER: &str = "runs `airlock run` in the process tier's jail on the host; the microvm tier runs long-lived guests only";
 

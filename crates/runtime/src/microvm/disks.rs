@@ -42,6 +42,8 @@ pub enum DiskError {
     NoRootDisk(PathBuf),
     #[error("the snapshot has no overlay disk `{0}` (it was booted without a root disk?)")]
     NoSnapshotOverlay(PathBuf),
+    #[error("the paused VM's overlay disk `{0}` is missing")]
+    NoKeptOverlay(PathBuf),
     #[error("making the sandbox's overlay disk `{path}`")]
     Fresh {
         path: PathBuf,
@@ -69,6 +71,9 @@ pub enum OverlayStart {
     Fresh { size_bytes: u64 },
     /// A copy of a snapshot's overlay disk (the guest's memory expects its contents).
     Copy { from: PathBuf },
+    /// The sandbox's own, already there: a VM paused to disk, or a fork's copy
+    /// ([`super::persist`]).
+    Keep,
 }
 
 /// A sandbox's two disks, host paths.
@@ -147,6 +152,11 @@ impl DiskPlan {
                     source,
                 })?;
             }
+            OverlayStart::Keep if !path.is_file() => {
+                return Err(DiskError::NoKeptOverlay(path.clone()));
+            }
+            // Given to this start's user below: a resumed sandbox may have another id range.
+            OverlayStart::Keep => {}
         }
         let own = |source| DiskError::Own {
             path: path.clone(),
@@ -410,6 +420,13 @@ mod tests {
         let err = no_copy.prepare((0, 0)).unwrap_err();
         assert!(err.to_string().contains("disk-1.img"), "{err}");
         assert!(!dir.join(OVERLAY_FILE).exists());
+        // A paused VM's own overlay disk must still be there.
+        let kept = DiskPlan {
+            start: OverlayStart::Keep,
+            ..no_copy.clone()
+        };
+        let err = kept.prepare((0, 0)).unwrap_err();
+        assert!(matches!(err, DiskError::NoKeptOverlay(_)), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

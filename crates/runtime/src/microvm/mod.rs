@@ -16,10 +16,15 @@
 //! filesystem is that image under the sandbox's own overlay disk ([`disks`]). Before a
 //! sandbox is handed over, its agent has answered and taken the sandbox's environment with
 //! fresh host entropy ([`ready`]).
+//!
+//! Every VMM is started able to snapshot its guest on request, and a sandbox whose directory
+//! holds a VM paused to disk is restored from it, not booted ([`persist`]): how the daemon
+//! pauses to disk, resumes, snapshots and forks a microvm sandbox.
 
 pub mod answer;
 pub mod disks;
 pub mod guest;
+pub mod persist;
 pub mod ready;
 
 use std::path::{Path, PathBuf};
@@ -134,6 +139,22 @@ fn chosen_guest(config: &SandboxConfig) -> Result<(GuestSource, Option<PathBuf>)
     )
 }
 
+/// The guest and root disk of a sandbox starting in `sandbox_dir`, and whether the guest is
+/// that directory's own: a VM paused to disk there (or a fork's copy of a snapshot) is
+/// restored on `paused_disk` (the root disk it was made on), with its own overlay disk;
+/// otherwise the guest `chosen` under the operator's settings.
+pub fn guest_for(
+    sandbox_dir: &Path,
+    paused_disk: Option<PathBuf>,
+    chosen: impl FnOnce() -> Result<(GuestSource, Option<PathBuf>), String>,
+) -> Result<(GuestSource, Option<PathBuf>, bool), String> {
+    if persist::is_paused(sandbox_dir) {
+        let dir = persist::paused_dir(sandbox_dir);
+        return Ok((GuestSource::Snapshot { dir }, paused_disk, true));
+    }
+    chosen().map(|(guest, disk)| (guest, disk, false))
+}
+
 fn setup_error(message: String) -> JailError {
     JailError::Setup {
         code: airlock_jail::helper::SETUP_FAILED,
@@ -230,7 +251,15 @@ impl TierBackend for MicrovmTier {
         id: &str,
         agent: AgentSpec,
     ) -> Result<airlock_jail::live::Starting, JailError> {
-        let (guest, root_disk) = chosen_guest(config).map_err(setup_error)?;
+        let sandbox_dir = agent.socket.parent().ok_or_else(|| {
+            setup_error("the agent's socket names no sandbox directory".to_owned())
+        })?;
+        let paused_disk = config
+            .root_disk
+            .clone()
+            .or_else(|| disks::root_disk_from_vars(&|name| std::env::var_os(name)));
+        let (guest, root_disk, paused) =
+            guest_for(sandbox_dir, paused_disk, || chosen_guest(config)).map_err(setup_error)?;
         let memory_mib = guest::guest_memory_mib(
             plan.cgroup
                 .workload_memory_bytes
@@ -238,21 +267,25 @@ impl TierBackend for MicrovmTier {
         );
         let root = empty_root()
             .map_err(|e| setup_error(format!("preparing the VMM's empty root: {e}")))?;
-        let sandbox_dir = agent.socket.parent().ok_or_else(|| {
-            setup_error("the agent's socket names no sandbox directory".to_owned())
-        })?;
-        let disks = disks::DiskPlan::new(&guest, root_disk, sandbox_dir);
+        let mut disks = disks::DiskPlan::new(&guest, root_disk, sandbox_dir);
+        if let Some(disks) = disks.as_mut().filter(|_| paused) {
+            disks.start = disks::OverlayStart::Keep;
+        }
+        let owner = disks::host_owner(&plan.identity);
         if let Some(disks) = &disks {
             disks
-                .prepare(disks::host_owner(&plan.identity))
+                .prepare(owner)
                 .map_err(|e| setup_error(crate::error_chain(&e)))?;
         }
-        let plan = vmm_plan(plan, root, disks.as_ref());
+        let mut plan = vmm_plan(plan, root, disks.as_ref());
         let socket = agent.socket.clone();
         let mut vmm = guest::vmm_spec(&guest, memory_mib);
         if let Some(disks) = &disks {
             disks.add_to(&mut vmm);
         }
+        let save = persist::prepare_save(sandbox_dir, owner, &mut vmm)
+            .map_err(|e| setup_error(crate::error_chain(&e)))?;
+        plan.landlock.write_files.extend(save);
         let agent = AgentSpec {
             binary: find_vmm(&options.helper),
             vmm: Some(vmm),

@@ -26,6 +26,9 @@ pub enum ReadyError {
     Resume(String),
 }
 
+/// The sandbox's id, in the environment the agent is given at each resume (a fork's own).
+pub const ENV_SANDBOX_ID: &str = "AIRLOCK_SANDBOX_ID";
+
 /// Per-attempt socket timeout: a guest under emulation answers slowly.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 const RETRY_PAUSE: Duration = Duration::from_millis(200);

@@ -168,3 +168,42 @@ fn test_one_shot_runs_are_refused_with_the_reason() {
     let err = MicrovmTier.start(&plan, &options).unwrap_err().to_string();
     assert!(err.contains("long-lived sandboxes only"), "{err}");
 }
+
+#[test]
+fn test_a_sandbox_directory_holding_a_paused_vm_restores_it_instead_of_the_operators_guest() {
+    let dir = std::env::temp_dir().join(format!("airlock-guest-for-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("paused")).unwrap();
+    let disk = Some(PathBuf::from("/images/root.ext4"));
+    let operator = || {
+        Ok((
+            GuestSource::Snapshot {
+                dir: "/operator/snapshot".into(),
+            },
+            None,
+        ))
+    };
+    // Half-made (no state): not a paused VM.
+    std::fs::write(dir.join("paused/memory"), b"").unwrap();
+    let (guest, root, own) = guest_for(&dir, disk.clone(), operator).unwrap();
+    assert!(!own);
+    assert_eq!(root, None);
+    assert_eq!(
+        guest,
+        GuestSource::Snapshot {
+            dir: "/operator/snapshot".into()
+        }
+    );
+    std::fs::write(dir.join("paused/state.json"), b"{}").unwrap();
+    let (guest, root, own) =
+        guest_for(&dir, disk.clone(), || Err("no operator guest".to_owned())).unwrap();
+    assert!(own);
+    assert_eq!(root, disk);
+    assert_eq!(
+        guest,
+        GuestSource::Snapshot {
+            dir: dir.join("paused")
+        }
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
