@@ -36,6 +36,7 @@ mod pool;
 mod ready;
 mod recover;
 mod scratch;
+mod vm_persist;
 mod wasm;
 mod wasm_tools;
 pub use wasm_tools::{META_TOOLS, tools_from_metadata};
@@ -509,6 +510,19 @@ impl Daemon {
             .create(&dir)
             .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", dir.display())))?;
         self.audit.open_sandbox(&id);
+        // A fork of a microvm snapshot: its directory starts as the snapshot's copy, which
+        // its start restores; it has no scratch volume to copy.
+        let volume = match volume {
+            VolumeSource::Snapshot(snapshot) if config.tier == airlock_api::Tier::Microvm => {
+                if let Err(err) = self.prepare_vm_fork(&snapshot, &dir) {
+                    self.audit.close_sandbox(&id);
+                    let _ = std::fs::remove_dir_all(&dir);
+                    return Err(err);
+                }
+                VolumeSource::Empty
+            }
+            other => other,
+        };
         let egress: std::cell::OnceCell<Arc<SandboxEgress>> = std::cell::OnceCell::new();
         let fail = |err: ApiError| {
             if let Some(egress) = egress.get() {

@@ -117,13 +117,15 @@ fn info(snapshot: &v1::Snapshot) -> SnapshotInfo {
 }
 
 /// `POST /sandboxes/{id}/snapshots` (the filesystem: memory snapshots are refused as E2B
-/// refuses a mode a node cannot do).
+/// refuses a mode a node cannot do, except on the microvm tier, whose snapshots are the VM's).
 pub async fn create_snapshot(ctx: &mut Ctx) -> Result<Response<Body>, E2bError> {
     let request: CreateSnapshot = body(ctx).await?;
-    if request.memory == Some(true) {
+    let microvm =
+        ctx.daemon.get(&ctx.id).map_err(not_found_or(&ctx.id))?.tier == airlock_api::Tier::Microvm;
+    if request.memory == Some(true) && !microvm {
         return Err(E2bError::new(
             StatusCode::BAD_REQUEST,
-            "Airlock snapshots hold the filesystem only; processes are not captured (leave memory out)",
+            "Airlock snapshots hold the filesystem only outside the microvm tier; processes are not captured (leave memory out)",
         ));
     }
     let name = request.name.map(|name| {

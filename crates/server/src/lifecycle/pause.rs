@@ -10,6 +10,8 @@
 //!   (`VolumeSource::Keep`) with the same id and token.
 //! - **Snapshots** are rows completed only after their read-only btrfs copy exists; **forks**
 //!   are creates from a snapshot that exists for the fork alone.
+//!
+//! A microvm sandbox's filesystem pause, snapshots and forks are its VM's (`vm_persist`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,8 +102,10 @@ impl Daemon {
             paused_ms: now_ms(),
             remaining_ms: deadline_ms.saturating_sub(now_ms()).max(1),
         };
+        let microvm = self.is_microvm(id)?;
         let result = match mode {
             PauseMode::Frozen => self.freeze(id, &live, &pause).await,
+            PauseMode::Filesystem if microvm => self.pause_vm(id, &live, &pause).await,
             PauseMode::Filesystem => self.stop_keeping_files(id, &live, &pause).await,
         };
         match result {
@@ -109,6 +113,12 @@ impl Daemon {
                 self.settle(id, SlotState::Paused(live, mode));
                 self.watch_paused(id, pause);
                 self.get(id)
+            }
+            Err(err) if microvm && self.runtime.adopt(&live.record).is_err() => {
+                // The VMM ended without a whole snapshot: the VM is lost.
+                self.settle(id, SlotState::Running(live));
+                self.end(id, "pause_failed", &err.message).await;
+                Err(err)
             }
             Err(err) => {
                 // Still running as it was: a new watcher with the old deadline.
@@ -172,13 +182,15 @@ impl Daemon {
         Ok(())
     }
 
-    /// Whether a sandbox's files survive its processes (disk scratch, or a host workspace).
+    /// Whether a sandbox's files survive its processes (disk scratch, or a host workspace;
+    /// a microvm sandbox's VM is written to its directory).
     fn keeps_files(&self, id: &str) -> Result<bool, ApiError> {
         let row = self
             .store
             .get_sandbox(id)?
             .ok_or_else(|| ApiError::no_sandbox(id))?;
         Ok(self.runtime.has_volumes()
+            || row.request.tier == airlock_api::Tier::Microvm
             || matches!(
                 row.request.workspace,
                 airlock_api::v1::Workspace::Host { .. }
@@ -232,7 +244,9 @@ impl Daemon {
                 self.audit.lifecycle(Some(id), "resumed", mode.as_str());
                 // Started again on its files: the template's start command (and its interpreter or
                 // wasm worker) runs again.
+                // A microvm sandbox's processes went on where they stopped.
                 if mode == PauseMode::Filesystem
+                    && row.request.tier != airlock_api::Tier::Microvm
                     && let Some(name) = &row.request.template
                     && let Some(template) = self.find_template(name)?
                 {
@@ -303,12 +317,22 @@ impl Daemon {
         if let Some(digest) = &row.request.image {
             self.attach_image(&mut config, digest, user, &id)?;
         }
+        let dir = self.config.sandboxes_dir().join(&id);
+        let microvm = row.request.tier == airlock_api::Tier::Microvm;
+        if microvm {
+            self.check_vm_paused(&id, &dir)?;
+        }
         let egress = self.restart_egress(&row);
         let spec = LiveSpec {
             id: id.clone(),
-            dir: self.config.sandboxes_dir().join(&id),
+            dir,
             config,
-            volume: VolumeSource::Keep,
+            // A microvm sandbox's files are its VM's disks, in its directory.
+            volume: if microvm && !self.runtime.has_volumes() {
+                VolumeSource::Empty
+            } else {
+                VolumeSource::Keep
+            },
         };
         let pending = self
             .create_live(&spec, egress.as_deref())
@@ -436,7 +460,15 @@ impl Daemon {
             paused_ms: now_ms(),
             remaining_ms: row.pause.map_or(RESUME_DEFAULT_MS, |p| p.remaining_ms),
         };
-        self.stop_keeping_files(id, &live, &pause).await?;
+        if self.is_microvm(id)? {
+            // The VMM runs again (thawed) to write its snapshot, then ends.
+            if let Err(err) = self.pause_vm(id, &live, &pause).await {
+                self.settle(id, SlotState::Paused(live, PauseMode::Frozen));
+                return Err(err);
+            }
+        } else {
+            self.stop_keeping_files(id, &live, &pause).await?;
+        }
         self.event(
             Some(id),
             "pause_to_disk",
@@ -512,6 +544,7 @@ impl Daemon {
                 known.insert(id);
             } else {
                 self.runtime.remove_snapshot(&id);
+                self.remove_vm_snapshot(&id);
                 self.store.delete_snapshot(&id)?;
                 self.event(
                     None,
@@ -520,6 +553,7 @@ impl Daemon {
                 );
             }
         }
+        self.sweep_vm_snapshots(&known);
         for id in self.runtime.snapshot_ids() {
             if !known.contains(&id) {
                 self.runtime.remove_snapshot(&id);
@@ -541,6 +575,17 @@ impl Daemon {
         id: &str,
         name: Option<String>,
     ) -> Result<Snapshot, ApiError> {
+        if let Some(name) = &name
+            && (self.store.snapshot_name_taken(name)? || self.store.get_template(name)?.is_some())
+        {
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!("the name {name:?} is taken"),
+            ));
+        }
+        if self.is_microvm(id)? {
+            return self.snapshot_vm(id, name).await;
+        }
         if !self.runtime.has_volumes() {
             return Err(ApiError::unprocessable(
                 "snapshots need the sandbox's files on disk (airlockd --scratch disk)",
@@ -556,14 +601,6 @@ impl Daemon {
         ) {
             return Err(ApiError::unprocessable(
                 "a sandbox on a host workspace has no files of its own to snapshot",
-            ));
-        }
-        if let Some(name) = &name
-            && (self.store.snapshot_name_taken(name)? || self.store.get_template(name)?.is_some())
-        {
-            return Err(ApiError::new(
-                ErrorCode::Conflict,
-                format!("the name {name:?} is taken"),
             ));
         }
         let before = self.take(id, |state| match state {
@@ -650,6 +687,7 @@ impl Daemon {
         };
         self.store.delete_snapshot(&row.id)?;
         self.runtime.remove_snapshot(&row.id);
+        self.remove_vm_snapshot(&row.id);
         self.event(
             Some(&row.source_id),
             "snapshot_deleted",
@@ -672,6 +710,10 @@ impl Daemon {
         };
         let source = snapshot.request;
         request.template = source.template.clone();
+        // A VM's snapshot restores on the microvm tier alone.
+        if source.tier == airlock_api::Tier::Microvm {
+            request.tier = airlock_api::Tier::Microvm;
+        }
         // The snapshot's files include the root's upper directory: the same layers below.
         if request.image.is_none() {
             request.image = source.image.clone();
@@ -751,7 +793,7 @@ fn state_error(id: &str, state: &SlotState) -> ApiError {
         .unwrap_or_else(|| ApiError::new(ErrorCode::Conflict, format!("sandbox {id} is running")))
 }
 
-fn snapshot_view(row: &SnapshotRow) -> Snapshot {
+pub(super) fn snapshot_view(row: &SnapshotRow) -> Snapshot {
     Snapshot {
         id: row.id.clone(),
         name: row.name.clone(),
