@@ -279,9 +279,89 @@ if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB --image "$pla
         *"Welcome to the Airlock test image"*"Linux version 6.1"*) echo "E2E PASS daemon-exec" ;;
         *) echo "E2E FAIL daemon-exec: $out" ;;
     esac
-    /bin/airlock sandbox rm "$id" || echo "E2E FAIL daemon-delete: rm failed"
-    if /bin/airlock sandbox ls | grep -q "$id" || grep -qa '^airlock-vmm' /proc/[0-9]*/cmdline; then
-        echo "E2E FAIL daemon-delete: the sandbox or its VMM is left"
+    # Persistence of the VM through the daemon's API: a process counting in the guest, the
+    # sandbox paused to disk (its VMM ends), resumed (the same process counts on), snapshotted,
+    # and two forks of the snapshot that diverge, each with its own token, id and entropy.
+    sx() { /bin/airlock sandbox exec "$@" 2>&1; }
+    # The count once it exceeds $2 (a hang guard of 300 tries, not a timed assertion).
+    count_above() {
+        tries=0
+        while [ $tries -lt 300 ]; do
+            value=$(sx "$1" -- /bin/cat /tmp/count)
+            case "$value" in ''|*[!0-9]*) ;; *) [ "$value" -gt "$2" ] && { echo "$value"; return 0; } ;; esac
+            tries=$((tries + 1)); sleep 1
+        done
+        echo "no count above $2 in $1: $value"; return 1
+    }
+    sx "$id" -- /bin/sh -c 'setsid /bin/sh -c "i=0; while true; do i=\$((i+1)); echo \$i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 1; done" </dev/null >/dev/null 2>&1 & echo $! > /tmp/counter.pid' >/dev/null
+    counter=$(sx "$id" -- /bin/cat /tmp/counter.pid)
+    before=$(count_above "$id" 1)
+    echo "E2E counting in $id: pid $counter, count $before"
+    if /bin/airlock sandbox pause "$id" --keep files >/run/e2e/pause.out 2>&1 &&
+        ! grep -qa '^airlock-vmm' /proc/[0-9]*/cmdline &&
+        [ -s "/run/e2e/daemon/sandboxes/$id/paused/state.json" ]; then
+        echo "E2E PASS daemon-pause-to-disk"
+        du -k "/run/e2e/daemon/sandboxes/$id/paused/memory" 2>&1
+    else
+        echo "E2E FAIL daemon-pause-to-disk: $(cat /run/e2e/pause.out)"
+        tail -n 20 /run/e2e/daemon.log
+    fi
+    if /bin/airlock sandbox resume "$id" >/run/e2e/resume.out 2>&1 &&
+        after=$(count_above "$id" "$before") &&
+        [ "$(sx "$id" -- /bin/sh -c "kill -0 $counter && echo alive")" = alive ]; then
+        echo "E2E PASS daemon-resume-still-counting ($before, then $after, pid $counter)"
+    else
+        echo "E2E FAIL daemon-resume-still-counting: $(cat /run/e2e/resume.out) ${after:-}"
+        tail -n 20 /run/e2e/daemon.log
+    fi
+    if snap=$(/bin/airlock sandbox snapshot "$id" --name counting 2>/run/e2e/snapshot.err) &&
+        [ -s "/run/e2e/daemon/vm-snapshots/$snap/paused/state.json" ] &&
+        count_above "$id" "$before" >/dev/null; then
+        echo "E2E PASS daemon-vm-snapshot"
+    else
+        echo "E2E FAIL daemon-vm-snapshot: $(cat /run/e2e/snapshot.err)"
+        tail -n 20 /run/e2e/daemon.log
+    fi
+    forks=""
+    for n in 1 2; do
+        if /bin/airlock sandbox create --tier microvm --template counting --json >/run/e2e/fork$n.json 2>&1; then
+            forks="$forks $(sed -n 's/^ *"id": "\([a-z0-9]*\)".*/\1/p' /run/e2e/fork$n.json | head -n1)"
+        else
+            echo "E2E FAIL daemon-forks: $(cat /run/e2e/fork$n.json)"
+        fi
+    done
+    set -- $forks
+    if [ $# -eq 2 ]; then
+        a=$1 b=$2
+        token_a=$(sed -n 's/^ *"access_token": "\(.*\)".*/\1/p' /run/e2e/fork1.json)
+        token_b=$(sed -n 's/^ *"access_token": "\(.*\)".*/\1/p' /run/e2e/fork2.json)
+        sx "$a" -- /bin/sh -c 'echo only-in-a > /workspace/mark' >/dev/null
+        seen_b=$(sx "$b" -- /bin/sh -c 'cat /workspace/mark 2>/dev/null || echo absent')
+        rand_a=$(sx "$a" -- /bin/sh -c 'head -c 16 /dev/urandom | od -An -tx1')
+        rand_b=$(sx "$b" -- /bin/sh -c 'head -c 16 /dev/urandom | od -An -tx1')
+        id_a=$(sx "$a" -- /bin/sh -c 'echo $AIRLOCK_SANDBOX_ID')
+        id_b=$(sx "$b" -- /bin/sh -c 'echo $AIRLOCK_SANDBOX_ID')
+        counts_a=$(count_above "$a" "$before") && counts_b=$(count_above "$b" "$before") &&
+            alive=$(sx "$b" -- /bin/sh -c "kill -0 $counter && echo alive")
+        echo "E2E forks $a ($id_a, $rand_a, $counts_a) and $b ($id_b, $rand_b, $counts_b): b sees $seen_b"
+        if [ "$seen_b" = absent ] && [ "$rand_a" != "$rand_b" ] && [ -n "$token_a" ] &&
+            [ "$token_a" != "$token_b" ] && [ "$id_a" = "$a" ] && [ "$id_b" = "$b" ] &&
+            [ "${alive:-}" = alive ]; then
+            echo "E2E PASS daemon-forks-diverge"
+        else
+            echo "E2E FAIL daemon-forks-diverge"
+        fi
+    else
+        echo "E2E FAIL daemon-forks-diverge: $# forks"
+        tail -n 20 /run/e2e/daemon.log
+    fi
+    /bin/airlock sandbox snapshot-rm counting || echo "E2E FAIL daemon-delete: snapshot-rm failed"
+    for sandbox in $id $forks; do
+        /bin/airlock sandbox rm "$sandbox" || echo "E2E FAIL daemon-delete: rm $sandbox failed"
+    done
+    left="$(find /run/e2e/daemon/sandboxes /run/e2e/daemon/vm-snapshots -mindepth 1 2>/dev/null)"
+    if /bin/airlock sandbox ls | grep -q "$id" || grep -qa '^airlock-vmm' /proc/[0-9]*/cmdline || [ -n "$left" ]; then
+        echo "E2E FAIL daemon-delete: the sandbox, its VMM or files are left: $left"
     else
         echo "E2E PASS daemon-delete"
     fi
@@ -327,8 +407,9 @@ expected=(l1-kvm l2-init l2-own-kernel l2-virtio-mmio l2-virtio-rng-read l2-virt
     image-write-survives-restore image-write-in-overlay-disk
     restore-vsock-connect restore-vmm-confined forks-reseeded-own-identity l1-driver
     seceval-microvm seceval-microvm-vsock seceval-microvm-vmm-namespaces seceval-microvm-vmm-view
-    seceval-microvm-vmm-seccomp seceval-microvm-vmm-cgroup daemon-create daemon-exec daemon-delete
-    daemon-image-boot image-disk-unchanged)
+    seceval-microvm-vmm-seccomp seceval-microvm-vmm-cgroup daemon-create daemon-exec
+    daemon-pause-to-disk daemon-resume-still-counting daemon-vm-snapshot daemon-forks-diverge
+    daemon-delete daemon-image-boot image-disk-unchanged)
 log="$run/console.log"
 echo "microvm-nested: booting L1 (QEMU TCG, nested SVM); the console goes to $log"
 started=$SECONDS
