@@ -16,7 +16,9 @@ pub enum PauseMode {
     #[default]
     Frozen,
     /// The processes end; the workspace (and `/tmp`'s directory, emptied) stays on disk, and
-    /// resume starts the sandbox again with the same id, token, files and metadata.
+    /// resume starts the sandbox again with the same id, token, files and metadata. On the
+    /// microvm tier the VM is written to disk (memory, vCPU and device state; its disk kept)
+    /// and its VMM ends; resume restores it, and the guest's processes go on.
     Filesystem,
 }
 
