@@ -293,20 +293,24 @@ if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB --image "$pla
         done
         echo "no count above $2 in $1: $value"; return 1
     }
+    # The VMMs running besides this sandbox's (none unless an earlier step left one).
+    vmm_count() { grep -la '^airlock-vmm' /proc/[0-9]*/cmdline 2>/dev/null | wc -l; }
+    others=$(($(vmm_count) - 1))
     sx "$id" -- /bin/sh -c 'setsid /bin/sh -c "i=0; while true; do i=\$((i+1)); echo \$i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 1; done" </dev/null >/dev/null 2>&1 & echo $! > /tmp/counter.pid' >/dev/null
     counter=$(sx "$id" -- /bin/cat /tmp/counter.pid)
     before=$(count_above "$id" 1)
     echo "E2E counting in $id: pid $counter, count $before"
     if /bin/airlock sandbox pause "$id" --keep files >/run/e2e/pause.out 2>&1 &&
-        ! grep -qa '^airlock-vmm' /proc/[0-9]*/cmdline &&
+        [ "$(vmm_count)" -eq "$others" ] &&
         [ -s "/run/e2e/daemon/sandboxes/$id/paused/state.json" ]; then
+        paused=1
         echo "E2E PASS daemon-pause-to-disk"
         du -k "/run/e2e/daemon/sandboxes/$id/paused/memory" 2>&1
     else
         echo "E2E FAIL daemon-pause-to-disk: $(cat /run/e2e/pause.out)"
         tail -n 20 /run/e2e/daemon.log
     fi
-    if /bin/airlock sandbox resume "$id" >/run/e2e/resume.out 2>&1 &&
+    if [ -n "${paused:-}" ] && /bin/airlock sandbox resume "$id" >/run/e2e/resume.out 2>&1 &&
         after=$(count_above "$id" "$before") &&
         [ "$(sx "$id" -- /bin/sh -c "kill -0 $counter && echo alive")" = alive ]; then
         echo "E2E PASS daemon-resume-still-counting ($before, then $after, pid $counter)"
@@ -360,8 +364,10 @@ if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB --image "$pla
         /bin/airlock sandbox rm "$sandbox" || echo "E2E FAIL daemon-delete: rm $sandbox failed"
     done
     left="$(find /run/e2e/daemon/sandboxes /run/e2e/daemon/vm-snapshots -mindepth 1 2>/dev/null)"
-    if /bin/airlock sandbox ls | grep -q "$id" || grep -qa '^airlock-vmm' /proc/[0-9]*/cmdline || [ -n "$left" ]; then
-        echo "E2E FAIL daemon-delete: the sandbox, its VMM or files are left: $left"
+    listed="$(/bin/airlock sandbox ls | grep "$id")"
+    vmms="$(vmm_count)"
+    if [ -n "$listed" ] || [ "$vmms" -ne "$others" ] || [ -n "$left" ]; then
+        echo "E2E FAIL daemon-delete: left: listed [$listed] VMMs [$vmms, $others before] files [$left]"
     else
         echo "E2E PASS daemon-delete"
     fi

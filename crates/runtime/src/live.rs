@@ -277,10 +277,12 @@ impl Runtime {
         ];
         config.timeout_ms = None;
         if backend.tier() == airlock_api::Tier::Microvm {
-            // Given to the guest's agent at every resume: a fork's processes see their own id.
+            // Given to the guest's agent at every resume: a fork's processes see their own id
+            // (unless the caller names it otherwise).
             let name = crate::microvm::ready::ENV_SANDBOX_ID;
-            config.env.retain(|(key, _)| key != name);
-            config.env.push((name.to_owned(), spec.id.clone()));
+            if !config.env.iter().any(|(key, _)| key == name) {
+                config.env.push((name.to_owned(), spec.id.clone()));
+            }
         }
         backend.check(&config)?;
         let mut plan =

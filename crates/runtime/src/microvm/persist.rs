@@ -30,8 +30,8 @@ pub const PAUSED_DIR: &str = "paused";
 /// The files a jailed VMM writes its snapshot into (also their names in its view).
 pub const SAVE_MEMORY: &str = "save-memory";
 pub const SAVE_STATE: &str = "save-state";
-/// The VMM's command name (`/proc/PID/comm`).
-const VMM_COMM: &str = "airlock-vmm";
+/// The VMM's `argv[0]` (the jail execs it from the agent's path, so its `comm` is not this).
+const VMM_ARGV0: &[u8] = b"airlock-vmm";
 const POLL: Duration = Duration::from_millis(50);
 
 /// Why a VM could not be paused to disk or copied.
@@ -108,8 +108,8 @@ pub fn prepare_save(
 /// opening, so a reused pid is never signalled.
 fn find_vmm(pids: &[u32]) -> Option<std::os::fd::OwnedFd> {
     let is_vmm = |pid: u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .is_ok_and(|comm| comm.trim_end() == VMM_COMM)
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|argv| argv.split(|b| *b == 0).next() == Some(VMM_ARGV0))
     };
     pids.iter()
         .copied()
@@ -182,6 +182,9 @@ pub fn finish_pause(dir: &Path) -> Result<(), PersistError> {
     let (paused, next) = (paused_dir(dir), dir.join("paused.next"));
     let _ = std::fs::remove_dir_all(&next);
     std::fs::create_dir(&next).map_err(io("creating", &next))?;
+    // Read by the VMMs of other users (forks in other id ranges), whatever the umask.
+    std::fs::set_permissions(&next, std::fs::Permissions::from_mode(0o755))
+        .map_err(io("opening to the VMMs", &next))?;
     for (from, name) in [(&memory, MEMORY_FILE), (&state, STATE_FILE)] {
         std::fs::set_permissions(from, std::fs::Permissions::from_mode(0o444))
             .map_err(io("making read-only", from))?;
@@ -216,10 +219,9 @@ fn copy_into(from: &Path, to: &Path) -> Result<(), PersistError> {
         .create(to)
         .map_err(io("creating", to))?;
     let (paused_from, paused_to) = (paused_dir(from), paused_dir(to));
-    std::fs::DirBuilder::new()
-        .mode(0o755)
-        .create(&paused_to)
-        .map_err(io("creating", &paused_to))?;
+    std::fs::create_dir(&paused_to).map_err(io("creating", &paused_to))?;
+    std::fs::set_permissions(&paused_to, std::fs::Permissions::from_mode(0o755))
+        .map_err(io("opening to the VMMs", &paused_to))?;
     let memory = paused_to.join(MEMORY_FILE);
     if std::fs::hard_link(paused_from.join(MEMORY_FILE), &memory).is_err() {
         std::fs::copy(paused_from.join(MEMORY_FILE), &memory)

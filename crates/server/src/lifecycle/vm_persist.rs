@@ -52,7 +52,7 @@ impl Daemon {
     ) -> Result<(), ApiError> {
         let note = (
             "paused",
-            "to disk: the VM's memory, vCPU and devices written, the VMM ended",
+            "to disk: its VMM writes the VM's memory, vCPU and devices, then ends",
         );
         if !self.store.set_paused(id, pause, note)? {
             return Err(ApiError::no_sandbox(id));
