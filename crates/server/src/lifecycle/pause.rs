@@ -501,6 +501,13 @@ impl Daemon {
             Some(PauseMode::Filesystem) => {
                 // A pause cut short may have left processes: they end now, the files stay.
                 self.runtime.stop(record);
+                // A microvm snapshot written but not yet named (the state is written last,
+                // so a whole one is named and a partial one refused).
+                if row.request.tier == airlock_api::Tier::Microvm
+                    && !airlock_runtime::microvm::persist::is_paused(&record.dir)
+                {
+                    let _ = airlock_runtime::microvm::persist::finish_pause(&record.dir);
+                }
                 Ok(())
             }
             None => Err("its stored pause is unreadable"),
@@ -534,37 +541,6 @@ impl Daemon {
             },
         );
         self.watch_paused(&row.id, pause);
-    }
-
-    /// Removes snapshots a crash left half-made, and snapshot volumes no row names.
-    pub(super) fn recover_snapshots(&self) -> Result<(), crate::store::StoreError> {
-        let mut known = std::collections::HashSet::new();
-        for (id, complete) in self.store.all_snapshot_ids()? {
-            if complete {
-                known.insert(id);
-            } else {
-                self.runtime.remove_snapshot(&id);
-                self.remove_vm_snapshot(&id);
-                self.store.delete_snapshot(&id)?;
-                self.event(
-                    None,
-                    "orphan_destroyed",
-                    &format!("half-made snapshot {id}"),
-                );
-            }
-        }
-        self.sweep_vm_snapshots(&known);
-        for id in self.runtime.snapshot_ids() {
-            if !known.contains(&id) {
-                self.runtime.remove_snapshot(&id);
-                self.event(
-                    None,
-                    "orphan_destroyed",
-                    &format!("stale snapshot volume {id}"),
-                );
-            }
-        }
-        Ok(())
     }
 
     // --- snapshots and forks ---

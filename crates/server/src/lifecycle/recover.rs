@@ -12,6 +12,37 @@ use super::{Daemon, LifecycleError};
 use crate::store::RowState;
 
 impl Daemon {
+    /// Removes snapshots a crash left half-made, and snapshot volumes no row names.
+    pub(super) fn recover_snapshots(&self) -> Result<(), crate::store::StoreError> {
+        let mut known = std::collections::HashSet::new();
+        for (id, complete) in self.store.all_snapshot_ids()? {
+            if complete {
+                known.insert(id);
+            } else {
+                self.runtime.remove_snapshot(&id);
+                self.remove_vm_snapshot(&id);
+                self.store.delete_snapshot(&id)?;
+                self.event(
+                    None,
+                    "orphan_destroyed",
+                    &format!("half-made snapshot {id}"),
+                );
+            }
+        }
+        self.sweep_vm_snapshots(&known);
+        for id in self.runtime.snapshot_ids() {
+            if !known.contains(&id) {
+                self.runtime.remove_snapshot(&id);
+                self.event(
+                    None,
+                    "orphan_destroyed",
+                    &format!("stale snapshot volume {id}"),
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Reconciles the store with what runs (see the module docs). Call once, before serving,
     /// from a blocking context.
     ///
