@@ -359,6 +359,16 @@ if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB --image "$pla
         echo "E2E FAIL daemon-forks-diverge: $# forks"
         tail -n 20 /run/e2e/daemon.log
     fi
+    # The fork call (E2B's fork too): a snapshot made for it, one restore, the snapshot dropped.
+    if forked=$(/bin/airlock sandbox fork "$id" 2>/run/e2e/fork.err) &&
+        count_above "$forked" "$before" >/dev/null &&
+        [ "$(/bin/airlock sandbox snapshots | grep -c "$id")" -eq 1 ]; then
+        forks="$forks $forked"
+        echo "E2E PASS daemon-fork-call"
+    else
+        forks="$forks $forked"
+        echo "E2E FAIL daemon-fork-call: $(cat /run/e2e/fork.err)"
+    fi
     /bin/airlock sandbox snapshot-rm counting || echo "E2E FAIL daemon-delete: snapshot-rm failed"
     for sandbox in $id $forks; do
         /bin/airlock sandbox rm "$sandbox" || echo "E2E FAIL daemon-delete: rm $sandbox failed"
@@ -415,7 +425,7 @@ expected=(l1-kvm l2-init l2-own-kernel l2-virtio-mmio l2-virtio-rng-read l2-virt
     seceval-microvm seceval-microvm-vsock seceval-microvm-vmm-namespaces seceval-microvm-vmm-view
     seceval-microvm-vmm-seccomp seceval-microvm-vmm-cgroup daemon-create daemon-exec
     daemon-pause-to-disk daemon-resume-still-counting daemon-vm-snapshot daemon-forks-diverge
-    daemon-delete daemon-image-boot image-disk-unchanged)
+    daemon-fork-call daemon-delete daemon-image-boot image-disk-unchanged)
 log="$run/console.log"
 echo "microvm-nested: booting L1 (QEMU TCG, nested SVM); the console goes to $log"
 started=$SECONDS
