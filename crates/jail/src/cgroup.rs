@@ -536,6 +536,24 @@ impl SandboxCgroup {
         }
     }
 
+    /// Sends SIGKILL to every process in the cgroup once, without waiting for any to end: one
+    /// write of `cgroup.kill` on v2; on v1 a signal to each listed process (a fork racing it
+    /// is in the same pid namespace, which dies with its init) and a thaw, so that a frozen
+    /// task dies without running again. [`SandboxCgroup::kill_all`] makes sure.
+    pub fn kill_once(&self) {
+        if let Some(dir) = &self.v2_dir
+            && fs::write(dir.join("cgroup.kill"), "1").is_ok()
+        {
+            return;
+        }
+        for pid in self.pids() {
+            let _ = crate::sys::kill(pid, libc::SIGKILL);
+        }
+        if let Some(freezer) = self.freezer() {
+            let _ = freezer.thaw();
+        }
+    }
+
     /// Kills every process in the cgroup. On v2 with `cgroup.kill` this is one write; on v1,
     /// processes are killed until none is left (a fork racing the kill is caught next round).
     /// A frozen v1 task takes no signal until thawed: the cgroup is thawed after the first

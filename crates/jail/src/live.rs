@@ -144,16 +144,26 @@ pub fn reap(record: &LiveRecord) {
 /// whoever took that supervisor's orphans (init): no one else can collect its exit status, so
 /// its zombie entry stays until that parent does.
 pub fn destroy(layout: &Layout, record: &LiveRecord) {
-    if let Some(pidfd) = pidfd(record) {
-        let _ = procctl::pidfd_send_signal(&pidfd, libc::SIGTERM);
-        let grace_ms = libc::c_int::try_from(GRACE.as_millis()).unwrap_or(2000);
-        if !procctl::pidfd_exited(&pidfd, grace_ms).unwrap_or(false) {
-            let _ = procctl::pidfd_send_signal(&pidfd, libc::SIGKILL);
-            let _ = procctl::pidfd_exited(&pidfd, -1);
-        }
-    }
-    // Also when the helper had already ended: it may be our unreaped child.
-    reap(record);
+    begin_destroy(layout, record).finish();
+}
+
+/// A sandbox whose every process has been sent SIGKILL ([`begin_destroy`]): none of them runs
+/// again, but the kernel may still be tearing them down. [`Destroying::finish`] waits for that
+/// and removes the cgroup.
+#[derive(Debug)]
+pub struct Destroying {
+    record: LiveRecord,
+    /// The helper's pidfd, if it still ran.
+    helper: Option<OwnedFd>,
+    cgroup: SandboxCgroup,
+}
+
+/// The first, quick half of [`destroy`]: finds the sandbox's cgroup (once: the rest of the
+/// destroy reuses it) and sends SIGKILL to every process in it, its init (the agent) included,
+/// whose end takes whatever is left of its pid namespace with it. It does not wait: the
+/// namespaces' teardown, the helper's exit and the cgroup's removal are
+/// [`Destroying::finish`]'s.
+pub fn begin_destroy(layout: &Layout, record: &LiveRecord) -> Destroying {
     let mut dirs = record.cgroup_dirs.clone();
     if dirs.is_empty()
         && let Some(name) = &record.cgroup
@@ -165,8 +175,39 @@ pub fn destroy(layout: &Layout, record: &LiveRecord) {
             .collect();
     }
     let cgroup = SandboxCgroup::from_dirs(&dirs);
-    cgroup.kill_all();
-    let _ = cgroup.remove();
+    // Only when the helper still runs: a record whose helper is gone may name a pid of
+    // someone else's by now, but its cgroup's tasks are still the sandbox's (`finish` kills
+    // them as before).
+    let helper = pidfd(record);
+    if helper.is_some() {
+        cgroup.kill_once();
+    }
+    Destroying {
+        record: record.clone(),
+        helper,
+        cgroup,
+    }
+}
+
+impl Destroying {
+    /// Waits for the helper to exit (SIGTERM, then SIGKILL after [`GRACE`], as for a sandbox
+    /// not yet signalled), reaps it if it is this process's child, kills what is left in the
+    /// cgroup and removes it.
+    pub fn finish(self) {
+        let record = &self.record;
+        if let Some(pidfd) = &self.helper {
+            let _ = procctl::pidfd_send_signal(pidfd, libc::SIGTERM);
+            let grace_ms = libc::c_int::try_from(GRACE.as_millis()).unwrap_or(2000);
+            if !procctl::pidfd_exited(pidfd, grace_ms).unwrap_or(false) {
+                let _ = procctl::pidfd_send_signal(pidfd, libc::SIGKILL);
+                let _ = procctl::pidfd_exited(pidfd, -1);
+            }
+        }
+        // Also when the helper had already ended: it may be our unreaped child.
+        reap(record);
+        self.cgroup.kill_all();
+        let _ = self.cgroup.remove();
+    }
 }
 
 /// Removes the cgroups of long-lived sandboxes whose name (after `airlock-sbx-`) `keep` does

@@ -39,7 +39,7 @@ pub use airlock_jail::{Ending, Stdio, TerminationSignals as Signals, error_chain
 pub use backend::{Backend, BackendSupport, ContainerTier, ProcessTier, TierBackend};
 pub use evaluation::{Ablation, SECCOMP_TAG_ERRNO};
 pub use id_range::{IdRange, IdRangeError};
-pub use live::{AGENT_RESERVE_BYTES, LiveSandbox, LiveSpec, Pending, find_agent};
+pub use live::{AGENT_RESERVE_BYTES, Destroying, LiveSandbox, LiveSpec, Pending, find_agent};
 pub use microvm::MicrovmTier;
 pub use step::{KeptScratch, StepOptions};
 pub use storage::{Storage, StorageError, VolumeSource};

@@ -127,6 +127,15 @@ impl LiveSandbox {
     }
 }
 
+/// A sandbox being destroyed: its processes are killed, their teardown and the removal of what
+/// it owned are still to come ([`Runtime::finish_destroy`]).
+#[derive(Debug)]
+pub struct Destroying {
+    id: String,
+    dir: PathBuf,
+    jail: live::Destroying,
+}
+
 const AGENT_SOCKET: &str = "agent.sock";
 /// A guard against a VMM that never ends after a snapshot request, not a performance bound:
 /// under nested emulation writing a guest's memory takes a while.
@@ -378,20 +387,36 @@ impl Runtime {
     /// Ends a sandbox and removes what it owned: processes, cgroup and its directory. Safe to
     /// repeat.
     pub fn destroy(&self, record: &LiveSandbox) {
-        self.stop(record);
-        if let Some(storage) = &self.storage {
-            storage.remove_volume(&record.id);
+        let ending = self.begin_destroy(record);
+        self.finish_destroy(ending);
+    }
+
+    /// The quick half of [`Runtime::destroy`]: every process of the sandbox is sent SIGKILL
+    /// (a frozen one is thawed to die, never resumed), so none runs again; it does not wait
+    /// for them to end. [`Runtime::finish_destroy`] does the rest.
+    pub fn begin_destroy(&self, record: &LiveSandbox) -> Destroying {
+        Destroying {
+            id: record.id.clone(),
+            dir: record.dir.clone(),
+            jail: live::begin_destroy(&self.support.cgroups, &record.jail_record()),
         }
-        let _ = std::fs::remove_dir_all(&record.dir);
+    }
+
+    /// The rest of [`Runtime::destroy`] after [`Runtime::begin_destroy`]: waits for the
+    /// sandbox's helper to end (the kernel's teardown of its namespaces), reaps it, removes its
+    /// cgroup, its scratch volume and its directory.
+    pub fn finish_destroy(&self, ending: Destroying) {
+        ending.jail.finish();
+        if let Some(storage) = &self.storage {
+            storage.remove_volume(&ending.id);
+        }
+        let _ = std::fs::remove_dir_all(&ending.dir);
     }
 
     /// Ends a sandbox's processes and removes its cgroup, but keeps its directory and its
     /// scratch volume (a filesystem-only pause: [`VolumeSource::Keep`] starts it again). A
     /// frozen sandbox is killed first and thawed, never resumed. Safe to repeat.
     pub fn stop(&self, record: &LiveSandbox) {
-        if record.is_frozen() {
-            airlock_jail::cgroup::SandboxCgroup::from_dirs(&record.cgroup_dirs).kill_all();
-        }
         live::destroy(&self.support.cgroups, &record.jail_record());
     }
 

@@ -36,6 +36,7 @@ mod pool;
 mod ready;
 mod recover;
 mod scratch;
+mod teardown;
 mod vm_persist;
 mod wasm;
 mod wasm_tools;
@@ -145,6 +146,8 @@ pub struct Daemon {
     /// Language servers waiting for their WebSocket (`crate::lsp`).
     pub lsp: Arc<crate::lsp::LspSessions>,
     pools: Arc<pool::Pools>,
+    /// Deleted sandboxes whose teardown still runs (`lifecycle::teardown`).
+    teardowns: Arc<teardown::Teardowns>,
     /// The code interpreter's contexts of wasm sandboxes (`e2b::wasm_interpreter`).
     pub(crate) code_contexts: crate::e2b::wasm_interpreter::CodeContexts,
     /// Held (locked) for the daemon's whole life.
@@ -215,6 +218,7 @@ impl Daemon {
             git,
             lsp: Arc::default(),
             pools: Arc::default(),
+            teardowns: Arc::default(),
             code_contexts: Default::default(),
             _lock: lock,
         });
@@ -313,20 +317,29 @@ impl Daemon {
         };
         live.deadline.send_replace(u64::MAX);
         let _ = self.store.set_state(id, RowState::Deleting);
-        let runtime = self.runtime.clone();
+        // Killed now, so that nothing of it runs once this answers; the rest of the teardown
+        // (the kernel's, and what it owned on the host) is awaited by later creates and lists.
+        let ending = self.runtime.begin_destroy(&live.record);
+        let ticket = self.teardowns.begin();
+        let daemon = self.clone();
         let record = live.record.clone();
         let egress = live.egress.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            runtime.destroy(&record);
-            record.reap();
-            if let Some(egress) = egress {
-                egress.end();
-            }
-        })
-        .await;
+        let owner = id.to_owned();
+        tokio::spawn(async move {
+            let runtime = daemon.runtime.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                runtime.finish_destroy(ending);
+                record.reap();
+                if let Some(egress) = egress {
+                    egress.end();
+                }
+            })
+            .await;
+            let _ = daemon.images.release(&image_holder(&owner));
+            daemon.teardowns.done(ticket);
+        });
         self.audit.close_sandbox(id);
         self.code_contexts.forget_sandbox(id);
-        let _ = self.images.release(&image_holder(id));
         // The event with the row's deletion, in one write: whoever sees the sandbox gone must
         // also find why.
         if self.store.delete_sandbox_noting(id, kind, message).is_err() {
@@ -338,12 +351,20 @@ impl Daemon {
         true
     }
 
+    /// Returns once the teardowns of every sandbox deleted before the call have ended: its
+    /// processes, cgroup, volume and directory are gone.
+    pub async fn torn_down(&self) {
+        self.teardowns.settled().await;
+    }
+
     /// Creates a sandbox and returns once it is usable.
     pub async fn create(
         self: &Arc<Self>,
         request: CreateSandboxRequest,
     ) -> Result<CreateSandboxResponse, ApiError> {
         let started_at = std::time::Instant::now();
+        // A create comes after the deletes before it, whose teardowns may still run.
+        self.torn_down().await;
         let result = self.create_counted(request).await;
         let (source, ok) = match &result {
             Ok((_, source)) => (*source, true),

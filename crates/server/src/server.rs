@@ -165,6 +165,8 @@ async fn serve(config: Config) -> Result<(), ServeError> {
     );
     // Unclaimed warm-pool members were never committed: they end here, not with the process.
     daemon.stop_pools().await;
+    // Deletes that answered before the stop still tear their sandboxes down.
+    daemon.torn_down().await;
     daemon.release_storage();
     Ok(())
 }

@@ -472,6 +472,8 @@ async fn test_sandbox_control_plane_and_capacity() {
     assert_eq!(code_of(client.delete(&b.id).await), ErrorCode::NotFound);
     let logs = client.logs(&b.id).await.unwrap();
     assert!(logs.events.iter().any(|e| e.kind == "delete"));
+    // A list waits for the delete's teardown.
+    client.list(&[], &BTreeMap::new()).await.unwrap();
     common::assert_sandbox_gone(&daemon.state_dir, &b.id, None);
     // Room again.
     let c = client

@@ -346,6 +346,8 @@ async fn test_hot_reload_takes_effect_inside_and_audit_redacts() {
 
     // The sandbox's end removes its proxy and log; its lifecycle stays in the API.
     client.delete(&id).await.unwrap();
+    // A list waits for the delete's teardown.
+    client.list(&[], &Default::default()).await.unwrap();
     assert!(!state.join("sandboxes").join(&id).exists());
     let after = client.events(&id, None, None).await.unwrap().events;
     assert!(has(&after, "lifecycle", "delete"), "{after:#?}");

@@ -9,6 +9,7 @@
 
 mod common;
 
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use airlock_api::v1::{CreateSandboxRequest, ErrorCode, ExecRequest, SandboxState};
@@ -26,7 +27,13 @@ fn helper_of(daemon: &TestDaemon, id: &str) -> (i32, u64) {
         .unwrap_or_else(|| panic!("no stored helper for {id}"))
 }
 
+/// Whether a list (which waits for the teardowns of deletes before it) and a get no longer
+/// show the sandbox.
 async fn is_gone(client: &Client, id: &str) -> bool {
+    let listed = client.list(&[], &BTreeMap::new()).await;
+    if listed.is_ok_and(|listed| listed.iter().any(|sandbox| sandbox.id == id)) {
+        return false;
+    }
     client.get(id).await.err().and_then(|e| e.code()) == Some(ErrorCode::NotFound)
 }
 
@@ -177,6 +184,7 @@ async fn test_restart_readopts_live_sandboxes_and_destroys_the_rest() {
     common::assert_sandbox_gone(&second.state_dir, &expiring.id, Some(expiring_helper));
 
     client.delete(&kept_id).await.unwrap();
+    assert!(is_gone(&client, &kept_id).await);
     common::assert_sandbox_gone(&second.state_dir, &kept_id, Some(kept_helper));
     drop(first);
 }
@@ -232,9 +240,9 @@ fn in_proc(pid: i32, ticks: u64) -> bool {
     proc_entry(pid).is_some_and(|(_, _, t)| t == ticks)
 }
 
-/// Right after a DELETE answers, nothing of the sandbox runs: its cgroup is gone and every
-/// process that was in it has exited and been reaped; its helper is reaped by the daemon when
-/// the daemon is its parent. A re-adopted sandbox's helper belongs to whoever adopted the old
+/// Once a list sent right after a DELETE answers (it waits for the delete's teardown), nothing
+/// of the sandbox runs: its cgroup is gone and every process that was in it has exited and
+/// been reaped; its helper is reaped by the daemon when the daemon is its parent. A re-adopted sandbox's helper belongs to whoever adopted the old
 /// daemon's orphans (init here): the daemon waits, through a pidfd, until it has exited, and
 /// no one but that parent can collect its exit status.
 #[tokio::test]
@@ -282,7 +290,9 @@ async fn test_delete_after_restart_leaves_no_process_of_the_sandbox() {
         (&own, &own_processes, own_helper),
     ] {
         client.delete(id).await.unwrap();
-        // No polling: all of this holds when the DELETE answers.
+        let listed = client.list(&[], &BTreeMap::new()).await.unwrap();
+        assert!(listed.iter().all(|sandbox| sandbox.id != *id), "{listed:?}");
+        // No polling: all of this holds when the list answers.
         common::assert_sandbox_gone(&second.state_dir, id, Some(helper));
         for &(pid, ticks) in processes {
             assert!(
@@ -303,4 +313,113 @@ async fn test_delete_after_restart_leaves_no_process_of_the_sandbox() {
         }
     }
     drop(first);
+}
+
+/// The namespaces (`/proc/PID/ns/NAME` link texts) of `processes`, that the host's pid 1 does
+/// not share.
+fn own_namespaces(processes: &[(i32, u64)]) -> HashSet<String> {
+    let host: HashSet<String> = NAMESPACES
+        .iter()
+        .filter_map(|ns| std::fs::read_link(format!("/proc/1/ns/{ns}")).ok())
+        .map(|link| link.to_string_lossy().into_owned())
+        .collect();
+    processes
+        .iter()
+        .flat_map(|(pid, _)| NAMESPACES.iter().map(move |ns| (*pid, ns)))
+        .filter_map(|(pid, ns)| std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).ok())
+        .map(|link| link.to_string_lossy().into_owned())
+        .filter(|link| !host.contains(link))
+        .collect()
+}
+
+const NAMESPACES: [&str; 6] = ["mnt", "net", "pid", "ipc", "uts", "user"];
+
+/// Processes anywhere on the host that are in one of `namespaces`.
+fn processes_in(namespaces: &HashSet<String>) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            NAMESPACES.iter().any(|ns| {
+                std::fs::read_link(format!("/proc/{pid}/ns/{ns}"))
+                    .is_ok_and(|link| namespaces.contains(link.to_string_lossy().as_ref()))
+            })
+        })
+        .collect()
+}
+
+/// A DELETE answers once every process of the sandbox is killed and its row is gone; the
+/// kernel's teardown and the removal of its cgroup, volume and directory may still run. A
+/// list or a create sent right after it waits for that: when either answers, nothing of the
+/// sandbox is left (processes, namespaces, cgroups, mounts, directory, volume, store row).
+#[tokio::test]
+async fn test_a_list_or_create_right_after_a_delete_finds_nothing_of_the_sandbox() {
+    common::require_binaries();
+    let daemon = TestDaemon::start("deleted", &[]);
+    let client = daemon.client();
+    let volumes = daemon.state_dir.join("storage/volumes");
+    for then_create in [false, true] {
+        let id = client
+            .create(&CreateSandboxRequest::default())
+            .await
+            .unwrap()
+            .sandbox
+            .id;
+        let processes = busy_sandbox(&client, &id).await;
+        let namespaces = own_namespaces(&processes);
+        assert!(namespaces.len() >= 5, "{namespaces:?}");
+        let (helper, ticks) = helper_of(&daemon, &id);
+        assert!(volumes.join(&id).is_dir(), "the sandbox has a volume");
+
+        client.delete(&id).await.unwrap();
+        let next = if then_create {
+            let created = client.create(&CreateSandboxRequest::default()).await;
+            Some(created.unwrap().sandbox.id)
+        } else {
+            let listed = client.list(&[], &BTreeMap::new()).await.unwrap();
+            assert!(listed.iter().all(|sandbox| sandbox.id != id), "{listed:?}");
+            None
+        };
+
+        // No polling: all of this holds when the list or the create answers.
+        common::assert_sandbox_gone(&daemon.state_dir, &id, None);
+        for &(pid, ticks) in &processes {
+            assert!(!in_proc(pid, ticks), "process {pid} of {id} left");
+        }
+        assert!(
+            !in_proc(helper, ticks),
+            "helper {helper} of {id} left: {:?}",
+            proc_entry(helper)
+        );
+        // The kernel reuses a freed namespace's number at once: the next sandbox may have it.
+        let next_processes: Vec<i32> = next
+            .as_deref()
+            .map(sandbox_processes)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(pid, _)| pid)
+            .collect();
+        let left: Vec<i32> = processes_in(&namespaces)
+            .into_iter()
+            .filter(|pid| !next_processes.contains(pid))
+            .collect();
+        assert_eq!(
+            left,
+            Vec::<i32>::new(),
+            "processes in the namespaces of {id}"
+        );
+        assert!(!volumes.join(&id).exists(), "volume of {id} left");
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(!mountinfo.contains(&id), "a mount of {id} left");
+        assert!(
+            common::stored_helpers(&daemon.state_dir)
+                .iter()
+                .all(|(row, _)| *row != id),
+            "the row of {id} left"
+        );
+        if let Some(next) = next {
+            client.delete(&next).await.unwrap();
+        }
+    }
 }

@@ -149,6 +149,8 @@ async fn test_paused_retention_deletes_a_sandbox_paused_too_long() {
         )
     })
     .await;
+    // A list waits for the removal's teardown.
+    client.list(&[], &Default::default()).await.unwrap();
     assert!(common::sandbox_cgroups(&id).is_empty());
     assert!(!daemon.state_dir.join("sandboxes").join(&id).exists());
     assert!(!daemon.state_dir.join("storage/volumes").join(&id).exists());

@@ -156,8 +156,13 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, E2bError> {
     let (endpoint, id) = endpoint(&ctx.parts.method, &path)?;
     ctx.id = id;
     match endpoint {
-        Endpoint::List { v2: true } => list_v2(ctx),
-        Endpoint::List { v2: false } => list_v1(ctx),
+        Endpoint::List { v2 } => {
+            let listed = if v2 { list_v2(ctx) } else { list_v1(ctx) };
+            // A sandbox the list missed had begun its teardown before it looked; it answers
+            // once those are done.
+            ctx.daemon.torn_down().await;
+            listed
+        }
         Endpoint::Create { v2 } => create(ctx, v2).await,
         Endpoint::Detail => detail(ctx),
         Endpoint::Kill => kill(ctx).await,

@@ -268,7 +268,13 @@ async fn route(ctx: &mut Ctx) -> Result<Response<Body>, ApiError> {
         Handler::GetPool => sandboxes::get_pool(ctx),
         Handler::SetPool => sandboxes::set_pool(ctx).await,
         Handler::CreateSandbox => sandboxes::create(ctx).await,
-        Handler::ListSandboxes => sandboxes::list(ctx),
+        Handler::ListSandboxes => {
+            let listed = sandboxes::list(ctx);
+            // A sandbox the list missed had begun its teardown before it looked; it answers
+            // once those are done.
+            ctx.daemon.torn_down().await;
+            listed
+        }
         Handler::GetSandbox => sandboxes::get(ctx),
         Handler::DeleteSandbox => sandboxes::delete(ctx).await,
         Handler::SetTimeout => sandboxes::set_timeout(ctx).await,
