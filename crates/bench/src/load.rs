@@ -198,7 +198,13 @@ pub fn load(sandboxes: usize, clients: usize) -> anyhow::Result<ExitCode> {
         }
         let elapsed = started.elapsed().as_secs_f64();
         all.creates.sort();
-        // Deletes answer once everything is gone; a moment for reaped helpers to leave /proc.
+        // Deletes answer once the sandbox is killed; a list waits for their teardowns. Then a
+        // moment for reaped helpers to leave /proc.
+        daemon
+            .client
+            .list(&[], &Default::default())
+            .await
+            .context("listing after the run")?;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let left = leftovers(pid, &state_dir, &all.ids)?;
         let errors: usize = all.errors.values().sum();

@@ -586,14 +586,17 @@ fn with_user(plan: &Plan, user: airlock_policy::image_user::ResolvedUser) -> Pla
 fn drop_privileges(plan: &Plan) -> Result<(), Failure> {
     let keep = kept_capabilities(&plan.identity);
     // Shrink the bounding set while CAP_SETPCAP is still held, so exec can never regain
-    // anything else. PR_CAPBSET_READ fails past the kernel's last capability.
-    let mut cap = 0;
-    while sys::prctl(libc::PR_CAPBSET_READ, cap).is_ok() {
-        if keep & (1 << cap) == 0 {
-            sys::prctl(libc::PR_CAPBSET_DROP, cap)
-                .map_err(|e| with_source("emptying the bounding set", &e))?;
+    // anything else. PR_CAPBSET_DROP fails with EINVAL past the kernel's last capability (and
+    // succeeds for one already dropped), so no PR_CAPBSET_READ is needed.
+    for cap in 0..64 {
+        if keep & (1 << cap) != 0 {
+            continue;
         }
-        cap += 1;
+        match sys::prctl(libc::PR_CAPBSET_DROP, cap) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => break,
+            Err(e) => return Err(with_source("emptying the bounding set", &e)),
+        }
     }
     if plan.identity.privileged_caller {
         sys::set_groups(&plan.identity.groups)
