@@ -363,8 +363,12 @@ impl Daemon {
         request: CreateSandboxRequest,
     ) -> Result<CreateSandboxResponse, ApiError> {
         let started_at = std::time::Instant::now();
-        // A create comes after the deletes before it, whose teardowns may still run.
-        self.torn_down().await;
+        // Sandboxes still being torn down count against the limit until they are gone.
+        if self.slots().len() + self.pools.members() + self.teardowns.running()
+            >= self.config.max_sandboxes
+        {
+            self.torn_down().await;
+        }
         let result = self.create_counted(request).await;
         let (source, ok) = match &result {
             Ok((_, source)) => (*source, true),

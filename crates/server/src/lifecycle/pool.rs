@@ -568,10 +568,9 @@ impl Daemon {
             if self.pools.closed.load(Ordering::SeqCst) {
                 return;
             }
-            let room = self
-                .config
-                .max_sandboxes
-                .saturating_sub(self.slots().len() + self.pools.members());
+            let room = self.config.max_sandboxes.saturating_sub(
+                self.slots().len() + self.pools.members() + self.teardowns.running(),
+            );
             let Some(template) = self.pools.reserve_fill(room) else {
                 let _ = tokio::time::timeout(RECHECK, woken).await;
                 continue;

@@ -1,8 +1,11 @@
 //! Deletes answer before the kernel has finished tearing a sandbox down. A delete kills every
 //! process of the sandbox and removes its row before it answers; waiting for the helper to
 //! end (the kernel dismantling the sandbox's namespaces), removing the cgroup, the scratch
-//! volume and the directory go on in the background. So that nobody can tell, a create or a
-//! list waits for every teardown that began before it, and a graceful stop for all of them.
+//! volume and the directory go on in the background. So that nobody can tell, a list waits for
+//! every teardown that began before it, and a graceful stop for all of them. A create, which
+//! sees nothing of another sandbox (its id and cgroup name are new), waits only when
+//! `--max-sandboxes` would otherwise be exceeded by sandboxes still being torn down: they hold
+//! host resources until they are gone, and the limit counts them.
 
 use std::collections::BTreeSet;
 
@@ -41,6 +44,11 @@ impl Teardowns {
             state.running.insert(ticket);
         });
         Ticket(ticket)
+    }
+
+    /// How many teardowns run now.
+    pub(super) fn running(&self) -> usize {
+        self.state.borrow().running.len()
     }
 
     pub(super) fn done(&self, ticket: Ticket) {
