@@ -373,6 +373,11 @@ async fn test_a_list_right_after_a_delete_finds_nothing_of_the_sandbox() {
         let (helper, ticks) = helper_of(&daemon, &id);
         assert!(volumes.join(&id).is_dir(), "the sandbox has a volume");
 
+        // Processes started from now on are not the sandbox's (its namespaces' numbers may be
+        // given to a new sandbox's, this test's or another's, once they are freed).
+        let mut marker = std::process::Command::new("true").spawn().unwrap();
+        let (_, _, since) = proc_entry(i32::try_from(marker.id()).unwrap()).unwrap();
+        marker.wait().unwrap();
         client.delete(&id).await.unwrap();
         let next = if then_create {
             let created = client.create(&CreateSandboxRequest::default()).await;
@@ -393,17 +398,9 @@ async fn test_a_list_right_after_a_delete_finds_nothing_of_the_sandbox() {
             "helper {helper} of {id} left: {:?}",
             proc_entry(helper)
         );
-        // The kernel reuses a freed namespace's number at once: the next sandbox may have it.
-        let next_processes: Vec<i32> = next
-            .as_deref()
-            .map(sandbox_processes)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(pid, _)| pid)
-            .collect();
         let left: Vec<i32> = processes_in(&namespaces)
             .into_iter()
-            .filter(|pid| !next_processes.contains(pid))
+            .filter(|&pid| proc_entry(pid).is_some_and(|(_, _, ticks)| ticks <= since))
             .collect();
         assert_eq!(
             left,
