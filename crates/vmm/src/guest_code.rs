@@ -178,6 +178,54 @@ pub mod queue_layout {
     pub const QUEUE_SIZE: u32 = 8;
 }
 
+/// The vsock tests' transmit queue (queue 1), beside [`queue_layout`]'s, which is their
+/// receive queue (queue 0).
+pub mod vsock_layout {
+    pub const TX_DESC_TABLE: u32 = 0x14000;
+    pub const TX_AVAIL_RING: u32 = 0x15000;
+    pub const TX_USED_RING: u32 = 0x16000;
+    /// The packets the host preloads for the guest to send.
+    pub const TX_BUFFERS: u32 = 0x17000;
+}
+
+/// A virtio-vsock driver for a device whose receive (0) and transmit (1) queues the host
+/// preloaded in guest memory ([`queue_layout`], [`vsock_layout`], `queue_size` entries each):
+/// negotiates VIRTIO_F_VERSION_1, sets both up, notifies transmit then receive, acknowledges
+/// the interrupt, prints "ok" and resets.
+pub fn preloaded_vsock_driver(mmio_base: u32, queue_size: u32) -> Vec<u8> {
+    use queue_layout::*;
+    use vsock_layout::*;
+    let reg = |offset: u32| mmio_base + offset;
+    let mut asm = Asm::new();
+    asm.store32(reg(0x70), 1)
+        .store32(reg(0x70), 3)
+        .store32(reg(0x24), 1)
+        .store32(reg(0x20), 1)
+        .store32(reg(0x70), 0xb);
+    for (queue, table, avail, used) in [
+        (0, DESC_TABLE, AVAIL_RING, USED_RING),
+        (1, TX_DESC_TABLE, TX_AVAIL_RING, TX_USED_RING),
+    ] {
+        asm.store32(reg(0x30), queue)
+            .store32(reg(0x38), queue_size)
+            .store32(reg(0x80), table)
+            .store32(reg(0x84), 0)
+            .store32(reg(0x90), avail)
+            .store32(reg(0x94), 0)
+            .store32(reg(0xa0), used)
+            .store32(reg(0xa4), 0)
+            .store32(reg(0x44), 1);
+    }
+    asm.store32(reg(0x70), 0xf)
+        .store32(reg(0x50), 1) // QueueNotify: transmit
+        .store32(reg(0x50), 0) // QueueNotify: receive
+        .load_eax(reg(0x60))
+        .store_eax(reg(0x64))
+        .print(b"ok")
+        .reset();
+    asm.finish()
+}
+
 /// A virtio-mmio driver's set-up of queue 0 at the layout's addresses: status bits, version 1,
 /// the queue's size and rings, ready, DRIVER_OK.
 fn set_up_queue_0(asm: &mut Asm, mmio_base: u32, queue_size: u32) -> &mut Asm {

@@ -42,6 +42,11 @@
 //! the microvm tier's jail binds the agent's socket on the host, and the daemon speaks the
 //! agent's HTTP on it exactly as on the process tier's.
 //!
+//! `--vsock-forward PORT:PATH` (repeatable, `linux` and `restore`) lets the guest connect to
+//! the host (CID 2) on PORT: the VMM connects to the Unix socket at PATH and carries the
+//! stream; a guest connection to any other host port gets a reset. The microvm tier forwards
+//! the egress proxy's port this way, to the proxy's socket in the VMM's view.
+//!
 //! `--kvm-fd N` takes `/dev/kvm` from inherited descriptor N instead of opening it: how the
 //! VMM runs inside the process tier's jail, whose view has no `/dev/kvm` and whose user could
 //! not open it (the caller opens it; Landlock's device-ioctl right follows the opener).
@@ -55,7 +60,7 @@ use airlock_vmm::fork::Template;
 use airlock_vmm::guest_code::{self, CODE_ADDRESS, COUNTER_ADDRESS};
 use airlock_vmm::linux::LinuxBoot;
 use airlock_vmm::virtio::block::{Block, Disk, DiskSpec};
-use airlock_vmm::virtio::{Device, HostListener};
+use airlock_vmm::virtio::{Device, Forward, HostListener};
 use airlock_vmm::vm::{self, Vm, VmConfig, VmExit, VmShell, Vmm};
 use airlock_vmm::{seccomp, snapshot};
 use anyhow::{Context, bail};
@@ -76,6 +81,7 @@ struct Args {
     vsock_listen_fd: Option<i32>,
     vsock_port: Option<u32>,
     guest_cid: u64,
+    forwards: Vec<Forward>,
     disks: Vec<DiskSpec>,
     save_memory: Option<PathBuf>,
     save_state: Option<PathBuf>,
@@ -112,6 +118,7 @@ fn parse() -> anyhow::Result<Args> {
         vsock_listen_fd: None,
         vsock_port: None,
         guest_cid: 3,
+        forwards: Vec::new(),
         disks: Vec::new(),
         save_memory: None,
         save_state: None,
@@ -145,6 +152,9 @@ fn parse() -> anyhow::Result<Args> {
             "--vsock-port" => parsed.vsock_port = Some(value.parse().context("--vsock-port")?),
             "--save-memory" => parsed.save_memory = Some(PathBuf::from(value)),
             "--save-state" => parsed.save_state = Some(PathBuf::from(value)),
+            "--vsock-forward" => parsed
+                .forwards
+                .push(Forward::parse(&value).context("--vsock-forward")?),
             other => bail!("unknown flag {other}"),
         }
     }
@@ -166,6 +176,7 @@ fn parse() -> anyhow::Result<Args> {
     {
         bail!("give --snapshot DIR or --save-memory/--save-state, not both");
     }
+    Forward::check_unique(&parsed.forwards).context("--vsock-forward")?;
     if parsed.mode == "linux" {
         if parsed.kernel.is_none() {
             bail!("linux needs --kernel VMLINUX");
@@ -266,14 +277,19 @@ fn save_files(args: &Args, memory_bytes: u64) -> anyhow::Result<Option<snapshot:
 
 /// Runs a Linux guest until it ends, or (with a place to save to) until SIGUSR1, then
 /// snapshots it; true when it did. The vsock host thread is started with SIGUSR1 blocked, so
-/// the signal interrupts the vCPU.
-fn run_guest(mut vm: Vm, listener: Option<HostListener>, save: Save<'_>) -> anyhow::Result<bool> {
+/// the signal interrupts the vCPU. `forwards` are the host ports the guest may connect to.
+fn run_guest(
+    mut vm: Vm,
+    listener: Option<HostListener>,
+    forwards: Vec<Forward>,
+    save: Save<'_>,
+) -> anyhow::Result<bool> {
     vm.console().echo_to_stdout();
     if !matches!(save, Save::Never) {
         airlock_vmm::pause::install_sigusr1()?;
     }
-    if listener.is_some() {
-        airlock_vmm::pause::spawn_without_sigusr1(|| vm.start_vsock_host(listener))??;
+    if listener.is_some() || !forwards.is_empty() {
+        airlock_vmm::pause::spawn_without_sigusr1(|| vm.start_vsock_host(listener, forwards))??;
     }
     // The allow-list, on the vsock thread too; not with a snapshot directory to create at
     // the end (the guest is then confined by KVM alone, the VMM by the caller).
@@ -303,7 +319,7 @@ fn run_guest(mut vm: Vm, listener: Option<HostListener>, save: Save<'_>) -> anyh
 fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
     let mut devices = vec![Device::Rng(airlock_vmm::virtio::Rng::new())];
     let listener = vsock_listener(args)?;
-    if listener.is_some() {
+    if listener.is_some() || !args.forwards.is_empty() {
         devices.push(Device::Vsock(airlock_vmm::virtio::Vsock::new(
             args.guest_cid,
             None,
@@ -330,7 +346,7 @@ fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
         (None, Some(files)) => Save::Files(files),
         (None, None) => Save::Never,
     };
-    if run_guest(vm, listener, save)? {
+    if run_guest(vm, listener, args.forwards.clone(), save)? {
         // The writable disks as the paused guest left them belong to the snapshot.
         for (index, spec) in args.disks.iter().enumerate() {
             let (Some(dir), false) = (snapshot_dir, spec.read_only) else {
@@ -356,7 +372,7 @@ fn run_restore(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
     vm.attach_disks(disks)?;
     let save = save_files(args, template.state.memory_bytes)?.map_or(Save::Never, Save::Files);
     eprintln!("airlock-vmm: restored {}", args.snapshot.display());
-    run_guest(vm, listener, save).map(|_| ())
+    run_guest(vm, listener, args.forwards.clone(), save).map(|_| ())
 }
 
 fn main() -> ExitCode {

@@ -2,7 +2,9 @@
 //! first runs (as Firecracker does per thread). Anything not listed kills the process; a
 //! foreign ABI (i386, x32) kills it too; `ioctl` is allowed only with a KVM request (type
 //! 0xAE), so the VMM cannot drive another device or a terminal even through a descriptor it
-//! was handed.
+//! was handed; `socket` only as `socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
+//! _)`, the vsock device's forwards (the guest's connections to the egress proxy's socket), so
+//! the VMM can make no network socket, and no Unix datagram one either.
 //!
 //! This filter stacks on the process tier's deny-list when the VMM runs inside the jail.
 
@@ -25,8 +27,12 @@ const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 const RET_KILL_PROCESS: u32 = 0x8000_0000;
 const RET_ALLOW: u32 = 0x7fff_0000;
-/// `seccomp_data.args[1]`, low half (x86_64 is little-endian): an ioctl's request.
+/// `seccomp_data.args[1]`, low half (x86_64 is little-endian): an ioctl's request, a
+/// socket's type.
 const OFFSET_IOCTL_REQUEST: u32 = 16 + 8;
+const OFFSET_SOCKET_TYPE: u32 = 16 + 8;
+/// `seccomp_data.args[0]`, low half: a socket's family (the kernel reads an int).
+const OFFSET_SOCKET_FAMILY: u32 = 16;
 const KVMIO: u32 = 0xae;
 
 /// The syscalls the run loop makes, and why.
@@ -78,6 +84,12 @@ pub const ALLOWED: &[(&str, libc::c_long)] = &[
     ("sendto", libc::SYS_sendto),
     ("shutdown", libc::SYS_shutdown),
     ("clock_nanosleep", libc::SYS_clock_nanosleep),
+    // The vsock device's forwards (`virtio::vsock_forward`): a guest's connection to a
+    // forwarded host port makes a non-blocking Unix stream socket (only AF_UNIX with exactly
+    // that type, see below) and connects it to the forward's path, which the jail's view
+    // holds. Nothing else makes a socket; connect on the VMM's other sockets fails.
+    ("socket", libc::SYS_socket),
+    ("connect", libc::SYS_connect),
 ];
 
 /// Errors of this module.
@@ -104,26 +116,36 @@ fn program() -> Vec<Insn> {
         insn(JGE_K, 0, 1, X32_SYSCALL_BIT),
         insn(RET_K, 0, 0, RET_KILL_PROCESS),
         // ioctl: only KVM requests.
-        insn(JEQ_K, 0, 4, libc::SYS_ioctl as u32),
+        insn(JEQ_K, 0, 5, libc::SYS_ioctl as u32),
         insn(LD_W_ABS, 0, 0, OFFSET_IOCTL_REQUEST),
         insn(ALU_AND_K, 0, 0, 0xff00),
         insn(JEQ_K, 0, 1, KVMIO << 8),
         insn(RET_K, 0, 0, RET_ALLOW),
+        insn(RET_K, 0, 0, RET_KILL_PROCESS),
+        // socket: only the forwards' AF_UNIX stream (the accumulator still holds the number).
+        insn(JEQ_K, 0, 6, libc::SYS_socket as u32),
+        insn(LD_W_ABS, 0, 0, OFFSET_SOCKET_FAMILY),
+        insn(JEQ_K, 0, 3, libc::AF_UNIX as u32),
+        insn(LD_W_ABS, 0, 0, OFFSET_SOCKET_TYPE),
+        insn(
+            JEQ_K,
+            0,
+            1,
+            crate::virtio::vsock_forward::SOCKET_TYPE as u32,
+        ),
+        insn(RET_K, 0, 0, RET_ALLOW),
+        insn(RET_K, 0, 0, RET_KILL_PROCESS),
     ];
-    // After the ioctl block the accumulator may hold the masked request, so reload the
-    // number before the list (the ioctl case never reaches here: it returned either way).
-    p.push(insn(RET_K, 0, 0, RET_KILL_PROCESS));
-    let list_start = p.len();
+    // The list, from the number again (ioctl and socket returned either way above).
     p.push(insn(LD_W_ABS, 0, 0, 0));
-    for (_, number) in ALLOWED.iter().filter(|(name, _)| *name != "ioctl") {
+    for (_, number) in ALLOWED
+        .iter()
+        .filter(|(name, _)| !matches!(*name, "ioctl" | "socket"))
+    {
         p.push(insn(JEQ_K, 0, 1, *number as u32));
         p.push(insn(RET_K, 0, 0, RET_ALLOW));
     }
     p.push(insn(RET_K, 0, 0, RET_KILL_PROCESS));
-    // The ioctl compare jumps over its block (4 instructions) to the kill above when the
-    // number is not ioctl; point it at the list instead.
-    let ioctl_compare = 6;
-    p[ioctl_compare].jf = (list_start - ioctl_compare - 1) as u8;
     p
 }
 
@@ -193,11 +215,16 @@ mod tests {
     use super::*;
 
     /// A tiny classic-BPF interpreter for the instructions [`program`] uses.
-    fn run(program: &[Insn], nr: u32, arch: u32, ioctl_request: u32) -> u32 {
+    fn run(program: &[Insn], nr: u32, arch: u32, arg1: u32) -> u32 {
+        run_args(program, nr, arch, [0, arg1])
+    }
+
+    fn run_args(program: &[Insn], nr: u32, arch: u32, args: [u32; 2]) -> u32 {
         let data = |offset: u32| match offset {
             0 => nr,
             4 => arch,
-            OFFSET_IOCTL_REQUEST => ioctl_request,
+            OFFSET_SOCKET_FAMILY => args[0],
+            OFFSET_IOCTL_REQUEST => args[1],
             _ => 0,
         };
         let (mut pc, mut acc) = (0usize, 0u32);
@@ -219,7 +246,10 @@ mod tests {
     fn test_vmm_filter_allows_its_list_and_kvm_ioctls_only() {
         let p = program();
         let x86 = AUDIT_ARCH_X86_64;
-        for (name, nr) in ALLOWED.iter().filter(|(n, _)| *n != "ioctl") {
+        for (name, nr) in ALLOWED
+            .iter()
+            .filter(|(n, _)| !matches!(*n, "ioctl" | "socket"))
+        {
             assert_eq!(run(&p, *nr as u32, x86, 0), RET_ALLOW, "{name}");
         }
         // KVM_RUN is _IO(0xAE, 0x80); TCGETS is 0x5401.
@@ -244,5 +274,47 @@ mod tests {
             run(&p, libc::SYS_write as u32 | X32_SYSCALL_BIT, x86, 0),
             RET_KILL_PROCESS
         );
+    }
+
+    #[test]
+    fn test_vmm_filter_allows_only_the_forwards_unix_stream_socket() {
+        let p = program();
+        let x86 = AUDIT_ARCH_X86_64;
+        let socket = |family: i32, type_: i32| {
+            run_args(
+                &p,
+                libc::SYS_socket as u32,
+                x86,
+                [family as u32, type_ as u32],
+            )
+        };
+        let forward = crate::virtio::vsock_forward::SOCKET_TYPE;
+        assert_eq!(socket(libc::AF_UNIX, forward), RET_ALLOW);
+        for (family, type_) in [
+            (libc::AF_INET, forward),
+            (libc::AF_INET6, forward),
+            (libc::AF_VSOCK, forward),
+            (libc::AF_NETLINK, forward),
+            (
+                libc::AF_UNIX,
+                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            ),
+            (libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC),
+            (
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            ),
+        ] {
+            assert_eq!(
+                socket(family, type_),
+                RET_KILL_PROCESS,
+                "{family} {type_:#x}"
+            );
+        }
+        assert_eq!(run(&p, libc::SYS_connect as u32, x86, 0), RET_ALLOW);
+        // Still no other way to a socket or a listening one.
+        for nr in [libc::SYS_socketpair, libc::SYS_bind, libc::SYS_listen] {
+            assert_eq!(run(&p, nr as u32, x86, 0), RET_KILL_PROCESS, "{nr}");
+        }
     }
 }

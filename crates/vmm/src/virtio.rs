@@ -6,6 +6,7 @@ pub mod block;
 pub mod mmio;
 pub mod rng;
 pub mod vsock;
+pub mod vsock_forward;
 pub mod vsock_host;
 
 use serde::{Deserialize, Serialize};
@@ -16,6 +17,7 @@ pub use block::Block;
 pub use mmio::{MmioTransport, TransportError, TransportState};
 pub use rng::Rng;
 pub use vsock::{HostListener, Vsock};
+pub use vsock_forward::Forward;
 
 /// Where the first virtio-mmio device sits; each further one 4 KiB higher.
 pub const MMIO_BASE: u64 = 0xd000_0000;

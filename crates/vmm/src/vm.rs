@@ -456,10 +456,12 @@ impl Vm {
     }
 
     /// Starts the host side of the VM's vsock device (if it has one), accepting host
-    /// connections on `listener` (a restored VM gets its listener here too).
+    /// connections on `listener` and the guest's to the ports of `forwards` (a restored VM
+    /// gets both here too).
     pub fn start_vsock_host(
         &mut self,
         listener: Option<virtio::HostListener>,
+        forwards: Vec<virtio::Forward>,
     ) -> Result<bool, VmError> {
         let Some(index) = self
             .virtio
@@ -476,6 +478,7 @@ impl Vm {
             self.ram.memory.clone(),
             irq,
             listener,
+            forwards,
         )
         .map_err(VmError::VsockHost)?;
         self.vsock_host = Some(host);

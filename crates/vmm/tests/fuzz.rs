@@ -122,7 +122,33 @@ fn vsock_check(input: &[u8]) {
 
 #[test]
 fn test_fuzz_vsock_queues_guest_packets_hold_invariants() {
-    fuzz("vsock_queues", vsock_check, &[vsock::vsock_queues_seed()]);
+    fuzz(
+        "vsock_queues",
+        vsock_check,
+        &[vsock::vsock_queues_seed(), vsock::vsock_forward_seed()],
+    );
+}
+
+#[test]
+fn test_vsock_forward_seed_connects_the_forwarded_port_and_resets_the_other() {
+    // The seed is a valid exchange; if this stops being served, the fuzzing above is weaker.
+    let observed = vsock::vsock_queues(&vsock::vsock_forward_seed());
+    assert_eq!(observed.forward_connections, 1);
+    assert_eq!(String::from_utf8_lossy(&observed.forwarded), "GET /");
+    let ops: Vec<(u16, u32, u32)> = observed
+        .to_guest
+        .iter()
+        .map(|h| (h.op, h.src_port, h.dst_port))
+        .collect();
+    // The host's own request, the forwarded port's response, the other port's reset.
+    assert_eq!(
+        ops,
+        vec![
+            (1, vsock::HOST_PORT, vsock::GUEST_PORT),
+            (2, vsock::FORWARD_PORT, vsock::GUEST_SOURCE_PORT),
+            (3, vsock::UNFORWARDED_PORT, vsock::GUEST_SOURCE_PORT),
+        ]
+    );
 }
 
 #[test]

@@ -106,6 +106,115 @@ fn test_vm_descriptor_outside_memory_stops_that_vm_with_a_clear_error() {
     assert_eq!(other.run(Some(1000)).unwrap(), VmExit::Reset);
 }
 
+/// A vsock packet header from the guest (CID 3, port 50000) to host port `port`.
+fn vsock_packet(port: u32, op: u16, payload: &[u8]) -> Vec<u8> {
+    let header = airlock_vmm::virtio::vsock::Header {
+        src_cid: 3,
+        dst_cid: 2,
+        src_port: 50_000,
+        dst_port: port,
+        len: payload.len() as u32,
+        type_: 1,
+        op,
+        buf_alloc: 65536,
+        ..Default::default()
+    };
+    let mut packet = header.bytes().to_vec();
+    packet.extend_from_slice(payload);
+    packet
+}
+
+/// A descriptor table of `(address, len, writable)` entries, and an avail ring naming each.
+fn preloaded_queue(buffers: &[(u32, u32, bool)]) -> (Vec<u8>, Vec<u8>) {
+    let mut table = Vec::new();
+    for (address, len, writable) in buffers {
+        table.extend_from_slice(&u64::from(*address).to_le_bytes());
+        table.extend_from_slice(&len.to_le_bytes());
+        table.extend_from_slice(&u16::from(*writable).wrapping_mul(2).to_le_bytes());
+        table.extend_from_slice(&0u16.to_le_bytes());
+    }
+    let mut avail = vec![0, 0];
+    avail.extend_from_slice(&(buffers.len() as u16).to_le_bytes());
+    for i in 0..buffers.len() as u16 {
+        avail.extend_from_slice(&i.to_le_bytes());
+    }
+    (table, avail)
+}
+
+#[test]
+fn test_vm_vsock_guest_connects_to_a_forwarded_host_port_and_is_reset_on_another() {
+    use airlock_vmm::guest_code::vsock_layout::*;
+    use airlock_vmm::virtio::{Device, Forward, Vsock};
+    use queue_layout::*;
+    let Some(vmm) = vmm() else { return };
+    let dir = scratch("vsock-forward");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("proxy.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    // The guest sends: a request to the forwarded port 3128, "GET /" on it, a request to 8080.
+    let packets = [
+        vsock_packet(3128, 1, b""),
+        vsock_packet(3128, 5, b"GET /"),
+        vsock_packet(8080, 1, b""),
+    ];
+    let mut tx = Vec::new();
+    let mut image = vec![(
+        CODE_ADDRESS,
+        guest_code::preloaded_vsock_driver(MMIO_BASE as u32, 8),
+    )];
+    for (i, packet) in packets.iter().enumerate() {
+        let at = TX_BUFFERS + 0x100 * i as u32;
+        image.push((u64::from(at), packet.clone()));
+        tx.push((at, packet.len() as u32, false));
+    }
+    let (tx_table, tx_avail) = preloaded_queue(&tx);
+    let rx: Vec<_> = (0..4).map(|i| (BUFFER + 0x1000 * i, 4096, true)).collect();
+    let (rx_table, rx_avail) = preloaded_queue(&rx);
+    image.extend([
+        (u64::from(TX_DESC_TABLE), tx_table),
+        (u64::from(TX_AVAIL_RING), tx_avail),
+        (u64::from(DESC_TABLE), rx_table),
+        (u64::from(AVAIL_RING), rx_avail),
+    ]);
+    let config = VmConfig {
+        memory_bytes: MEMORY_BYTES,
+        entry: CODE_ADDRESS,
+        image,
+        entropy_device: false,
+    };
+    let mut vsock = Vsock::new(3, None);
+    vsock.set_forwards(vec![Forward {
+        port: 3128,
+        path: path.clone(),
+    }]);
+    let shell = VmShell::create(&vmm, 1, MEMORY_BYTES).unwrap();
+    let mut vm = Vm::boot_with_devices(&vmm, shell, &config, vec![Device::Vsock(vsock)])
+        .unwrap_or_else(|e| panic!("{}", error_chain(&e)));
+    assert_eq!(vm.run(Some(100_000)).unwrap(), VmExit::Reset);
+    assert_eq!(vm.console().contents(), b"ok");
+    // The VMM connected to the forward and passed the guest's bytes on.
+    listener.set_nonblocking(true).unwrap();
+    let (mut proxy, _) = listener
+        .accept()
+        .expect("the VMM connected to the forward during the run");
+    proxy.set_nonblocking(true).unwrap();
+    let mut got = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut proxy, &mut got);
+    assert_eq!(got, b"GET /");
+    // The guest got the forwarded port's RESPONSE and the other port's reset, in order.
+    let used = read_guest(&vm, u64::from(USED_RING), 4).unwrap();
+    let used_idx = u16::from_le_bytes([used[2], used[3]]);
+    let replies: Vec<(u16, u32)> = (0..u32::from(used_idx))
+        .map(|i| {
+            let header = read_guest(&vm, u64::from(BUFFER + 0x1000 * i), 44).unwrap();
+            let parsed = airlock_vmm::virtio::vsock::Header::parse(&header.try_into().unwrap());
+            (parsed.op, parsed.src_port)
+        })
+        .collect();
+    assert_eq!(replies[..2], [(2, 3128), (3, 8080)], "{replies:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 fn error_chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();

@@ -1,11 +1,12 @@
-//! virtio-vsock (virtio 1.2, section 5.10), stream sockets only, with its host side on a Unix
-//! socket in Firecracker's convention: a host process connects to the VMM's socket, writes
+//! virtio-vsock (virtio 1.2, section 5.10), stream sockets only, with its host side on Unix
+//! sockets in Firecracker's convention: a host process connects to the VMM's socket, writes
 //! `CONNECT <guest port>\n`, gets `OK <host port>\n` once the guest accepted, then a byte
-//! stream. Only the host connects (the guest's own connection requests are refused with a
-//! reset): the agent listens in the guest, the daemon dials it. A listener given a guest port
-//! ([`HostListener::guest_port`]) skips the handshake: each of its connections goes to that
-//! port, with no `OK` line, so that a client speaks the agent's HTTP on it at once (the
-//! microvm tier's agent socket, which the daemon reaches exactly as the process tier's).
+//! stream. A listener given a guest port ([`HostListener::guest_port`]) skips the handshake:
+//! each of its connections goes to that port, with no `OK` line, so that a client speaks the
+//! agent's HTTP on it at once (the microvm tier's agent socket, which the daemon reaches
+//! exactly as the process tier's). The guest's own connection requests go to the host port's
+//! forward ([`vsock_forward`](super::vsock_forward), the egress proxy's socket on the microvm
+//! tier) if it has one, and get a reset otherwise.
 //!
 //! Everything in a packet is the guest's: a header that names no connection, claims more
 //! data than it carries or overruns the credit this device gave gets that connection reset,
@@ -14,7 +15,9 @@
 //! Flow control is virtio-vsock's credit: this device tells the guest how much it buffers
 //! per connection ([`BUFFER_BYTES`]) and how much it has passed on to the host socket; it
 //! sends the guest no more than the guest's own buffer allows. Host sockets are non-blocking;
-//! [`crate::virtio::vsock_host`] polls them on its own thread.
+//! [`crate::virtio::vsock_host`] polls them on its own thread. A guest's half-close (shutdown
+//! of its sending side only) reaches the host socket as one once its bytes are written, and
+//! the host's answer still flows back.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
@@ -25,6 +28,7 @@ use vm_memory::{Bytes, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::DeviceError;
+use super::vsock_forward::{self, Forward};
 
 pub const QUEUE_SIZE: u16 = 256;
 pub const RX_QUEUE: usize = 0;
@@ -50,7 +54,10 @@ const OP_SHUTDOWN: u16 = 4;
 const OP_RW: u16 = 5;
 const OP_CREDIT_UPDATE: u16 = 6;
 const OP_CREDIT_REQUEST: u16 = 7;
-const SHUTDOWN_BOTH: u32 = 3;
+/// The guest will receive no more (`VIRTIO_VSOCK_SHUTDOWN_RCV`) and send no more (`_SEND`).
+const SHUTDOWN_RCV: u32 = 1;
+const SHUTDOWN_SEND: u32 = 2;
+const SHUTDOWN_BOTH: u32 = SHUTDOWN_RCV | SHUTDOWN_SEND;
 const FIRST_HOST_PORT: u32 = 1 << 30;
 
 /// A packet header (little-endian on the wire).
@@ -125,6 +132,9 @@ struct Connection {
     /// Host bytes read but not yet sent to the guest.
     from_host: Vec<u8>,
     host_eof: bool,
+    /// The guest shut its sending side: once `to_host` is written, the host socket's is shut.
+    guest_sent_eof: bool,
+    host_write_shut: bool,
     /// Bytes this device passed to the host socket, and the count the guest last heard.
     fwd_cnt: u32,
     fwd_cnt_told: u32,
@@ -164,6 +174,8 @@ pub struct HostListener {
 pub struct Vsock {
     guest_cid: u64,
     listener: Option<HostListener>,
+    /// Host ports the guest may connect to, and the Unix socket each one reaches.
+    forwards: Vec<Forward>,
     handshakes: Vec<Handshake>,
     connections: Vec<Connection>,
     /// Control packets (no payload) queued for the guest.
@@ -185,6 +197,7 @@ impl Vsock {
         Vsock {
             guest_cid,
             listener,
+            forwards: Vec::new(),
             handshakes: Vec::new(),
             connections: Vec::new(),
             control: VecDeque::new(),
@@ -216,8 +229,22 @@ impl Vsock {
         self.wake = Some(wake);
     }
 
+    /// The host ports the guest may connect to (given again after a restore: they are the
+    /// VMM's configuration, not the guest's state).
+    pub fn set_forwards(&mut self, forwards: Vec<Forward>) {
+        self.forwards = forwards;
+    }
+
     pub fn connection_count(&self) -> usize {
         self.connections.len()
+    }
+
+    /// Each connection's (host port, guest port).
+    pub fn connection_ports(&self) -> Vec<(u32, u32)> {
+        self.connections
+            .iter()
+            .map(|c| (c.host_port, c.guest_port))
+            .collect()
     }
 
     /// The descriptors the host thread polls, with whether to wait for reading or writing.
@@ -289,6 +316,10 @@ impl Vsock {
             if !flush(c) {
                 closed.push(index);
                 continue;
+            }
+            if c.guest_sent_eof && c.to_host.is_empty() && !c.host_write_shut {
+                c.host_write_shut = true;
+                let _ = c.stream.shutdown(std::net::Shutdown::Write);
             }
             if c.fwd_cnt != c.fwd_cnt_told {
                 c.fwd_cnt_told = c.fwd_cnt;
@@ -400,6 +431,8 @@ impl Vsock {
             announce,
             from_host: Vec::new(),
             host_eof: false,
+            guest_sent_eof: false,
+            host_write_shut: false,
             fwd_cnt: 0,
             fwd_cnt_told: 0,
             tx_cnt: 0,
@@ -469,7 +502,11 @@ impl Vsock {
             .iter()
             .position(|c| c.host_port == header.dst_port && c.guest_port == header.src_port)
         else {
-            reply_reset(self);
+            if header.op == OP_REQUEST {
+                self.accept_guest(&header);
+            } else {
+                reply_reset(self);
+            }
             return;
         };
         let c = &mut self.connections[index];
@@ -485,7 +522,8 @@ impl Vsock {
                 }
             }
             (OP_RW, State::Established)
-                if c.to_host.len() - c.own_bytes + payload.len() <= BUFFER_BYTES as usize =>
+                if !c.guest_sent_eof
+                    && c.to_host.len() - c.own_bytes + payload.len() <= BUFFER_BYTES as usize =>
             {
                 c.to_host.extend_from_slice(payload);
             }
@@ -495,6 +533,12 @@ impl Vsock {
                 update.fwd_cnt = self.connections[index].fwd_cnt;
                 self.control.push_back(update);
             }
+            (OP_SHUTDOWN, State::Established) if header.flags & SHUTDOWN_BOTH == SHUTDOWN_SEND => {
+                c.guest_sent_eof = true;
+            }
+            // The guest will read no more but may still send: a hint only (its credit stops
+            // the host's bytes anyway).
+            (OP_SHUTDOWN, State::Established) if header.flags & SHUTDOWN_BOTH == SHUTDOWN_RCV => {}
             (OP_SHUTDOWN, State::Established) => {
                 // Pass on what the guest sent, then close; the reset tells the guest.
                 let mut c = self.connections.remove(index);
@@ -512,6 +556,42 @@ impl Vsock {
                 reply_reset(self);
             }
         }
+    }
+
+    /// A guest's connection request to a host port: connected to the port's forward, or reset
+    /// (no forward, too many connections, or the forward's socket refuses).
+    fn accept_guest(&mut self, request: &Header) {
+        let (host_port, guest_port) = (request.dst_port, request.src_port);
+        let stream = self
+            .forwards
+            .iter()
+            .find(|f| f.port == host_port)
+            .filter(|_| self.handshakes.len() + self.connections.len() < MAX_CONNECTIONS)
+            .and_then(|f| vsock_forward::connect(&f.path).ok());
+        let Some(stream) = stream else {
+            self.reset(host_port, guest_port);
+            return;
+        };
+        self.connections.push(Connection {
+            stream,
+            host_port,
+            guest_port,
+            state: State::Established,
+            to_host: Vec::new(),
+            own_bytes: 0,
+            announce: false,
+            from_host: Vec::new(),
+            host_eof: false,
+            guest_sent_eof: false,
+            host_write_shut: false,
+            fwd_cnt: 0,
+            fwd_cnt_told: 0,
+            tx_cnt: 0,
+            peer_buf_alloc: request.buf_alloc,
+            peer_fwd_cnt: request.fwd_cnt,
+        });
+        let response = self.header(host_port, guest_port, OP_RESPONSE);
+        self.control.push_back(response);
     }
 
     /// Fills the guest's receive buffers with control packets and host data; `Ok(true)` when

@@ -61,12 +61,14 @@ pub struct VsockHost {
 }
 
 impl VsockHost {
-    /// Starts serving `transport`'s vsock device; `irq` is the device's interrupt line.
+    /// Starts serving `transport`'s vsock device; `irq` is the device's interrupt line,
+    /// `forwards` the host ports the guest may connect to.
     pub fn start(
         transport: Arc<Mutex<MmioTransport>>,
         memory: GuestMemoryMmap,
         irq: EventFd,
         listener: Option<super::HostListener>,
+        forwards: Vec<super::Forward>,
     ) -> Result<VsockHost, VsockHostError> {
         let wake = EventFd::new(EFD_NONBLOCK).map_err(VsockHostError::EventFd)?;
         {
@@ -80,6 +82,7 @@ impl VsockHost {
                     .map_err(VsockHostError::EventFd)?;
             }
             vsock.attach(listener, wake.try_clone().map_err(VsockHostError::EventFd)?);
+            vsock.set_forwards(forwards);
         }
         let stop = Arc::new(AtomicBool::new(false));
         let thread_stop = stop.clone();
