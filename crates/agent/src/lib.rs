@@ -41,6 +41,8 @@ pub struct Agent {
     pub base_env: std::sync::RwLock<Vec<(OsString, OsString)>>,
     /// Whether a warm pool's claim has been applied (`claim`).
     pub claimed: std::sync::atomic::AtomicBool,
+    /// The egress relay a microVM guest's resume started (`resume`), if any.
+    pub egress_relay: std::sync::Mutex<Option<resume::EgressRelay>>,
 }
 
 /// Serves forever on `listener`. Must run inside a tokio runtime (current-thread is enough).
@@ -55,6 +57,7 @@ pub async fn run(
         watchers: watch::Watchers::default(),
         base_env: std::sync::RwLock::new(std::env::vars_os().collect()),
         claimed: std::sync::atomic::AtomicBool::new(false),
+        egress_relay: std::sync::Mutex::new(None),
     });
     // The SIGCHLD handler exists before the first child does.
     let mut sigchld = signal(SignalKind::child())?;

@@ -1,11 +1,53 @@
 //! The egress relay: in `proxy` network mode, the sandbox's network namespace has only
 //! loopback. The relay listens on a loopback port inside it (what `HTTP_PROXY` names) and
-//! carries each connection, byte for byte, to the egress proxy's Unix socket, which Airlock
-//! binds into the view. It decides nothing: the proxy outside enforces the policy.
+//! carries each connection, byte for byte, to the egress proxy: its Unix socket, which Airlock
+//! binds into the view, or in a microVM guest (which has no network device at all) a vsock
+//! port of the host (CID 2), which the VMM forwards to that socket. It decides nothing: the
+//! proxy outside enforces the policy.
 
 use std::path::PathBuf;
 
 use tokio::net::{TcpListener, UnixStream};
+
+/// The host's vsock CID.
+const HOST_CID: u32 = 2;
+
+/// Where the relay carries its connections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upstream {
+    /// The egress proxy's socket in the view (the process and container tiers).
+    Unix(PathBuf),
+    /// A host vsock port the VMM forwards to the proxy's socket (the microvm tier).
+    Vsock { port: u32 },
+}
+
+impl std::fmt::Display for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Upstream::Unix(path) => write!(f, "{}", path.display()),
+            Upstream::Vsock { port } => write!(f, "vsock {HOST_CID}:{port}"),
+        }
+    }
+}
+
+/// One connection to the proxy, whichever way it is reached.
+enum ProxyStream {
+    Unix(UnixStream),
+    Vsock(tokio_vsock::VsockStream),
+}
+
+impl Upstream {
+    async fn connect(&self) -> std::io::Result<ProxyStream> {
+        match self {
+            Upstream::Unix(path) => UnixStream::connect(path).await.map(ProxyStream::Unix),
+            Upstream::Vsock { port } => {
+                tokio_vsock::VsockStream::connect(tokio_vsock::VsockAddr::new(HOST_CID, *port))
+                    .await
+                    .map(ProxyStream::Vsock)
+            }
+        }
+    }
+}
 
 /// Where the relay listens and where it forwards.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +84,12 @@ impl RelaySpec {
 /// logged once per connection.
 pub async fn serve(spec: RelaySpec) -> std::io::Result<()> {
     let listener = TcpListener::bind(("127.0.0.1", spec.port)).await?;
+    relay(listener, Upstream::Unix(spec.socket)).await
+}
+
+/// Relays each connection accepted on `listener` to `upstream`, until the process ends.
+pub async fn relay(listener: TcpListener, upstream: Upstream) -> std::io::Result<()> {
+    let upstream = std::sync::Arc::new(upstream);
     loop {
         let (mut client, _) = match listener.accept().await {
             Ok(pair) => pair,
@@ -50,19 +98,23 @@ pub async fn serve(spec: RelaySpec) -> std::io::Result<()> {
                 continue;
             }
         };
-        let socket = spec.socket.clone();
+        let upstream = upstream.clone();
         tokio::spawn(async move {
-            match UnixStream::connect(&socket).await {
-                Ok(mut proxy) => {
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut proxy).await;
+            let copied = match upstream.connect().await {
+                Ok(ProxyStream::Unix(mut proxy)) => {
+                    tokio::io::copy_bidirectional(&mut client, &mut proxy).await
+                }
+                Ok(ProxyStream::Vsock(mut proxy)) => {
+                    tokio::io::copy_bidirectional(&mut client, &mut proxy).await
                 }
                 Err(err) => {
                     eprintln!(
-                        "airlock-agent: the egress proxy at {} is unreachable: {err}",
-                        socket.display()
+                        "airlock-agent: the egress proxy at {upstream} is unreachable: {err}"
                     );
+                    return;
                 }
-            }
+            };
+            drop(copied);
         });
     }
 }

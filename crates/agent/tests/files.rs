@@ -450,6 +450,21 @@ fn test_resume_refuses_short_entropy_unknown_fields_and_bad_env_names() {
             json!({"entropy_b64": long, "env": {"A=B": "x"}}),
             "not a valid environment variable",
         ),
+        // A guest's egress: only the proxy's two trust files, and real ports.
+        (
+            json!({"entropy_b64": long, "egress": {"relay_port": 3128, "vsock_port": 3128,
+                "files": {"../etc/passwd": "x"}}}),
+            "egress.files may name ca.pem and ca-bundle.pem only",
+        ),
+        (
+            json!({"entropy_b64": long, "egress": {"relay_port": 0, "vsock_port": 3128}}),
+            "must not be 0",
+        ),
+        (
+            json!({"entropy_b64": long, "egress": {"relay_port": 3128, "vsock_port": 3128,
+                "socket": "/x"}}),
+            "unknown field",
+        ),
     ] {
         let text = body.to_string();
         conn.send(

@@ -41,6 +41,9 @@ pub use host::HostSupport;
 pub use supervisor::{
     Ending, JailError, Outcome, Sandbox, SpawnOptions, Stdio, TerminationSignals, find_helper,
 };
+/// Brings the current network namespace's loopback up: a microVM guest's agent, before its
+/// egress relay listens there (the guest has no other interface).
+pub use sys::loopback_up;
 
 /// Formats an error with its chain of causes on one line: `what failed: why: deeper why`.
 pub fn error_chain(err: &dyn std::error::Error) -> String {
