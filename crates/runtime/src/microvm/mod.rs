@@ -11,6 +11,9 @@
 //! VMM, which sends every connection on it to the guest's agent port (no `CONNECT` handshake),
 //! so the daemon, the E2B data plane and the SDKs reach a guest exactly as a process sandbox.
 //!
+//! In `proxy` network mode the guest reaches the sandbox's egress proxy over vsock and only
+//! that way: it has no network device ([`egress`]).
+//!
 //! The guest comes from the operator's settings ([`guest`]): a kernel and initramfs to boot,
 //! or a snapshot of a booted guest to fork; with an image's root disk set, the guest's root
 //! filesystem is that image under the sandbox's own overlay disk ([`disks`]). Before a
@@ -23,6 +26,7 @@
 
 pub mod answer;
 pub mod disks;
+pub mod egress;
 pub mod guest;
 pub mod persist;
 pub mod ready;
@@ -213,10 +217,10 @@ impl TierBackend for MicrovmTier {
                 )));
             }
             if airlock_policy::egress_plan(&policy).mode
-                != airlock_policy::egress::NetworkMode::None
+                == airlock_policy::egress::NetworkMode::Full
             {
                 return Err(unavailable(
-                    "the guest has no network yet (egress over vsock is not built)".to_owned(),
+                    "a guest has no network device: `network: full` cannot be given to it (use `proxy`, whose egress goes over vsock through the egress proxy)".to_owned(),
                 ));
             }
         }
@@ -286,6 +290,15 @@ impl TierBackend for MicrovmTier {
         let save = persist::prepare_save(sandbox_dir, owner, &mut vmm)
             .map_err(|e| setup_error(crate::error_chain(&e)))?;
         plan.landlock.write_files.extend(save);
+        let egress = egress::EgressPlan::new(plan.egress.as_ref());
+        let resume_egress = egress
+            .as_ref()
+            .map(|egress| {
+                egress.add_to(&mut vmm);
+                egress.resume_value()
+            })
+            .transpose()
+            .map_err(|e| setup_error(crate::error_chain(&e)))?;
         let agent = AgentSpec {
             binary: find_vmm(&options.helper),
             vmm: Some(vmm),
@@ -294,7 +307,7 @@ impl TierBackend for MicrovmTier {
         let starting = airlock_jail::live::start(&plan, options, id, agent)?;
         let helper_pid = starting.record().helper_pid;
         ready::wait_for_agent(&socket, helper_pid, READY_LIMIT)
-            .and_then(|()| ready::resume(&socket, &plan.process.env))
+            .and_then(|()| ready::resume(&socket, &plan.process.env, resume_egress.as_ref()))
             .map_err(|e| setup_error(crate::error_chain(&e)))?;
         Ok(starting)
     }

@@ -93,26 +93,38 @@ pub fn wait_for_agent(socket: &Path, helper_pid: i32, limit: Duration) -> Result
     }
 }
 
-/// The body of `POST /airlock/resume`.
-pub fn resume_body(entropy: &[u8], env: &[(String, String)]) -> String {
+/// The body of `POST /airlock/resume`; `egress` is a `proxy`-mode sandbox's
+/// ([`super::egress::EgressPlan::resume_value`]).
+pub fn resume_body(
+    entropy: &[u8],
+    env: &[(String, String)],
+    egress: Option<&serde_json::Value>,
+) -> String {
     let env: serde_json::Map<String, serde_json::Value> = env
         .iter()
         .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
         .collect();
-    serde_json::json!({
+    let mut body = serde_json::json!({
         "entropy_b64": base64::engine::general_purpose::STANDARD.encode(entropy),
         "env": env,
-    })
-    .to_string()
+    });
+    if let (Some(egress), Some(object)) = (egress, body.as_object_mut()) {
+        object.insert("egress".to_owned(), egress.clone());
+    }
+    body.to_string()
 }
 
-/// Sends the guest's agent fresh host entropy and the sandbox's environment.
-pub fn resume(socket: &Path, env: &[(String, String)]) -> Result<(), ReadyError> {
+/// Sends the guest's agent fresh host entropy, the sandbox's environment and its egress.
+pub fn resume(
+    socket: &Path,
+    env: &[(String, String)],
+    egress: Option<&serde_json::Value>,
+) -> Result<(), ReadyError> {
     let mut entropy = [0u8; ENTROPY_BYTES];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut random| random.read_exact(&mut entropy))
         .map_err(ReadyError::Entropy)?;
-    let body = resume_body(&entropy, env);
+    let body = resume_body(&entropy, env, egress);
     let request = format!(
         "POST /airlock/resume HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
@@ -138,11 +150,17 @@ mod tests {
                 ("AIRLOCK_SANDBOX_ID".into(), "abc".into()),
                 ("QUOTE".into(), "a \"b\"".into()),
             ],
+            None,
         );
         let value: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(value["entropy_b64"], "AQID");
         assert_eq!(value["env"]["AIRLOCK_SANDBOX_ID"], "abc");
         assert_eq!(value["env"]["QUOTE"], "a \"b\"");
+        assert!(value.get("egress").is_none());
+        let egress = serde_json::json!({"relay_port": 3128});
+        let body = resume_body(&[1, 2, 3], &[], Some(&egress));
+        let value: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(value["egress"], egress);
     }
 
     #[test]

@@ -138,6 +138,37 @@ fn test_microvm_check_refuses_what_a_guest_cannot_have_yet() {
     assert!(err.contains("rootfs"), "{err}");
 }
 
+fn with_network(mode: &str) -> SandboxConfig {
+    let yaml = format!("version: 1\nnetwork:\n  mode: {mode}\n");
+    let policy = airlock_policy::Policy::from_yaml("test.yaml", &yaml).unwrap();
+    let mut config = SandboxConfig::new(Vec::new());
+    config.tier = Tier::Microvm;
+    config.policy = Some(Box::new(policy.document().clone()));
+    config
+}
+
+#[test]
+fn test_microvm_check_refuses_full_network_and_lets_proxy_through() {
+    let err = MicrovmTier
+        .check(&with_network("full"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("network: full") && err.contains("proxy"),
+        "{err}"
+    );
+    // Egress through the proxy passes the network check (and stops, here, at the guest).
+    if std::env::var_os(guest::ENV_KERNEL).is_none()
+        && std::env::var_os(guest::ENV_SNAPSHOT).is_none()
+    {
+        let err = MicrovmTier
+            .check(&with_network("proxy"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no guest is configured"), "{err}");
+    }
+}
+
 #[test]
 fn test_find_vmm_is_beside_the_helper() {
     if std::env::var_os(guest::ENV_VMM_BIN).is_none() {
