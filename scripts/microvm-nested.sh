@@ -91,7 +91,7 @@ mkdir -p "$run"
 busybox_tree() {
     mkdir -p "$1/bin" "$1/proc" "$1/sys" "$1/dev" "$1/tmp" "$1/modules"
     cp "$busybox" "$1/bin/busybox"
-    for applet in sh mount insmod echo cat ls head grep sleep poweroff reboot mkdir dd od wc mv kill uname dmesg tail cp chmod switch_root touch sha256sum tr ifconfig; do
+    for applet in sh mount insmod echo cat ls head grep sleep poweroff reboot mkdir dd od wc mv kill uname dmesg tail cp chmod switch_root touch sha256sum tr ifconfig httpd; do
         ln -s busybox "$1/bin/$applet"
     done
 }
@@ -203,13 +203,27 @@ strip --strip-debug -o "$l1/bin/airlock" "$bin/airlock"
 strip --strip-debug -o "$l1/bin/airlock-probe" "$bin/airlock-probe"
 cp "$guest_kernel" "$l1/vmlinux"
 cp "$run/l2.cpio" "$l1/l2.cpio"
+# The daemon's sandbox egresses through its proxy to a small HTTP server of L1's, which the
+# proxy's test resolver names allowed.test (the guest cannot reach L1 any other way).
+mkdir -p "$l1/www"
+echo "hello from L1" > "$l1/www/index.html"
+cat > "$l1/egress.yaml" <<'EOF_POLICY'
+version: 1
+network:
+  mode: proxy
+  egress:
+    - name: l1
+      host: allowed.test
+      ports: [8080]
+      methods: [GET]
+EOF_POLICY
 cat > "$l1/init" <<'EOF'
 #!/bin/sh
 if [ ! -e /.tmpfs-root ]; then
     # The initramfs root cannot be pivoted away from (the jail pivots): run from a tmpfs.
     mkdir /new-root
     mount -t tmpfs -o mode=0755 tmpfs /new-root
-    cp -a /bin /lib /lib64 /modules /vmlinux /l2.cpio /root.ext4 /overlay.img /daemon-images /images.env /init /new-root/
+    cp -a /bin /lib /lib64 /modules /vmlinux /l2.cpio /root.ext4 /overlay.img /daemon-images /images.env /init /www /egress.yaml /new-root/
     mkdir /new-root/proc /new-root/sys /new-root/dev /new-root/tmp /new-root/run
     touch /new-root/.tmpfs-root
     exec switch_root /new-root /init
@@ -256,10 +270,12 @@ for case in vsock vmm-namespaces vmm-view vmm-seccomp vmm-cgroup; do
     fi
 done
 # The daemon over HTTP on the microvm tier: `airlock serve` in L1, and the CLI, a client of its
-# API, creates a sandbox (one more fork), runs a command in it and deletes it.
+# API, creates a sandbox (one more fork) under a `network: proxy` policy, runs commands in it
+# (its egress among them) and deletes it.
 # Its image store holds the busybox test images and their disks; the operator's root disk is
 # the `plain` image's own (so its sandboxes fork the snapshot) and the kernel boots the others.
 ifconfig lo 127.0.0.1 up
+httpd -p 127.0.0.1:8080 -h /www
 export AIRLOCK_URL=http://127.0.0.1:3000
 . /images.env
 mkdir -p /run/e2e/daemon
@@ -268,16 +284,39 @@ AIRLOCK_JAIL_BIN=/bin/airlock-jail AIRLOCK_VMM_BIN=/bin/airlock-vmm \
     AIRLOCK_MICROVM_SNAPSHOT=/run/e2e/snapshot AIRLOCK_MICROVM_ROOT_DISK="/run/e2e/daemon/images/$plain_disk" \
     AIRLOCK_MICROVM_KERNEL=/vmlinux AIRLOCK_MICROVM_INITRD=/l2.cpio AIRLOCK_MICROVM_CMDLINE_DEVICES=1 \
     /bin/airlock serve --listen 127.0.0.1:3000 --state-dir /run/e2e/daemon --insecure-no-auth \
-    --scratch memory >/run/e2e/daemon.log 2>&1 &
+    --scratch memory --test-egress-resolve allowed.test=127.0.0.1:8080 >/run/e2e/daemon.log 2>&1 &
 daemon=$!
 tries=0
 until /bin/airlock sandbox ls >/dev/null 2>&1 || [ $tries -ge 300 ]; do tries=$((tries + 1)); sleep 1; done
-if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB --image "$plain" 2>/run/e2e/create.err); then
+if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB --image "$plain" --policy /egress.yaml 2>/run/e2e/create.err); then
     echo "E2E PASS daemon-create"
     out=$(/bin/airlock sandbox exec "$id" -- /bin/sh -c 'cat /etc/motd; cat /proc/version' 2>&1)
     case "$out" in
         *"Welcome to the Airlock test image"*"Linux version 6.1"*) echo "E2E PASS daemon-exec" ;;
         *) echo "E2E FAIL daemon-exec: $out" ;;
+    esac
+    # Egress: HTTP_PROXY (the agent's relay, vsock, the VMM's forward, the proxy) reaches the
+    # allowed host; another is refused by the proxy, which audits it; and nothing else leaves
+    # the guest: loopback is its one interface, and L1's server is not on it.
+    out=$(/bin/airlock sandbox exec "$id" -- /bin/sh -c 'echo "proxy=$HTTP_PROXY"; wget -q -O - http://allowed.test:8080/' 2>&1)
+    case "$out" in
+        *"proxy=http://127.0.0.1:3128"*"hello from L1"*) echo "E2E PASS microvm-egress-allowed" ;;
+        *) echo "E2E FAIL microvm-egress-allowed: $out" ;;
+    esac
+    out=$(/bin/airlock sandbox exec "$id" -- /bin/sh -c 'wget -O /dev/null http://denied.test:8080/ 2>&1; echo "status=$?"' 2>&1)
+    if grep -rh 'denied.test' /run/e2e/daemon 2>/dev/null | grep -q '"outcome":"denied"'; then
+        case "$out" in
+            *"403"*"status=1"*) echo "E2E PASS microvm-egress-denied" ;;
+            *) echo "E2E FAIL microvm-egress-denied: $out" ;;
+        esac
+    else
+        echo "E2E FAIL microvm-egress-denied: no audit event: $out"
+    fi
+    out=$(/bin/airlock sandbox exec "$id" -- /bin/sh -c 'ls /sys/class/net; nc -w 5 127.0.0.1 8080 </dev/null && echo "loopback:open"; nc -w 5 10.0.2.2 8080 </dev/null && echo "l1:open"; echo done' 2>&1)
+    case "$out" in
+        *open*) echo "E2E FAIL microvm-egress-no-other-route: $out" ;;
+        "lo"*done) echo "E2E PASS microvm-egress-no-other-route" ;;
+        *) echo "E2E FAIL microvm-egress-no-other-route: $out" ;;
     esac
     # Persistence of the VM through the daemon's API: a process counting in the guest, the
     # sandbox paused to disk (its VMM ends), resumed (the same process counts on), snapshotted,
@@ -424,6 +463,7 @@ expected=(l1-kvm l2-init l2-own-kernel l2-virtio-mmio l2-virtio-rng-read l2-virt
     restore-vsock-connect restore-vmm-confined forks-reseeded-own-identity l1-driver
     seceval-microvm seceval-microvm-vsock seceval-microvm-vmm-namespaces seceval-microvm-vmm-view
     seceval-microvm-vmm-seccomp seceval-microvm-vmm-cgroup daemon-create daemon-exec
+    microvm-egress-allowed microvm-egress-denied microvm-egress-no-other-route
     daemon-pause-to-disk daemon-resume-still-counting daemon-vm-snapshot daemon-forks-diverge
     daemon-fork-call daemon-delete daemon-image-boot image-disk-unchanged)
 log="$run/console.log"
