@@ -272,12 +272,16 @@ fn test_explain_names_mechanisms_and_gaps_per_tier() {
         "syscall rule ptrace\n      REFUSED at create",
         "pids 64\n      the VMM's cgroup: pids.max\n      NOT ENFORCED: it counts the VMM's threads",
         "memory 256MiB\n      the guest's memory size",
-        "mode proxy or full\n      REFUSED at create",
+        "mode proxy\n      the guest has no network device: its only way out is Airlock's egress proxy",
     ] {
         assert!(text.contains(says), "missing `{says}` in:\n{text}");
     }
     let full =
         crate::document::Policy::from_yaml("f", "version: 1\nnetwork:\n  mode: full\n").unwrap();
+    assert!(
+        explain(&full, Tier::Microvm, &config, &host())
+            .contains("mode full\n      REFUSED at create")
+    );
     assert!(
         explain(&full, Tier::Process, &config, &host())
             .contains("not supported yet on the process tier")

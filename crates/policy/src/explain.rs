@@ -363,10 +363,10 @@ fn network(policy: &Policy, tier: Tier) -> Vec<Line> {
         NetworkMode::None => {
             lines.push(line("mode none", "a network namespace with loopback only"))
         }
-        NetworkMode::Proxy | NetworkMode::Full if tier == Tier::Microvm => lines.push(gap(
-            "mode proxy or full",
+        NetworkMode::Full if tier == Tier::Microvm => lines.push(gap(
+            "mode full",
             "REFUSED at create",
-            "the guest has no network yet (egress over vsock is not built)",
+            "the guest has no network device to give the host's network to (use proxy)",
         )),
         NetworkMode::Full if tier == Tier::Process => lines.push(gap(
             "mode full",
@@ -377,7 +377,11 @@ fn network(policy: &Policy, tier: Tier) -> Vec<Line> {
         NetworkMode::Proxy => {
             lines.push(line(
                 "mode proxy",
-                "a network namespace whose only way out is Airlock's egress proxy, outside the sandbox (if the runtime starts no proxy, the sandbox keeps loopback only: fail-closed)",
+                if tier == Tier::Microvm {
+                    "the guest has no network device: its only way out is Airlock's egress proxy, outside the VM, reached over vsock (the agent relays 127.0.0.1:3128 to a host port the VMM forwards to the proxy; any other host port is reset)"
+                } else {
+                    "a network namespace whose only way out is Airlock's egress proxy, outside the sandbox (if the runtime starts no proxy, the sandbox keeps loopback only: fail-closed)"
+                },
             ));
             lines.push(line(
                 "hard block (base)",
