@@ -298,9 +298,10 @@ if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB --image "$pla
     # Egress: HTTP_PROXY (the agent's relay, vsock, the VMM's forward, the proxy) reaches the
     # allowed host; another is refused by the proxy, which audits it; and nothing else leaves
     # the guest: loopback is its one interface, and L1's server is not on it.
-    out=$(/bin/airlock sandbox exec "$id" -- /bin/sh -c 'echo "proxy=$HTTP_PROXY"; wget -q -O - http://allowed.test:8080/' 2>&1)
+    # (The proxy's trust bundle is where the environment points, for TLS through it.)
+    out=$(/bin/airlock sandbox exec "$id" -- /bin/sh -c 'echo "proxy=$HTTP_PROXY"; head -n 1 "$SSL_CERT_FILE"; wget -q -O - http://allowed.test:8080/' 2>&1)
     case "$out" in
-        *"proxy=http://127.0.0.1:3128"*"hello from L1"*) echo "E2E PASS microvm-egress-allowed" ;;
+        *"proxy=http://127.0.0.1:3128"*"-----BEGIN CERTIFICATE-----"*"hello from L1"*) echo "E2E PASS microvm-egress-allowed" ;;
         *) echo "E2E FAIL microvm-egress-allowed: $out" ;;
     esac
     out=$(/bin/airlock sandbox exec "$id" -- /bin/sh -c 'wget -O /dev/null http://denied.test:8080/ 2>&1; echo "status=$?"' 2>&1)
