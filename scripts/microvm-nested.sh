@@ -288,7 +288,8 @@ AIRLOCK_JAIL_BIN=/bin/airlock-jail AIRLOCK_VMM_BIN=/bin/airlock-vmm \
 daemon=$!
 tries=0
 until /bin/airlock sandbox ls >/dev/null 2>&1 || [ $tries -ge 300 ]; do tries=$((tries + 1)); sleep 1; done
-if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB --image "$plain" --policy /egress.yaml 2>/run/e2e/create.err); then
+# A lifetime beyond the default 5 minutes: at emulation speed its checks take longer.
+if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB --timeout 30m --image "$plain" --policy /egress.yaml 2>/run/e2e/create.err); then
     echo "E2E PASS daemon-create"
     out=$(/bin/airlock sandbox exec "$id" -- /bin/sh -c 'cat /etc/motd; cat /proc/version' 2>&1)
     case "$out" in
