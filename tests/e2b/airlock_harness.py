@@ -189,7 +189,11 @@ class Daemon:
             return "(no log)"
 
     def sandbox_leftovers(self, sandbox_id: str) -> list[str]:
-        """What a destroyed sandbox still has on the host: its directory and cgroups."""
+        """What a destroyed sandbox still has on the host: its directory and cgroups. A kill
+        answers before the teardown ends; a list answers only after every teardown begun before
+        it, so once it has answered nothing of the sandbox may be left."""
+        listed = self.api("GET", "/sandboxes")
+        assert listed.status == 200, listed
         left = sandbox_cgroups([sandbox_id])
         if (self.sandboxes_dir / sandbox_id).exists():
             left.append(str(self.sandboxes_dir / sandbox_id))
