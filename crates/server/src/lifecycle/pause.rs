@@ -149,6 +149,21 @@ impl Daemon {
         Ok(())
     }
 
+    /// Ends a sandbox's processes and its egress proxy in the blocking pool; its files stay.
+    pub(super) async fn end_processes(&self, live: &Live) {
+        let runtime = self.runtime.clone();
+        let record = live.record.clone();
+        let egress = live.egress.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            runtime.stop(&record);
+            record.reap();
+            if let Some(egress) = egress {
+                egress.end();
+            }
+        })
+        .await;
+    }
+
     async fn stop_keeping_files(
         &self,
         id: &str,
@@ -167,17 +182,7 @@ impl Daemon {
         )? {
             return Err(ApiError::no_sandbox(id));
         }
-        let runtime = self.runtime.clone();
-        let record = live.record.clone();
-        let egress = live.egress.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            runtime.stop(&record);
-            record.reap();
-            if let Some(egress) = egress {
-                egress.end();
-            }
-        })
-        .await;
+        self.end_processes(live).await;
         self.audit.lifecycle(Some(id), "paused", "filesystem only");
         Ok(())
     }

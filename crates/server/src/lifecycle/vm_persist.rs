@@ -74,17 +74,7 @@ impl Daemon {
             }
             return Err(err);
         }
-        let runtime = self.runtime.clone();
-        let record = live.record.clone();
-        let egress = live.egress.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            runtime.stop(&record);
-            record.reap();
-            if let Some(egress) = egress {
-                egress.end();
-            }
-        })
-        .await;
+        self.end_processes(live).await;
         self.audit.lifecycle(Some(id), "paused", "to disk (the VM)");
         Ok(())
     }

@@ -220,6 +220,27 @@ fn vsock_queues_with(data: &[u8], forward: &std::path::Path, listener: &UnixList
     observed
 }
 
+/// A split-ring descriptor in the guest's bytes: address, length, flags, no next.
+fn descriptor(address: u32, len: u32, flags: u16) -> Vec<u8> {
+    let mut d = Vec::new();
+    d.extend_from_slice(&u64::from(address).to_le_bytes());
+    d.extend_from_slice(&len.to_le_bytes());
+    d.extend_from_slice(&flags.to_le_bytes());
+    d.extend_from_slice(&0u16.to_le_bytes());
+    d
+}
+
+/// An available ring of a size-8 queue offering its first `count` descriptors.
+fn avail(count: u16) -> Vec<u8> {
+    let mut ring = vec![0, 0];
+    ring.extend_from_slice(&count.to_le_bytes());
+    for i in 0..8u16 {
+        ring.extend_from_slice(&i.to_le_bytes());
+    }
+    ring.extend_from_slice(&[0, 0]); // used_event
+    ring
+}
+
 /// A well-formed exchange: the guest accepts the host's connection (RESPONSE) and sends
 /// "hello" (RW), and gives two receive buffers (for the device's REQUEST and a credit update).
 pub fn vsock_queues_seed() -> Vec<u8> {
@@ -234,23 +255,6 @@ pub fn vsock_queues_seed() -> Vec<u8> {
         flags: 0,
         buf_alloc: 65536,
         fwd_cnt: 0,
-    };
-    let descriptor = |address: u32, len: u32, flags: u16| {
-        let mut d = Vec::new();
-        d.extend_from_slice(&u64::from(address).to_le_bytes());
-        d.extend_from_slice(&len.to_le_bytes());
-        d.extend_from_slice(&flags.to_le_bytes());
-        d.extend_from_slice(&0u16.to_le_bytes());
-        d
-    };
-    let avail = |count: u16| {
-        let mut ring = vec![0, 0];
-        ring.extend_from_slice(&count.to_le_bytes());
-        for i in 0..8u16 {
-            ring.extend_from_slice(&i.to_le_bytes());
-        }
-        ring.extend_from_slice(&[0, 0]); // used_event
-        ring
     };
     let mut seed = vec![7]; // queue size 8
     let mut tx_table = descriptor(BUFFERS, 44, 0);
@@ -286,23 +290,6 @@ pub fn vsock_forward_seed() -> Vec<u8> {
         flags: 0,
         buf_alloc: 65536,
         fwd_cnt: 0,
-    };
-    let descriptor = |address: u32, len: u32, flags: u16| {
-        let mut d = Vec::new();
-        d.extend_from_slice(&u64::from(address).to_le_bytes());
-        d.extend_from_slice(&len.to_le_bytes());
-        d.extend_from_slice(&flags.to_le_bytes());
-        d.extend_from_slice(&0u16.to_le_bytes());
-        d
-    };
-    let avail = |count: u16| {
-        let mut ring = vec![0, 0];
-        ring.extend_from_slice(&count.to_le_bytes());
-        for i in 0..8u16 {
-            ring.extend_from_slice(&i.to_le_bytes());
-        }
-        ring.extend_from_slice(&[0, 0]);
-        ring
     };
     let mut seed = vec![7];
     let mut tx_table = descriptor(BUFFERS, 44, 0);

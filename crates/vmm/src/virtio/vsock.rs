@@ -145,6 +145,28 @@ struct Connection {
 }
 
 impl Connection {
+    /// A connection with nothing carried yet, nothing announced and no credit from the guest.
+    fn new(stream: UnixStream, host_port: u32, guest_port: u32, state: State) -> Connection {
+        Connection {
+            stream,
+            host_port,
+            guest_port,
+            state,
+            to_host: Vec::new(),
+            own_bytes: 0,
+            announce: false,
+            from_host: Vec::new(),
+            host_eof: false,
+            guest_sent_eof: false,
+            host_write_shut: false,
+            fwd_cnt: 0,
+            fwd_cnt_told: 0,
+            tx_cnt: 0,
+            peer_buf_alloc: 0,
+            peer_fwd_cnt: 0,
+        }
+    }
+
     fn guest_credit(&self) -> u32 {
         self.peer_buf_alloc
             .saturating_sub(self.tx_cnt.wrapping_sub(self.peer_fwd_cnt))
@@ -421,24 +443,9 @@ impl Vsock {
         let _ = set_nonblocking(&stream, true);
         let host_port = self.next_host_port;
         self.next_host_port = self.next_host_port.wrapping_add(1).max(FIRST_HOST_PORT);
-        self.connections.push(Connection {
-            stream,
-            host_port,
-            guest_port,
-            state: State::Connecting,
-            to_host: Vec::new(),
-            own_bytes: 0,
-            announce,
-            from_host: Vec::new(),
-            host_eof: false,
-            guest_sent_eof: false,
-            host_write_shut: false,
-            fwd_cnt: 0,
-            fwd_cnt_told: 0,
-            tx_cnt: 0,
-            peer_buf_alloc: 0,
-            peer_fwd_cnt: 0,
-        });
+        let mut connection = Connection::new(stream, host_port, guest_port, State::Connecting);
+        connection.announce = announce;
+        self.connections.push(connection);
         let request = self.header(host_port, guest_port, OP_REQUEST);
         self.control.push_back(request);
     }
@@ -572,24 +579,10 @@ impl Vsock {
             self.reset(host_port, guest_port);
             return;
         };
-        self.connections.push(Connection {
-            stream,
-            host_port,
-            guest_port,
-            state: State::Established,
-            to_host: Vec::new(),
-            own_bytes: 0,
-            announce: false,
-            from_host: Vec::new(),
-            host_eof: false,
-            guest_sent_eof: false,
-            host_write_shut: false,
-            fwd_cnt: 0,
-            fwd_cnt_told: 0,
-            tx_cnt: 0,
-            peer_buf_alloc: request.buf_alloc,
-            peer_fwd_cnt: request.fwd_cnt,
-        });
+        let mut connection = Connection::new(stream, host_port, guest_port, State::Established);
+        connection.peer_buf_alloc = request.buf_alloc;
+        connection.peer_fwd_cnt = request.fwd_cnt;
+        self.connections.push(connection);
         let response = self.header(host_port, guest_port, OP_RESPONSE);
         self.control.push_back(response);
     }
