@@ -263,9 +263,12 @@ fn test_policy_explain_and_diff() {
         "microvm",
         old.to_str().unwrap(),
     ]);
+    // The guest applies none of the workspace profile's path rules yet: each says so.
+    assert_eq!(vm.code, 0, "{vm:?}");
     assert!(
         vm.stdout
-            .contains("NOT ENFORCED: the microvm tier is not available")
+            .contains("NOT ENFORCED: the guest applies no path rules yet"),
+        "{vm:?}"
     );
     let diff = airlock(&[
         "policy",
