@@ -414,8 +414,10 @@ if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB --timeout 30m
     for sandbox in $id $forks; do
         /bin/airlock sandbox rm "$sandbox" || echo "E2E FAIL daemon-delete: rm $sandbox failed"
     done
-    left="$(find /run/e2e/daemon/sandboxes /run/e2e/daemon/vm-snapshots -mindepth 1 2>/dev/null)"
+    # A delete answers before its teardown ends; a list answers after every teardown begun
+    # before it, so the list comes first and the leftovers are looked for after it.
     listed="$(/bin/airlock sandbox ls | grep "$id")"
+    left="$(find /run/e2e/daemon/sandboxes /run/e2e/daemon/vm-snapshots -mindepth 1 2>/dev/null)"
     vmms="$(vmm_count)"
     if [ -n "$listed" ] || [ "$vmms" -ne "$others" ] || [ -n "$left" ]; then
         echo "E2E FAIL daemon-delete: left: listed [$listed] VMMs [$vmms, $others before] files [$left]"
@@ -435,6 +437,7 @@ if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB --image "$lay
         *) echo "E2E FAIL daemon-image-boot: $out" ;;
     esac
     /bin/airlock sandbox rm "$id" || echo "E2E FAIL daemon-image-boot: rm failed"
+    /bin/airlock sandbox ls >/dev/null
     if grep -qa '^airlock-vmm' /proc/[0-9]*/cmdline; then
         echo "E2E FAIL daemon-image-boot: a VMM is left"
     fi
