@@ -430,6 +430,7 @@ else
 fi
 # Another image: a fresh boot of the kernel on that image's disk (its second layer's file, its
 # whiteout of motd, its config's environment), then gone with its VMM.
+vmms_before=$(grep -la '^airlock-vmm' /proc/[0-9]*/cmdline 2>/dev/null | wc -l)
 if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB --image "$layered" 2>/run/e2e/create.err); then
     out=$(/bin/airlock sandbox exec "$id" -- /bin/sh -c 'cat /opt/keep/new; [ -e /etc/motd ] || echo no-motd; echo "image=$AIRLOCK_IMAGE"' 2>&1)
     case "$out" in
@@ -438,8 +439,9 @@ if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB --image "$lay
     esac
     /bin/airlock sandbox rm "$id" || echo "E2E FAIL daemon-image-boot: rm failed"
     /bin/airlock sandbox ls >/dev/null
-    if grep -qa '^airlock-vmm' /proc/[0-9]*/cmdline; then
-        echo "E2E FAIL daemon-image-boot: a VMM is left"
+    vmms_after=$(grep -la '^airlock-vmm' /proc/[0-9]*/cmdline 2>/dev/null | wc -l)
+    if [ "$vmms_after" -ne "$vmms_before" ]; then
+        echo "E2E FAIL daemon-image-boot: its VMM is left ($vmms_after VMMs, $vmms_before before)"
     fi
 else
     echo "E2E FAIL daemon-image-boot: $(cat /run/e2e/create.err)"
