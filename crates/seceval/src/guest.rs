@@ -19,6 +19,8 @@ const ANSWER_LIMIT: Duration = Duration::from_secs(300);
 pub struct Finished {
     pub stdout: String,
     pub exit_code: Option<i32>,
+    /// The signal that ended it (the agent's `status` says so; its `exitCode` is then -1).
+    pub signal: Option<i32>,
 }
 
 /// One HTTP/1.1 request on a fresh connection: the status and the (de-chunked) body. The
@@ -103,6 +105,9 @@ pub fn run(socket: &Path, cmd: &str, args: &[String]) -> anyhow::Result<Finished
         }
         if let Some(code) = event["end"]["exitCode"].as_i64() {
             finished.exit_code = i32::try_from(code).ok();
+        }
+        if let Some(status) = event["end"]["status"].as_str() {
+            finished.signal = airlock_server::judge0::status::signal_from_status(status);
         }
         rest = &rest[5 + length..];
     }

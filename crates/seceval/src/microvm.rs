@@ -3,9 +3,11 @@
 //! sandbox, a Linux guest of the jailed VMM, and the cases whose catalog entry has a
 //! `microvm` block. `via: vmm` cases (`tier.microvm-vmm-*`) read the VMM's own confinement
 //! from this host's `/proc` (its namespaces, its view, its seccomp filters, its cgroup's limits); the others
-//! run the probe, uploaded through the agent, inside the guest. Every other case is n/a with
-//! the reason: it runs `airlock run` in the process tier's jail on the host, which this tier
-//! does not take (it runs long-lived guests only).
+//! run the probe, uploaded through the agent, inside the guest: the guest-kernel cases
+//! (`kern.*`) among them, where the guest's root meets the project's guest kernel with no
+//! seccomp filter. Every other case is n/a with the reason: it runs `airlock run` in the
+//! process tier's jail on the host, which this tier does not take (it runs long-lived guests
+//! only).
 
 use std::path::{Path, PathBuf};
 
@@ -95,7 +97,7 @@ fn evaluate_all(
                 vmm_check(record, case.id.trim_start_matches(VMM_CASE_PREFIX))
             } else {
                 guest::run(&record.socket, PROBE_IN_GUEST, &case.probe)
-                    .map(|run| Outcome::from_probe(&run.stdout, run.exit_code, None))
+                    .map(|run| Outcome::from_probe(&run.stdout, run.exit_code, run.signal))
             };
             match outcome {
                 Ok(outcome) => verdict(&case, &outcome)?,
