@@ -256,7 +256,7 @@ impl Daemon {
             .block_on(self.client.exec_collect(self.id(0), &request))?;
         let stdout = String::from_utf8_lossy(&output.stdout);
         let signal = (!output.exited)
-            .then(|| signal_named(&output.status))
+            .then(|| airlock_server::judge0::status::signal_from_status(&output.status))
             .flatten();
         let code = signal.is_none().then_some(output.exit_code);
         Ok(Outcome::from_probe(&stdout, code, signal))
@@ -579,25 +579,6 @@ impl Daemon {
 
 /// An API answer as an outcome: success, the OS error behind a refusal when the agent names
 /// one (`... (os error 13)`), else the HTTP status.
-/// The signal of an exit `status` such as `signal: bad system call` (Go's descriptions, as the
-/// agent writes them; x86_64 numbers), for the signals the catalog expects.
-fn signal_named(status: &str) -> Option<i32> {
-    let name = status.strip_prefix("signal: ")?;
-    let name = name.trim_end_matches(" (core dumped)");
-    Some(match name {
-        "killed" => 9,
-        "bad system call" => 31,
-        "segmentation fault" => 11,
-        "aborted" => 6,
-        "bus error" => 7,
-        "illegal instruction" => 4,
-        "file size limit exceeded" => 25,
-        "CPU time limit exceeded" => 24,
-        "terminated" => 15,
-        other => other.strip_prefix("signal ")?.parse().ok()?,
-    })
-}
-
 fn api_outcome<T>(result: Result<T, ClientError>) -> Outcome {
     match result {
         Ok(_) => Outcome::Ok(String::new()),
