@@ -310,24 +310,13 @@ pub fn markdown(catalog: &Catalog) -> String {
                 let _ = write!(attack, " **known gap: {reason}**");
             }
             let mut proven = proof_text(case);
-            let tiers = [
-                (
-                    case.container.is_some(),
-                    airlock_api::Tier::Container,
-                    "Container",
-                ),
-                (
-                    case.microvm.is_some(),
-                    airlock_api::Tier::Microvm,
-                    "Microvm",
-                ),
+            let blocks = [
+                (&case.container, airlock_api::Tier::Container, "Container"),
+                (&case.microvm, airlock_api::Tier::Microvm, "Microvm"),
             ];
-            for (_, tier, name) in tiers.into_iter().filter(|(has, ..)| *has) {
-                let _ = write!(
-                    proven,
-                    ". **{name} tier:** {}",
-                    tier_text(&case.on_tier(tier))
-                );
+            for (_, tier, name) in blocks.into_iter().filter(|(block, ..)| block.is_some()) {
+                let on = case.on_tier(tier);
+                let _ = write!(proven, ". **{name} tier:** {}", tier_text(&on));
             }
             let refs: Vec<String> = case.refs.iter().map(u32::to_string).collect();
             let _ = writeln!(
