@@ -181,6 +181,7 @@ fn jailed_fork(dir: &Path) -> (Runtime, LiveSandbox) {
         dir: sandbox_dir,
         config,
         volume: VolumeSource::Empty,
+        vm_shell: false,
     };
     let pending = runtime
         .create_live(&spec)

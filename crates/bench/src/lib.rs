@@ -19,6 +19,7 @@ mod load;
 mod pause;
 mod soak;
 mod vm;
+mod vm_process;
 mod wasm;
 
 use std::process::{Command, ExitCode, Stdio};

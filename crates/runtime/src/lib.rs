@@ -82,6 +82,8 @@ pub enum RuntimeError {
     IdRange(#[from] IdRangeError),
     #[error("the microVM could not be paused to disk or copied")]
     VmPersist(#[from] microvm::persist::PersistError),
+    #[error("the microVM's pre-created shell failed")]
+    VmShell(#[from] microvm::shell::ShellError),
 }
 
 /// One runtime per process: it knows where its helper is and what the host supports.

@@ -26,6 +26,10 @@ pub struct LiveSpec {
     pub config: SandboxConfig,
     /// What its scratch volume starts with (disk scratch only; see [`VolumeSource`]).
     pub volume: VolumeSource,
+    /// A microvm sandbox whose directory holds a paused VM (a fork's copy of a snapshot):
+    /// started as a pre-created VM shell, which [`Pending::restore_in_shell`] restores
+    /// ([`crate::microvm::shell`]). Its agent serves only then.
+    pub vm_shell: bool,
 }
 
 /// Everything needed to find, reach and end a running long-lived sandbox: store it.
@@ -153,6 +157,8 @@ pub struct Pending {
     starting: Starting,
     volume: Option<VolumeGuard>,
     record: LiveSandbox,
+    /// A VM shell's guest, until it is restored.
+    shell: Option<crate::microvm::shell::GuestStart>,
 }
 
 /// A scratch volume that is removed when dropped, until its sandbox is committed.
@@ -181,12 +187,34 @@ impl Pending {
         self.starting.warnings()
     }
 
-    /// Lets the sandbox outlive this process. Call once its record is durable.
+    /// Whether the sandbox is a VM shell still to restore.
+    pub fn is_vm_shell(&self) -> bool {
+        self.shell.is_some()
+    }
+
+    /// Restores a VM shell's guest (a [`LiveSpec::vm_shell`] start) and returns once its
+    /// agent serves, with the time the VMM took to restore. Blocking.
+    pub fn restore_in_shell(&mut self) -> Result<std::time::Duration, RuntimeError> {
+        let guest = self
+            .shell
+            .as_ref()
+            .ok_or(crate::microvm::shell::ShellError::NotRestored)?;
+        let took = guest.restore_in_shell()?;
+        self.shell = None;
+        Ok(took)
+    }
+
+    /// Lets the sandbox outlive this process. Call once its record is durable (and a VM
+    /// shell restored).
     pub fn commit(self) -> Result<LiveSandbox, RuntimeError> {
+        if self.shell.is_some() {
+            return Err(crate::microvm::shell::ShellError::NotRestored.into());
+        }
         let Pending {
             starting,
             volume,
             record,
+            ..
         } = self;
         let mut volume = volume;
         starting.commit()?;
@@ -349,7 +377,19 @@ impl Runtime {
         };
         let socket = agent.socket.clone();
         let name = format!("{}-{}", self.owner, spec.id);
-        let starting = backend.start_live(&config, &plan, &options, &name, agent)?;
+        let (starting, shell) = if spec.vm_shell {
+            if backend.tier() != airlock_api::Tier::Microvm {
+                return Err(crate::microvm::shell::ShellError::NotMicrovm.into());
+            }
+            let (starting, guest) = crate::microvm::MicrovmTier
+                .start_vm(&config, &plan, &options, &name, agent, true)?;
+            (starting, Some(guest))
+        } else {
+            (
+                backend.start_live(&config, &plan, &options, &name, agent)?,
+                None,
+            )
+        };
         let jail = starting.record();
         let record = LiveSandbox {
             id: spec.id.clone(),
@@ -365,6 +405,7 @@ impl Runtime {
             starting,
             volume,
             record,
+            shell,
         })
     }
 

@@ -73,6 +73,7 @@ fn test_container_sandbox_on_disk_scratch_keeps_its_upper_in_the_volume() {
         dir: dir.clone(),
         config: SandboxConfig::for_image(image, &["ignored".into()]),
         volume: Default::default(),
+        vm_shell: false,
     };
     let record = runtime.create_live(&spec).unwrap().commit().unwrap();
     let volume = mount.join("volumes/ctrlive1");

@@ -39,6 +39,7 @@ fn spec(id: &str, dir: &Path) -> LiveSpec {
         dir: dir.to_path_buf(),
         config: SandboxConfig::new(Vec::new()),
         volume: Default::default(),
+        vm_shell: false,
     }
 }
 

@@ -54,6 +54,7 @@ pub fn column(cases: &[&Case], probe: &Path) -> anyhow::Result<Vec<CaseResult>> 
         dir: dir.clone(),
         config,
         volume: VolumeSource::Empty,
+        vm_shell: false,
     };
     let record = runtime
         .create_live(&spec)

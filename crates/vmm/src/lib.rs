@@ -29,6 +29,7 @@ pub mod linux;
 pub mod memory;
 pub mod pause;
 pub mod seccomp;
+pub mod shell_control;
 pub mod snapshot;
 pub mod vcpu;
 pub mod virtio;

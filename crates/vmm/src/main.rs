@@ -36,6 +36,13 @@
 //!   (memory mapped copy-on-write) where it stopped; vsock connections do not survive it (the
 //!   guest gets a transport reset), so the host connects again.
 //!
+//! - `airlock-vmm restore --shell ...`: a pre-created VM shell. Everything a restore can do
+//!   ahead is done (the VM, irqchip, PIT, vCPU and irqfds created, the snapshot read, disks
+//!   and snapshot files opened), then the VMM waits: the first connection on its vsock socket
+//!   is its owner's, whose `restore` line makes it restore the snapshot there and answer
+//!   `restored <microseconds>` (`airlock_vmm::shell_control`); later connections reach the
+//!   guest as usual. How a warm pool of a microvm snapshot holds its members.
+//!
 //! `--vsock-listen-fd N` takes the vsock device's host socket from an inherited listening
 //! Unix socket N instead of binding `--vsock-socket`, and `--vsock-port P` sends every
 //! connection on it to guest port P without the `CONNECT` handshake (no `OK` line either):
@@ -62,7 +69,7 @@ use airlock_vmm::linux::LinuxBoot;
 use airlock_vmm::virtio::block::{Block, Disk, DiskSpec};
 use airlock_vmm::virtio::{Device, Forward, HostListener};
 use airlock_vmm::vm::{self, Vm, VmConfig, VmExit, VmShell, Vmm};
-use airlock_vmm::{seccomp, snapshot};
+use airlock_vmm::{seccomp, shell_control, snapshot};
 use anyhow::{Context, bail};
 
 struct Args {
@@ -85,6 +92,7 @@ struct Args {
     disks: Vec<DiskSpec>,
     save_memory: Option<PathBuf>,
     save_state: Option<PathBuf>,
+    shell: bool,
 }
 
 /// Where SIGUSR1's snapshot goes, if anywhere.
@@ -122,10 +130,15 @@ fn parse() -> anyhow::Result<Args> {
         disks: Vec::new(),
         save_memory: None,
         save_state: None,
+        shell: false,
     };
     while let Some(flag) = args.next() {
         if flag == "--cmdline-devices" {
             parsed.cmdline_devices = true;
+            continue;
+        }
+        if flag == "--shell" {
+            parsed.shell = true;
             continue;
         }
         let value = args
@@ -175,6 +188,12 @@ fn parse() -> anyhow::Result<Args> {
         && !parsed.snapshot.as_os_str().is_empty()
     {
         bail!("give --snapshot DIR or --save-memory/--save-state, not both");
+    }
+    if parsed.shell && parsed.mode != "restore" {
+        bail!("--shell is for restore only");
+    }
+    if parsed.shell && parsed.vsock_socket.is_none() && parsed.vsock_listen_fd.is_none() {
+        bail!("--shell needs --vsock-socket or --vsock-listen-fd (its owner's connection)");
     }
     Forward::check_unique(&parsed.forwards).context("--vsock-forward")?;
     if parsed.mode == "linux" {
@@ -363,14 +382,37 @@ fn run_linux(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
 fn run_restore(vmm: &Vmm, args: &Args) -> anyhow::Result<()> {
     let listener = vsock_listener(args)?;
     let template = Template::from_snapshot(snapshot::load(&args.snapshot)?);
-    let mut vm = template.fork(vmm, None)?;
     let disks = args
         .disks
         .iter()
         .map(|spec| Disk::open(&spec.path, spec.read_only))
         .collect::<Result<Vec<_>, _>>()?;
-    vm.attach_disks(disks)?;
     let save = save_files(args, template.state.memory_bytes)?.map_or(Save::Never, Save::Files);
+    let restore = |shell| -> anyhow::Result<Vm> {
+        let mut vm = template.fork(vmm, shell)?;
+        vm.attach_disks(disks)?;
+        Ok(vm)
+    };
+    let vm = match (&listener, args.shell) {
+        (Some(listener), true) => {
+            let shell =
+                VmShell::create(vmm, template.virtio_devices(), template.state.memory_bytes)?;
+            eprintln!("airlock-vmm: shell ready for {}", args.snapshot.display());
+            let control = shell_control::await_restore(&listener.listener)?;
+            let started = std::time::Instant::now();
+            match restore(Some(shell)) {
+                Ok(vm) => {
+                    shell_control::answer(control, Ok(started.elapsed()))?;
+                    vm
+                }
+                Err(err) => {
+                    let _ = shell_control::answer(control, Err(&format!("{err:#}")));
+                    return Err(err);
+                }
+            }
+        }
+        _ => restore(None)?,
+    };
     eprintln!("airlock-vmm: restored {}", args.snapshot.display());
     run_guest(vm, listener, args.forwards.clone(), save).map(|_| ())
 }

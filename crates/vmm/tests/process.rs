@@ -18,6 +18,22 @@ fn vmm(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// The counter guest's template in `dir`, counted to 5.
+fn make_template(dir: &std::path::Path) {
+    let out = vmm(&[
+        "template",
+        "--snapshot",
+        dir.to_str().unwrap(),
+        "--steps",
+        "5",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn test_vmm_process_forks_count_under_the_allow_list_and_off_list_calls_die() {
     if !std::path::Path::new("/dev/kvm").exists() {
@@ -26,12 +42,7 @@ fn test_vmm_process_forks_count_under_the_allow_list_and_off_list_calls_die() {
     }
     let dir = std::env::temp_dir().join(format!("airlock-vmm-process-{}", std::process::id()));
     let snap = dir.to_str().unwrap();
-    let out = vmm(&["template", "--snapshot", snap, "--steps", "5"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    make_template(&dir);
 
     let out = vmm(&[
         "fork",
@@ -84,18 +95,7 @@ fn test_vmm_under_the_allow_list_snapshots_on_sigusr1_into_given_files_and_count
     let dir = std::env::temp_dir().join(format!("airlock-vmm-save-{}", std::process::id()));
     let (template, paused) = (dir.join("template"), dir.join("paused"));
     std::fs::create_dir_all(&paused).unwrap();
-    let out = vmm(&[
-        "template",
-        "--snapshot",
-        template.to_str().unwrap(),
-        "--steps",
-        "5",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    make_template(&template);
     let (memory, state) = (dir.join("save-memory"), dir.join("save-state"));
     std::fs::write(&memory, b"").unwrap();
     std::fs::write(&state, b"stale").unwrap();
@@ -162,5 +162,72 @@ fn test_vmm_under_the_allow_list_snapshots_on_sigusr1_into_given_files_and_count
     // The template stopped at 5; the restored guest counted on from there before its pause
     // (at least the byte read above), then one step of 100.
     assert!(counter > 105, "{stdout}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A pre-created shell: the VMM makes its VM and opens the snapshot, then waits for its
+/// owner's `restore` on the socket; only then does the guest run, counting on from the
+/// snapshot. A request other than `restore` ends the shell with nothing restored.
+#[test]
+fn test_vmm_shell_waits_for_its_owner_then_restores_the_snapshot_and_counts_on() {
+    use std::io::{BufRead, Read, Write};
+    if !std::path::Path::new("/dev/kvm").exists() {
+        eprintln!("SKIPPED: /dev/kvm does not exist on this host");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("airlock-vmm-shell-{}", std::process::id()));
+    let template = dir.join("template");
+    make_template(&template);
+    let shell = |socket: &std::path::Path| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_airlock-vmm"))
+            .args([
+                "restore",
+                "--shell",
+                "--snapshot",
+                template.to_str().unwrap(),
+            ])
+            .args(["--vsock-socket", socket.to_str().unwrap()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Its first line says the shell is made; the socket is bound before it.
+        let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        assert!(line.starts_with("airlock-vmm: shell ready"), "{line}");
+        (child, stderr)
+    };
+
+    let socket = dir.join("good.sock");
+    let (mut child, mut stderr) = shell(&socket);
+    let mut control = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    let took = airlock_vmm::shell_control::request_restore(&mut control).unwrap();
+    assert!(took > std::time::Duration::ZERO);
+    // Restored: the guest counts (and prints) on from the template's 5.
+    let mut first = [0u8; 1];
+    child
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut first)
+        .unwrap();
+    assert_eq!(first[0], 6);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    assert!(rest.contains("restored"), "{rest}");
+
+    let socket = dir.join("bad.sock");
+    let (child, mut stderr) = shell(&socket);
+    let mut control = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    control.write_all(b"boot\n").unwrap();
+    let mut err = String::new();
+    stderr.read_to_string(&mut err).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(out.stdout.is_empty(), "the guest ran: {:?}", out.stdout);
+    assert!(err.contains("asked \"boot\", not `restore`"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

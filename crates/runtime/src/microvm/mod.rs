@@ -22,7 +22,8 @@
 //!
 //! Every VMM is started able to snapshot its guest on request, and a sandbox whose directory
 //! holds a VM paused to disk is restored from it, not booted ([`persist`]): how the daemon
-//! pauses to disk, resumes, snapshots and forks a microvm sandbox.
+//! pauses to disk, resumes, snapshots and forks a microvm sandbox. Such a start can stop
+//! short of the restore, in a pre-created VM shell that restores when asked ([`shell`]).
 
 pub mod answer;
 pub mod disks;
@@ -30,6 +31,7 @@ pub mod egress;
 pub mod guest;
 pub mod persist;
 pub mod ready;
+pub mod shell;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -255,6 +257,27 @@ impl TierBackend for MicrovmTier {
         id: &str,
         agent: AgentSpec,
     ) -> Result<airlock_jail::live::Starting, JailError> {
+        let (starting, guest) = self.start_vm(config, plan, options, id, agent, false)?;
+        guest
+            .finish()
+            .map_err(|e| setup_error(crate::error_chain(&e)))?;
+        Ok(starting)
+    }
+}
+
+impl MicrovmTier {
+    /// Starts the VMM in its jail and returns what is left to do for the guest to serve
+    /// ([`shell::GuestStart`]). With `shell`, the sandbox's directory must hold a paused VM,
+    /// and the VMM stops short of restoring it until asked.
+    pub(crate) fn start_vm(
+        &self,
+        config: &SandboxConfig,
+        plan: &Plan,
+        options: &SpawnOptions,
+        id: &str,
+        agent: AgentSpec,
+        shell: bool,
+    ) -> Result<(airlock_jail::live::Starting, shell::GuestStart), JailError> {
         let sandbox_dir = agent.socket.parent().ok_or_else(|| {
             setup_error("the agent's socket names no sandbox directory".to_owned())
         })?;
@@ -264,6 +287,10 @@ impl TierBackend for MicrovmTier {
             .or_else(|| disks::root_disk_from_vars(&|name| std::env::var_os(name)));
         let (guest, root_disk, paused) =
             guest_for(sandbox_dir, paused_disk, || chosen_guest(config)).map_err(setup_error)?;
+        if shell && !paused {
+            let err = shell::ShellError::NotPaused(sandbox_dir.to_owned());
+            return Err(setup_error(crate::error_chain(&err)));
+        }
         let memory_mib = guest::guest_memory_mib(
             plan.cgroup
                 .workload_memory_bytes
@@ -284,6 +311,9 @@ impl TierBackend for MicrovmTier {
         let mut plan = vmm_plan(plan, root, disks.as_ref());
         let socket = agent.socket.clone();
         let mut vmm = guest::vmm_spec(&guest, memory_mib);
+        if shell {
+            vmm.args.push("--shell".to_owned());
+        }
         if let Some(disks) = &disks {
             disks.add_to(&mut vmm);
         }
@@ -305,11 +335,14 @@ impl TierBackend for MicrovmTier {
             ..agent
         };
         let starting = airlock_jail::live::start(&plan, options, id, agent)?;
-        let helper_pid = starting.record().helper_pid;
-        ready::wait_for_agent(&socket, helper_pid, READY_LIMIT)
-            .and_then(|()| ready::resume(&socket, &plan.process.env, resume_egress.as_ref()))
-            .map_err(|e| setup_error(crate::error_chain(&e)))?;
-        Ok(starting)
+        let guest = shell::GuestStart {
+            socket,
+            helper_pid: starting.record().helper_pid,
+            env: plan.process.env.clone(),
+            egress: resume_egress,
+            limit: READY_LIMIT,
+        };
+        Ok((starting, guest))
     }
 }
 
