@@ -666,7 +666,8 @@ pub const MAX_POOL_SIZE: u32 = 1000;
 
 /// `PUT /v1/templates/{name}/pool`: keep `size` sandboxes of the template started and ready;
 /// 0 removes the pool. A create for the template that asks for nothing else (no policy,
-/// resources or workspace of its own) is served from it.
+/// resources or workspace of its own) is served from it. `name` may be a microvm snapshot's
+/// name or id: its members are pre-created VM shells, restored by the fork that claims one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PoolRequest {

@@ -76,6 +76,13 @@ pub enum SandboxCommand {
     },
     /// Show a sandbox's events and its agent's log.
     Logs { id: String },
+    /// Show a template's (or a microvm snapshot's) warm pool as JSON; with --size, set its
+    /// size first (0 removes it). A microvm snapshot's members are pre-created VM shells.
+    Pool {
+        template: String,
+        #[arg(long, value_name = "N")]
+        size: Option<u32>,
+    },
     /// Set how long from now a sandbox lives.
     Timeout {
         id: String,
@@ -221,6 +228,14 @@ pub fn sandbox(daemon: &DaemonArgs, command: SandboxCommand) -> anyhow::Result<E
                     .await
                     .with_context(|| format!("removing {id}"))?;
             }
+            Ok(ExitCode::SUCCESS)
+        }),
+        SandboxCommand::Pool { template, size } => block_on(async {
+            let status = match size {
+                Some(size) => client.set_pool(&template, size).await?,
+                None => client.pool(&template).await?,
+            };
+            println!("{}", serde_json::to_string_pretty(&status)?);
             Ok(ExitCode::SUCCESS)
         }),
         SandboxCommand::Logs { id } => block_on(async {

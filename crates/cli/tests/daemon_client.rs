@@ -189,6 +189,21 @@ fn test_sandbox_commands_drive_a_daemon() {
     let gone = daemon.airlock(&["sandbox", "get", &id], Some(&daemon.key));
     assert_eq!(gone.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&gone.stderr).contains("not_found"));
+
+    // A warm pool: set, shown, removed; a name that is no template fails naming it.
+    let set: serde_json::Value =
+        serde_json::from_str(&daemon.ok(&["sandbox", "pool", "base", "--size", "1"])).unwrap();
+    assert_eq!(
+        (set["template"].as_str(), set["size"].as_u64()),
+        (Some("base"), Some(1))
+    );
+    let shown: serde_json::Value =
+        serde_json::from_str(&daemon.ok(&["sandbox", "pool", "base"])).unwrap();
+    assert_eq!(shown["size"], 1);
+    daemon.ok(&["sandbox", "pool", "base", "--size", "0"]);
+    let missing = daemon.airlock(&["sandbox", "pool", "nosuch"], Some(&daemon.key));
+    assert_eq!(missing.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("nosuch"));
 }
 
 #[test]

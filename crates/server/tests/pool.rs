@@ -199,6 +199,42 @@ async fn test_pool_bad_requests_are_refused_with_their_reason() {
     assert!(daemon.terminate());
 }
 
+/// A snapshot has a pool only on the microvm tier, where its members are VM shells.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_pool_of_a_process_tier_snapshot_is_refused_naming_what_may_have_one() {
+    common::require_binaries();
+    let mut daemon = TestDaemon::start("pool-snapshot", &["--scratch", "disk"]);
+    let client = daemon.client();
+    let created = client
+        .create(&CreateSandboxRequest::default())
+        .await
+        .unwrap();
+    client
+        .snapshot(&created.sandbox.id, Some("files".into()))
+        .await
+        .unwrap();
+    let (status, _, body) = client
+        .raw(
+            Method::PUT,
+            "/v1/templates/files/pool",
+            &[("content-type", "application/json")],
+            "{\"size\": 1}",
+        )
+        .await
+        .unwrap();
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(body.contains("microvm snapshots"), "{body}");
+    let (status, _, body) = client
+        .raw(Method::GET, "/v1/templates/files/pool", &[], "")
+        .await
+        .unwrap();
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    client.delete(&created.sandbox.id).await.unwrap();
+    assert!(daemon.terminate());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn test_pool_members_yield_their_places_to_cold_creates() {
     common::require_binaries();

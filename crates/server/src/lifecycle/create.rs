@@ -55,13 +55,18 @@ impl Daemon {
             ));
         }
         let normalized = self.normalize(request).map_err(|e| (e, source))?;
+        let pool = Self::pool_for(
+            &normalized.volume,
+            normalized.config.tier,
+            normalized.request.template.as_deref(),
+        );
+        if let Some(pool) = pool
+            && let Some(created) = self.claim_from_pool(&pool, &normalized.request).await
+        {
+            return Ok((created, CreateSource::Pool));
+        }
         let source = match normalized.volume {
-            VolumeSource::Empty => {
-                if let Some(created) = self.claim_from_pool(&normalized.request).await {
-                    return Ok((created, CreateSource::Pool));
-                }
-                CreateSource::Cold
-            }
+            VolumeSource::Empty => CreateSource::Cold,
             _ => CreateSource::Snapshot,
         };
         // Pools refill only while no cold create waits.
@@ -263,6 +268,7 @@ impl Daemon {
             dir: dir.clone(),
             config,
             volume,
+            vm_shell: false,
         };
         let session = egress.get().cloned();
         let fetched = match &git {

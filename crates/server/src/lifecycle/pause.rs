@@ -338,6 +338,7 @@ impl Daemon {
             } else {
                 VolumeSource::Keep
             },
+            vm_shell: false,
         };
         let pending = self
             .create_live(&spec, egress.as_deref())
@@ -669,6 +670,7 @@ impl Daemon {
         self.store.delete_snapshot(&row.id)?;
         self.runtime.remove_snapshot(&row.id);
         self.remove_vm_snapshot(&row.id);
+        self.end_snapshot_pool(&row.id);
         self.event(
             Some(&row.source_id),
             "snapshot_deleted",

@@ -36,6 +36,8 @@ use airlock_api::v1::{
 use airlock_policy::Policy;
 use airlock_runtime::{LiveSpec, Pending, VolumeSource};
 
+mod vm_shell;
+
 use super::normalize::image_holder;
 use super::{Daemon, Slot, SlotState, runtime_error};
 use crate::agent::Agent;
@@ -89,6 +91,8 @@ struct Member {
     egress: Option<Arc<SandboxEgress>>,
     warnings: Vec<String>,
     started_ms: u64,
+    /// Set for a pre-created VM shell of a microvm snapshot ([`vm_shell`]).
+    shell: Option<vm_shell::ShellMember>,
 }
 
 /// Counts a create in flight (cold, or a claim) until it ends, however it ends.
@@ -233,6 +237,9 @@ impl Daemon {
     /// The name pools know `template` by: the one a create's request is normalized to
     /// (`name` finds `name:latest`).
     fn pool_name(&self, template: &str) -> Result<String, ApiError> {
+        if let Some(snapshot) = self.vm_snapshot_pool(template)? {
+            return Ok(snapshot);
+        }
         match self.find_template(template)? {
             Some(found) => Ok(found.name),
             None => Err(ApiError::new(
@@ -253,7 +260,10 @@ impl Daemon {
         }
         if size > 0 {
             // The template must start as it is: refuse now what every fill would fail on.
-            self.normalize(bare_request(&template))?;
+            let normalized = self.normalize(bare_request(&template))?;
+            if matches!(normalized.volume, VolumeSource::Snapshot(_)) {
+                Self::check_shell_template(&normalized.template)?;
+            }
         }
         Ok(template)
     }
@@ -401,10 +411,12 @@ impl Daemon {
         .await;
     }
 
-    /// A create served from the template's pool, or None (no pool, none ready, a request
-    /// the pool cannot serve, or a member that failed its claim: the create goes cold).
+    /// A create served from pool `pool` (its template's, or its microvm snapshot's), or None
+    /// (no pool, none ready, a request the pool cannot serve, or a member that failed its
+    /// claim: the create goes cold).
     pub(super) async fn claim_from_pool(
         self: &Arc<Self>,
+        pool: &str,
         request: &CreateSandboxRequest,
     ) -> Option<CreateSandboxResponse> {
         let template = request.template.as_deref()?;
@@ -421,7 +433,7 @@ impl Daemon {
         let _claiming = self.pools.create_in_flight();
         let (member, stale) = {
             let mut pools = self.pools.lock();
-            let pool = pools.get_mut(template)?;
+            let pool = pools.get_mut(pool)?;
             if pool.key.as_deref() != Some(key.as_str()) {
                 return None;
             }
@@ -459,16 +471,16 @@ impl Daemon {
             },
         );
         let warm_display = template == super::DESKTOP_TEMPLATE;
-        match self.claim(member, request, &token_hash).await {
+        match self.claim(pool, member, request, &token_hash).await {
             Ok(sandbox) => {
                 if warm_display {
                     // Its display answered as it started: the first action skips the probe.
                     super::computer::note_display_up(&id);
                 }
-                if let Some(pool) = self.pools.lock().get_mut(template) {
+                if let Some(pool) = self.pools.lock().get_mut(pool) {
                     pool.claims_total += 1;
                 }
-                self.metrics.pool_claim(template);
+                self.metrics.pool_claim(pool);
                 Some(CreateSandboxResponse {
                     sandbox,
                     access_token: token,
@@ -478,7 +490,7 @@ impl Daemon {
                 self.slots().remove(&id);
                 tracing::warn!(
                     sandbox_id = %id,
-                    template,
+                    pool,
                     error = %err.message,
                     "a warm pool's sandbox could not be claimed; the create goes cold"
                 );
@@ -487,13 +499,25 @@ impl Daemon {
         }
     }
 
-    /// Applies the create to the member, stores it as running, commits it.
+    /// Applies the create to the member (a VM shell restored first), stores it as running,
+    /// commits it.
     async fn claim(
         self: &Arc<Self>,
+        pool: &str,
         member: Member,
         request: &CreateSandboxRequest,
         token_hash: &str,
     ) -> Result<Sandbox, ApiError> {
+        let (member, created) = if member.pending.is_vm_shell() {
+            let (member, took) = self.restore_member(member).await?;
+            (member, vm_shell::claimed_event(pool, took))
+        } else {
+            let created = format!(
+                "template {}, claimed from its warm pool",
+                request.template.as_deref().unwrap_or_default()
+            );
+            (member, created)
+        };
         if let Err(err) = Agent::new(&member.pending.record().socket)
             .claim(&request.env)
             .await
@@ -522,10 +546,6 @@ impl Daemon {
             egress: egress.as_ref().map(|egress| egress.stored().to_json()),
             pause: None,
         };
-        let created = format!(
-            "template {}, claimed from its warm pool",
-            request.template.as_deref().unwrap_or_default()
-        );
         let ready = "the sandbox's agent serves";
         let mut events = vec![("create", created.as_str())];
         events.extend(warnings.iter().map(|w| ("warning", w.as_str())));
@@ -634,17 +654,32 @@ impl Daemon {
             template,
             user,
         } = self.normalize(bare_request(template))?;
-        if !matches!(volume, VolumeSource::Empty) {
-            return Err(ApiError::unprocessable(format!(
-                "{template:?} names a snapshot too; warm pools hold templates only"
-            )));
-        }
+        let vm_snapshot = match volume {
+            VolumeSource::Empty => None,
+            VolumeSource::Snapshot(snapshot) if config.tier == airlock_api::Tier::Microvm => {
+                Self::check_shell_template(&template)?;
+                Some(snapshot)
+            }
+            _ => {
+                return Err(ApiError::new(
+                    ErrorCode::Conflict,
+                    format!(
+                        "{template:?} names a snapshot too; warm pools hold templates and microvm snapshots only"
+                    ),
+                ));
+            }
+        };
         let daemon = self.clone();
-        let (member, cwd) = tokio::task::spawn_blocking(move || {
-            daemon.start_member_blocking(request, config, user)
+        let (mut member, cwd) = tokio::task::spawn_blocking(move || {
+            daemon.start_member_blocking(request, config, user, vm_snapshot)
         })
         .await
         .unwrap_or_else(|join| Err(ApiError::internal(format!("the fill task failed: {join}"))))?;
+        if member.pending.is_vm_shell() {
+            // Its guest runs at the claim: so does the template's start command.
+            member.shell = Some(vm_shell::ShellMember { template, cwd });
+            return Ok(member);
+        }
         // The template's start command runs as the member starts, as it would at a create; the
         // claim's environment reaches the processes started after it.
         let socket = member.pending.record().socket.clone();
@@ -686,6 +721,7 @@ impl Daemon {
         request: CreateSandboxRequest,
         mut config: SandboxConfig,
         user: Option<airlock_api::UserSpec>,
+        vm_snapshot: Option<String>,
     ) -> Result<(Member, String), ApiError> {
         let key = pool_key(&request);
         let id =
@@ -704,6 +740,12 @@ impl Daemon {
             let _ = std::fs::remove_dir_all(&dir);
             err
         };
+        // A fork's directory, as a cold fork's create makes it (`create_blocking`).
+        if let Some(snapshot) = &vm_snapshot
+            && let Err(err) = self.prepare_vm_fork(snapshot, &dir)
+        {
+            return Err(abandon(err, None));
+        }
         if let Some(digest) = &request.image
             && let Err(err) = self.attach_image(&mut config, digest, user, &id)
         {
@@ -726,6 +768,7 @@ impl Daemon {
             dir: dir.clone(),
             config,
             volume: VolumeSource::Empty,
+            vm_shell: vm_snapshot.is_some(),
         };
         let pending = self
             .create_live(&spec, egress.as_deref())
@@ -739,6 +782,7 @@ impl Daemon {
             pending,
             egress,
             started_ms: now_ms(),
+            shell: None,
         };
         Ok((member, cwd))
     }
@@ -762,33 +806,4 @@ fn destroy(images: &airlock_image::ImageStore, member: Member) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn test_pool_key_ignores_what_a_claim_applies_only() {
-        let bare = bare_request("base");
-        let mut claimed = bare.clone();
-        claimed.env.insert("A".into(), "1".into());
-        claimed.metadata.insert("k".into(), "v".into());
-        claimed.timeout_ms = Some(1234);
-        assert_eq!(pool_key(&bare), pool_key(&claimed));
-        let mut bigger = bare.clone();
-        bigger.resources.memory_bytes = Some(1 << 30);
-        assert_ne!(pool_key(&bare), pool_key(&bigger));
-        assert_ne!(pool_key(&bare), pool_key(&bare_request("other")));
-    }
-
-    #[test]
-    fn test_pool_key_of_a_desktop_carries_its_resolution() {
-        let bare = bare_request(super::super::DESKTOP_TEMPLATE);
-        let mut same = bare.clone();
-        same.metadata.insert("resolution".into(), "1024X768".into());
-        assert_eq!(pool_key(&bare), pool_key(&same));
-        let mut other = bare.clone();
-        other
-            .metadata
-            .insert("resolution".into(), "1280x720".into());
-        assert_ne!(pool_key(&bare), pool_key(&other));
-    }
-}
+mod tests;

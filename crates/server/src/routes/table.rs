@@ -197,19 +197,19 @@ pub static ROUTES: [Route; 50] = [
         Payload::None,
         200,
         Payload::Json(schema::<v1::PoolStatus>),
-        &[404]
+        &[404, 409]
     ),
     route!(
         Some(Method::PUT),
         "/v1/templates/{id}/pool",
         SetPool,
         ApiKey,
-        "Keep `size` sandboxes of the template started and ready (0 removes the pool); creates for it that ask for nothing else claim one. Kept across restarts.",
+        "Keep `size` sandboxes of the template started and ready (0 removes the pool); creates for it that ask for nothing else claim one. Kept across restarts. 409 for a name that cannot have a pool (another tier's snapshot, a microvm snapshot of a template warmed as it starts).",
         &[],
         Payload::Json(schema::<v1::PoolRequest>),
         200,
         Payload::Json(schema::<v1::PoolStatus>),
-        &[400, 404, 413, 422]
+        &[400, 404, 409, 413, 422]
     ),
     route!(
         Some(Method::POST),
