@@ -91,7 +91,7 @@ mkdir -p "$run"
 busybox_tree() {
     mkdir -p "$1/bin" "$1/proc" "$1/sys" "$1/dev" "$1/tmp" "$1/modules"
     cp "$busybox" "$1/bin/busybox"
-    for applet in sh mount insmod echo cat ls head grep sleep poweroff reboot mkdir dd od wc mv kill uname dmesg tail cp chmod switch_root touch sha256sum tr ifconfig httpd; do
+    for applet in sh mount insmod echo cat ls head grep sleep poweroff reboot mkdir dd od wc mv kill uname dmesg tail cp chmod switch_root touch sha256sum tr ifconfig httpd timeout; do
         ln -s busybox "$1/bin/$applet"
     done
 }
@@ -317,7 +317,9 @@ if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB --timeout 30m
         *) echo "E2E FAIL microvm-egress-allowed: $out" ;;
     esac
     out=$(/bin/airlock sandbox exec "$id" -- /bin/sh -c 'wget -O /dev/null http://denied.test:8080/ 2>&1; echo "status=$?"' 2>&1)
-    if grep -rh 'denied.test' /run/e2e/daemon 2>/dev/null | grep -q '"outcome":"denied"'; then
+    # The daemon's audit log (never a recursive grep of its state: its disks and guest memory
+    # are gigabytes, which busybox reads for many minutes at emulation speed).
+    if cat /run/e2e/daemon/audit.jsonl* 2>/dev/null | grep 'denied.test' | grep -q '"outcome":"denied"'; then
         case "$out" in
             *"403"*"status=1"*) echo "E2E PASS microvm-egress-denied" ;;
             *) echo "E2E FAIL microvm-egress-denied: $out" ;;
@@ -325,7 +327,7 @@ if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB --timeout 30m
     else
         echo "E2E FAIL microvm-egress-denied: no audit event: $out"
     fi
-    out=$(/bin/airlock sandbox exec "$id" -- /bin/sh -c 'ls /sys/class/net; nc -w 5 127.0.0.1 8080 </dev/null && echo "loopback:open"; nc -w 5 10.0.2.2 8080 </dev/null && echo "l1:open"; echo done' 2>&1)
+    out=$(/bin/airlock sandbox exec "$id" -- /bin/sh -c 'ls /sys/class/net; nc -w 5 127.0.0.1 8080 </dev/null 2>/dev/null && echo "loopback:open"; nc -w 5 10.0.2.2 8080 </dev/null 2>/dev/null && echo "l1:open"; echo done' 2>&1)
     case "$out" in
         *open*) echo "E2E FAIL microvm-egress-no-other-route: $out" ;;
         "lo"*done) echo "E2E PASS microvm-egress-no-other-route" ;;
@@ -421,6 +423,15 @@ if id=$(/bin/airlock sandbox create --tier microvm --memory 512MiB --timeout 30m
         forks="$forks $forked"
         echo "E2E FAIL daemon-fork-call: $(cat /run/e2e/fork.err)"
     fi
+    # A warm pool of the snapshot (pre-created VM shells) is not offered yet: its fill never
+    # finished here (the pool stayed at `starting: 1`). The daemon refuses it with 409.
+    if timeout 120 /bin/airlock sandbox pool counting --size 1 >/run/e2e/pool.out 2>&1; then
+        echo "E2E FAIL daemon-fork-vm-shell-refused: $(cat /run/e2e/pool.out)"
+    elif grep -q 'not offered yet' /run/e2e/pool.out; then
+        echo "E2E PASS daemon-fork-vm-shell-refused"
+    else
+        echo "E2E FAIL daemon-fork-vm-shell-refused: $(cat /run/e2e/pool.out)"
+    fi
     /bin/airlock sandbox snapshot-rm counting || echo "E2E FAIL daemon-delete: snapshot-rm failed"
     for sandbox in $id $forks; do
         /bin/airlock sandbox rm "$sandbox" || echo "E2E FAIL daemon-delete: rm $sandbox failed"
@@ -484,17 +495,51 @@ expected=(l1-kvm l2-init l2-own-kernel l2-virtio-mmio l2-virtio-rng-read l2-virt
     daemon-create daemon-exec
     microvm-egress-allowed microvm-egress-denied microvm-egress-no-other-route
     daemon-pause-to-disk daemon-resume-still-counting daemon-vm-snapshot daemon-forks-diverge
-    daemon-fork-call daemon-delete daemon-image-boot image-disk-unchanged)
+    daemon-fork-call daemon-fork-vm-shell-refused daemon-delete daemon-image-boot image-disk-unchanged)
 log="$run/console.log"
 echo "microvm-nested: booting L1 (QEMU TCG, nested SVM); the console goes to $log"
+# Boots L1 once, printing its E2E lines as they come with the seconds since the boot (the
+# rig's own budget, never asserted). Status 3: QEMU printed nothing for 12 minutes and was
+# stopped. TCG's nested SVM sometimes stalls in L2's first boot, right after L1's `Unhandled
+# WRMSR(0xc0010007)` line (3 of 5 boots on 2026-12-03, all with a `ps` applet in the initramfs
+# images, none since); no check is silent that long. The 1800 s timeout is a hang guard, not
+# a timed assertion. L1 has 4 GiB: the daemon's steps keep five 512 MiB guests, their disk
+# copies and snapshots in L1's RAM (with 2 GiB, L1 hung at the fourth or fifth).
+boot_l1() {
+    local began=$SECONDS shown=0 size=-1 quiet_since=$SECONDS lines now
+    LD_LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu:$root/lib/x86_64-linux-gnu" \
+        timeout 1800 "$root/usr/bin/qemu-system-x86_64" -accel tcg -cpu EPYC,+svm -smp 1 -m 4096 \
+        -kernel "$rig/vmlinux" -initrd "$run/l1.cpio" \
+        -append 'console=ttyS0 panic=-1 quiet mitigations=off' \
+        -nographic -no-reboot -monitor none </dev/null >"$log" 2>&1 &
+    local qemu=$!
+    while kill -0 "$qemu" 2>/dev/null; do
+        sleep 10
+        lines="$(tr -d '\r' <"$log" | grep -a 'E2E ' || true)"
+        if [ -n "$lines" ]; then
+            echo "$lines" | tail -n +$((shown + 1)) | sed "s/^/microvm-nested: +$((SECONDS - began))s /"
+            shown=$(echo "$lines" | wc -l)
+        fi
+        now=$(stat -c %s "$log")
+        if [ "$now" -ne "$size" ]; then
+            size=$now quiet_since=$SECONDS
+        elif [ $((SECONDS - quiet_since)) -ge 720 ]; then
+            echo "microvm-nested: L1 printed nothing for 12 minutes; stopping QEMU"
+            kill "$qemu" 2>/dev/null || true
+            wait "$qemu" || true
+            return 3
+        fi
+    done
+    wait "$qemu" || echo "microvm-nested: QEMU exited with status $?"
+    tr -d '\r' <"$log" | grep -a 'E2E ' | tail -n +$((shown + 1)) || true
+}
 started=$SECONDS
-# A hang guard, not a timed assertion: TCG on a loaded 2-core box takes minutes.
-LD_LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu:$root/lib/x86_64-linux-gnu" \
-    timeout 1800 nice -n 5 "$root/usr/bin/qemu-system-x86_64" -accel tcg -cpu EPYC,+svm -smp 1 -m 2048 \
-    -kernel "$rig/vmlinux" -initrd "$run/l1.cpio" \
-    -append 'console=ttyS0 panic=-1 quiet mitigations=off' \
-    -nographic -no-reboot -monitor none </dev/null >"$log" 2>&1 || echo "microvm-nested: QEMU exited with status $?"
-tr -d '\r' <"$log" | grep -a 'E2E ' || true
+for boot in 1 2 3; do
+    status=0
+    boot_l1 || status=$?
+    [ "$status" -eq 3 ] && [ "$boot" -lt 3 ] || break
+    echo "microvm-nested: booting L1 again"
+done
 echo "microvm-nested: the rig ran $((SECONDS - started)) s"
 failed=0
 if grep -aq 'E2E FAIL' "$log"; then failed=1; fi
