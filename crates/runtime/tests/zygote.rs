@@ -97,15 +97,22 @@ fn test_zygote_helpers_run_sandboxes_as_children_of_the_runtime() {
     let forked = helpers(zygote);
     assert_eq!(forked.len(), 1, "one helper, ours: {forked:?}");
     assert_eq!(runtime.zygote_forks(), Some(2));
-    let cmdline = std::fs::read(format!("/proc/{}/cmdline", forked[0])).unwrap();
-    let shown: Vec<&[u8]> = cmdline
-        .split(|b| *b == 0)
-        .filter(|a| !a.is_empty())
-        .collect();
-    assert_eq!(
-        shown.len(),
-        1,
-        "ps shows a plain helper, not --zygote: {shown:?}"
+    // The helper blanks `--zygote` just after the fork: until then ps shows the zygote's argv.
+    let shown = || {
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", forked[0])).unwrap_or_default();
+        cmdline
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect::<Vec<_>>()
+    };
+    wait_until("ps to show a plain helper, not --zygote", || {
+        shown().len() == 1
+    });
+    assert!(
+        shown()[0].ends_with("airlock-jail"),
+        "ps shows the helper: {:?}",
+        shown()
     );
     drop(sandbox);
     wait_until("the helper to be reaped", || helpers(zygote).is_empty());
