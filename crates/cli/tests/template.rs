@@ -649,4 +649,33 @@ fn test_template_run_reaches_a_mirror_only_through_its_build_policy() {
     );
     assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 2);
     daemon.ok(&["sandbox", "rm", &id]);
+
+    // A warm pool of it: each member starts with its own egress proxy (whose audit log it
+    // opens before the claim does), and a claimed member reaches the mirror through it.
+    daemon.ok(&["sandbox", "pool", "online", "--size", "1"]);
+    let ready = (0..600).any(|_| {
+        let status: serde_json::Value =
+            serde_json::from_slice(&daemon.ok(&["sandbox", "pool", "online"]).stdout).unwrap();
+        status["ready"] == 1 || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            false
+        }
+    });
+    let status = stdout(&daemon.ok(&["sandbox", "pool", "online"]));
+    assert!(
+        ready,
+        "the pool of a template with a proxy policy never filled: {status}"
+    );
+    let id = stdout(&daemon.ok(&["sandbox", "create", "--template", "online"]))
+        .trim()
+        .to_owned();
+    let logs = stdout(&daemon.ok(&["sandbox", "logs", &id]));
+    assert!(logs.contains("warm pool"), "served by the member: {logs}");
+    assert_eq!(
+        daemon.exec(&id, "wget -q -O - http://mirror.test/pkg"),
+        "mirror-package\n"
+    );
+    assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 3);
+    daemon.ok(&["sandbox", "pool", "online", "--size", "0"]);
+    daemon.ok(&["sandbox", "rm", &id]);
 }

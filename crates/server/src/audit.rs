@@ -142,14 +142,18 @@ impl Audit {
         self.sandboxes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Starts writing sandbox `id`'s own log (its directory exists).
+    /// Starts writing sandbox `id`'s own log (its directory exists), or returns the one open
+    /// already (a warm pool's member whose egress proxy opened it as it started).
     pub fn open_sandbox(&self, id: &str) -> Arc<AuditLog> {
-        let log = Arc::new(AuditLog::new(
-            self.sandboxes_dir.join(id).join(AUDIT_FILE),
-            self.max_bytes,
-        ));
-        self.sandboxes().insert(id.to_owned(), log.clone());
-        log
+        self.sandboxes()
+            .entry(id.to_owned())
+            .or_insert_with(|| {
+                Arc::new(AuditLog::new(
+                    self.sandboxes_dir.join(id).join(AUDIT_FILE),
+                    self.max_bytes,
+                ))
+            })
+            .clone()
     }
 
     /// Stops writing sandbox `id`'s log (its directory is about to go).
@@ -159,11 +163,8 @@ impl Audit {
 
     /// Where an egress proxy's lines go: the sandbox's log and the daemon's.
     pub fn sink(&self, id: &str) -> AuditSink {
-        let sandbox = self
-            .sandboxes()
-            .get(id)
-            .cloned()
-            .unwrap_or_else(|| self.open_sandbox(id));
+        // One lock for both: the map's guard must not be held into a second lock of it.
+        let sandbox = self.open_sandbox(id);
         let daemon = self.daemon.clone();
         let prefix = format!("{id}-");
         let metrics = self.metrics.clone();

@@ -397,6 +397,10 @@ impl Daemon {
         if members.is_empty() {
             return;
         }
+        // A member with an egress proxy has its audit log open (the proxy opened it).
+        for member in &members {
+            self.audit.close_sandbox(&member.id);
+        }
         let images = self.images.clone();
         // Counted in the blocking task itself: it runs to its end even if this future is
         // dropped.
@@ -735,6 +739,8 @@ impl Daemon {
         let abandon = |err: ApiError, egress: Option<&SandboxEgress>| {
             if let Some(egress) = egress {
                 egress.end();
+                // Its proxy opened the member's audit log.
+                self.audit.close_sandbox(&id);
             }
             let _ = self.images.release(&image_holder(&id));
             let _ = std::fs::remove_dir_all(&dir);

@@ -150,6 +150,9 @@ impl Daemon {
         if members.is_empty() {
             return;
         }
+        for member in &members {
+            self.audit.close_sandbox(&member.id);
+        }
         // Off the caller's (async) thread: a destroy waits for the sandbox's processes.
         let images = self.images.clone();
         let pools = self.pools.clone();
