@@ -20,11 +20,6 @@ use super::Member;
 use crate::error::ApiError;
 use crate::lifecycle::{Daemon, runtime_error};
 
-/// Whether a microvm snapshot may have a warm pool. Off: in the nested rig a member's fill
-/// never finished (the pool stayed at `starting: 1`), so the daemon refuses such pools with
-/// 409 until that is found; the VMM's `restore --shell` itself is tested on this host.
-const SHELL_POOLS_OFFERED: bool = false;
-
 /// What a shell member's claim still runs once the guest is restored.
 #[derive(Debug)]
 pub(super) struct ShellMember {
@@ -37,15 +32,6 @@ impl Daemon {
     /// snapshot has no pool).
     pub(super) fn vm_snapshot_pool(&self, name: &str) -> Result<Option<String>, ApiError> {
         match self.store.get_snapshot(name)? {
-            // Withdrawn until a member's fill finishes in the nested rig (ARCHITECTURE.md).
-            Some(row) if row.request.tier == Tier::Microvm && !SHELL_POOLS_OFFERED => {
-                Err(ApiError::new(
-                    ErrorCode::Conflict,
-                    format!(
-                        "{name:?} names a microvm snapshot: its warm pool (pre-created VM shells) is not offered yet; a fork create of it starts cold"
-                    ),
-                ))
-            }
             Some(row) if row.request.tier == Tier::Microvm => Ok(Some(row.id)),
             Some(_) => Err(ApiError::new(
                 ErrorCode::Conflict,
