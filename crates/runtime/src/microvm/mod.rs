@@ -136,6 +136,18 @@ pub fn vmm_plan(plan: &Plan, root: PathBuf, disks: Option<&disks::DiskPlan>) -> 
     plan
 }
 
+/// Lets the VMM size its guest's memory file and write it whole at a pause: the largest file
+/// it may write (`RLIMIT_FSIZE`, the sandbox's disk limit) becomes at least the guest's memory.
+/// The guest's own writes stay bounded by its disks' sizes.
+pub fn fit_file_limit_to_guest(plan: &mut Plan, guest_memory_bytes: u64) {
+    for limit in &mut plan.rlimits {
+        if limit.resource == airlock_policy::RlimitResource::Fsize {
+            limit.soft = limit.soft.max(guest_memory_bytes);
+            limit.hard = limit.hard.max(guest_memory_bytes);
+        }
+    }
+}
+
 /// The guest and root disk of a sandbox of `config` under the operator's settings.
 fn chosen_guest(config: &SandboxConfig) -> Result<(GuestSource, Option<PathBuf>), String> {
     disks::choose_guest(
@@ -309,6 +321,7 @@ impl MicrovmTier {
                 .map_err(|e| setup_error(crate::error_chain(&e)))?;
         }
         let mut plan = vmm_plan(plan, root, disks.as_ref());
+        fit_file_limit_to_guest(&mut plan, memory_mib << 20);
         let socket = agent.socket.clone();
         let mut vmm = guest::vmm_spec(&guest, memory_mib);
         if shell {

@@ -108,6 +108,31 @@ fn test_vmm_plan_shows_an_empty_root_without_masks_and_no_workload_cgroup() {
 }
 
 #[test]
+fn test_the_vmms_file_limit_holds_its_guests_memory_file() {
+    let facts = HostFacts {
+        caller_uid: 0,
+        caller_gid: 0,
+        state_dirs: vec!["/var/lib/airlock".into()],
+    };
+    let fsize = |plan: &Plan| {
+        plan.rlimits
+            .iter()
+            .find(|limit| limit.resource == airlock_policy::RlimitResource::Fsize)
+            .map(|limit| (limit.soft, limit.hard))
+    };
+    // The defaults: a 1 GiB disk limit under a 2 GiB sandbox, whose guest's memory is larger.
+    let mut config = SandboxConfig::new(vec!["true".into()]);
+    config.tier = Tier::Microvm;
+    let mut plan = compile(&jail_config(&config), &facts).unwrap();
+    assert_eq!(fsize(&plan), Some((1 << 30, 1 << 30)));
+    fit_file_limit_to_guest(&mut plan, 2 << 30);
+    assert_eq!(fsize(&plan), Some((2 << 30, 2 << 30)));
+    // A disk limit above the guest's memory stays as it is.
+    fit_file_limit_to_guest(&mut plan, 256 << 20);
+    assert_eq!(fsize(&plan), Some((2 << 30, 2 << 30)));
+}
+
+#[test]
 fn test_microvm_check_refuses_what_a_guest_cannot_have_yet() {
     let mut config = SandboxConfig::new(Vec::new());
     config.tier = Tier::Microvm;
