@@ -19,6 +19,7 @@ mod load;
 mod pause;
 mod soak;
 mod vm;
+mod vm_linux;
 mod vm_process;
 mod wasm;
 
@@ -183,7 +184,8 @@ pub enum BenchCommand {
         rounds: usize,
     },
     /// The microVM tier's VMM with a freestanding guest: fork-ready time from a snapshot with
-    /// and without pre-created VM shells, and host memory per idle fork.
+    /// and without pre-created VM shells, and host memory per idle fork; on hardware KVM, the
+    /// operator's Linux guest from create and from restore to its agent ready.
     Vm {
         /// Timed forks per contender (after 20 warm-up ones).
         #[arg(long, default_value_t = 1000)]
@@ -194,6 +196,12 @@ pub enum BenchCommand {
         /// Guest RAM in MiB.
         #[arg(long, default_value_t = 64)]
         memory_mib: u64,
+        /// Runs of the Linux guest lines (hardware KVM and the operator's guest only; 0: none).
+        #[arg(long, default_value_t = 10)]
+        linux_runs: usize,
+        /// The Linux guest lines alone (the freestanding guest's are skipped).
+        #[arg(long)]
+        only_linux: bool,
     },
     /// The egress proxy: added latency of small GETs and CONNECT pass-through throughput, each
     /// against direct access on loopback.
@@ -299,7 +307,15 @@ pub fn bench(command: BenchCommand, resolve_image: ImageResolver<'_>) -> anyhow:
             iterations,
             forks,
             memory_mib,
-        } => crate::vm::vm(iterations, forks, memory_mib),
+            linux_runs,
+            only_linux,
+        } => crate::vm::vm(&crate::vm::VmArgs {
+            iterations,
+            forks,
+            memory_mib,
+            linux_runs,
+            only_linux,
+        }),
         BenchCommand::Image(args) => crate::image::image(args),
         BenchCommand::Interpreter {
             url,

@@ -20,14 +20,38 @@ use crate::percentile;
 
 const WARM_UP: usize = 20;
 
-/// Runs the benchmark: `iterations` timed forks per contender, `forks` live idle forks for
-/// the memory figure, guest RAM of `memory_mib`.
-pub fn vm(iterations: usize, forks: usize, memory_mib: u64) -> anyhow::Result<ExitCode> {
-    anyhow::ensure!(iterations >= 1, "--iterations must be at least 1");
-    anyhow::ensure!(forks >= 1, "--forks must be at least 1");
+/// `airlock bench vm`'s settings.
+pub struct VmArgs {
+    /// Timed forks per contender.
+    pub iterations: usize,
+    /// Live idle forks for the memory figure.
+    pub forks: usize,
+    /// The freestanding guest's RAM.
+    pub memory_mib: u64,
+    /// Runs of the Linux guest lines ([`crate::vm_linux`]).
+    pub linux_runs: usize,
+    /// Those lines alone.
+    pub only_linux: bool,
+}
+
+/// Runs the benchmark: the freestanding guest's lines (unless `only_linux`), then the Linux
+/// guest's where this host can boot one.
+pub fn vm(args: &VmArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(args.iterations >= 1, "--iterations must be at least 1");
+    anyhow::ensure!(args.forks >= 1, "--forks must be at least 1");
     let kind = airlock_vmm::host::detect();
     anyhow::ensure!(kind.runs_guests(), "no usable KVM: {}", kind.describe());
     println!("kvm: {}", kind.describe());
+    if !args.only_linux {
+        freestanding(args.iterations, args.forks, args.memory_mib)?;
+    }
+    crate::vm_linux::linux_guest(&kind, args.linux_runs)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The freestanding guest's lines: `iterations` timed forks per contender, `forks` live idle
+/// forks for the memory figure, guest RAM of `memory_mib`.
+fn freestanding(iterations: usize, forks: usize, memory_mib: u64) -> anyhow::Result<()> {
     let vmm = Vmm::new().context("opening /dev/kvm")?;
     let config = VmConfig {
         memory_bytes: memory_mib << 20,
@@ -93,8 +117,7 @@ pub fn vm(iterations: usize, forks: usize, memory_mib: u64) -> anyhow::Result<Ex
         if pooled_p50 <= 0.5 { "met" } else { "missed" }
     );
     crate::vm_process::process_forks(iterations)?;
-    memory(&vmm, &template, forks)?;
-    Ok(ExitCode::SUCCESS)
+    memory(&vmm, &template, forks)
 }
 
 /// Boots the guest, lets it count a few times, and keeps it as the template.
