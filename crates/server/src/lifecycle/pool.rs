@@ -30,13 +30,15 @@ use std::time::{Duration, Instant};
 
 use airlock_api::SandboxConfig;
 use airlock_api::v1::{
-    CreateSandboxRequest, CreateSandboxResponse, ErrorCode, Lifecycle, MAX_POOL_SIZE, PoolStatus,
-    Sandbox,
+    CreateSandboxRequest, CreateSandboxResponse, ErrorCode, MAX_POOL_SIZE, PoolStatus, Sandbox,
 };
 use airlock_policy::Policy;
 use airlock_runtime::{LiveSpec, Pending, VolumeSource};
 
+mod key;
 mod vm_shell;
+
+use key::{bare_request, pool_key};
 
 use super::normalize::image_holder;
 use super::{Daemon, Slot, SlotState, runtime_error};
@@ -169,33 +171,6 @@ impl Pools {
         pool.starting += 1;
         Some(template.clone())
     }
-}
-
-/// The request a member is started with: the template, nothing else.
-fn bare_request(template: &str) -> CreateSandboxRequest {
-    CreateSandboxRequest {
-        template: Some(template.to_owned()),
-        ..CreateSandboxRequest::default()
-    }
-}
-
-/// What a normalized request must share with a pool's to be served from it: all but what a
-/// claim applies.
-/// A desktop's key also carries the resolution its display is asked for, since a member's display
-/// runs at one (`metadata.resolution`, default 1024x768).
-fn pool_key(request: &CreateSandboxRequest) -> String {
-    let display = (request.template.as_deref() == Some(super::DESKTOP_TEMPLATE)).then(|| {
-        let (width, height) = super::desktop_warm::requested_resolution(&request.metadata);
-        format!(" display {width}x{height}")
-    });
-    let mut request = request.clone();
-    request.env.clear();
-    request.metadata.clear();
-    request.timeout_ms = None;
-    request.lifecycle = Lifecycle::default();
-    let mut key = serde_json::to_string(&request).unwrap_or_default();
-    key.push_str(&display.unwrap_or_default());
-    key
 }
 
 impl Daemon {
