@@ -34,10 +34,18 @@ fn make_template(dir: &std::path::Path) {
     );
 }
 
+/// Whether this host has no `/dev/kvm` (the test is skipped, saying so).
+fn kvm_missing() -> bool {
+    let missing = !std::path::Path::new("/dev/kvm").exists();
+    if missing {
+        eprintln!("SKIPPED: /dev/kvm does not exist on this host");
+    }
+    missing
+}
+
 #[test]
 fn test_vmm_process_forks_count_under_the_allow_list_and_off_list_calls_die() {
-    if !std::path::Path::new("/dev/kvm").exists() {
-        eprintln!("SKIPPED: /dev/kvm does not exist on this host");
+    if kvm_missing() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("airlock-vmm-process-{}", std::process::id()));
@@ -88,8 +96,7 @@ fn test_vmm_process_forks_count_under_the_allow_list_and_off_list_calls_die() {
 fn test_vmm_under_the_allow_list_snapshots_on_sigusr1_into_given_files_and_counting_goes_on() {
     use std::io::Read;
     use std::os::unix::fs::MetadataExt;
-    if !std::path::Path::new("/dev/kvm").exists() {
-        eprintln!("SKIPPED: /dev/kvm does not exist on this host");
+    if kvm_missing() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("airlock-vmm-save-{}", std::process::id()));
@@ -171,8 +178,7 @@ fn test_vmm_under_the_allow_list_snapshots_on_sigusr1_into_given_files_and_count
 #[test]
 fn test_vmm_shell_waits_for_its_owner_then_restores_the_snapshot_and_counts_on() {
     use std::io::{BufRead, Read, Write};
-    if !std::path::Path::new("/dev/kvm").exists() {
-        eprintln!("SKIPPED: /dev/kvm does not exist on this host");
+    if kvm_missing() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("airlock-vmm-shell-{}", std::process::id()));

@@ -372,22 +372,26 @@ impl Daemon {
         if members.is_empty() {
             return;
         }
-        // A member with an egress proxy has its audit log open (the proxy opened it).
+        // Spawned at once: it runs to its end even if this future is dropped.
+        let _ = tokio::task::spawn_blocking(self.destroyer(members)).await;
+    }
+
+    /// The blocking work that destroys unclaimed `members`, counted as destroying from now
+    /// until it ends. A member with an egress proxy has its audit log open (the proxy opened
+    /// it): closed here.
+    fn destroyer(&self, members: Vec<Member>) -> impl FnOnce() + Send + 'static {
         for member in &members {
             self.audit.close_sandbox(&member.id);
         }
         let images = self.images.clone();
-        // Counted in the blocking task itself: it runs to its end even if this future is
-        // dropped.
         let pools = self.pools.clone();
         pools.destroying.fetch_add(1, Ordering::SeqCst);
-        let _ = tokio::task::spawn_blocking(move || {
+        move || {
             members
                 .into_iter()
                 .for_each(|member| destroy(&images, member));
             pools.destroying.fetch_sub(1, Ordering::SeqCst);
-        })
-        .await;
+        }
     }
 
     /// A create served from pool `pool` (its template's, or its microvm snapshot's), or None

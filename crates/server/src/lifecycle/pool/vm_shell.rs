@@ -9,7 +9,6 @@
 //! The pool is named by the snapshot's id (`PUT /v1/templates/{snapshot}/pool` takes its
 //! name or id); a fork's create (`template` naming the snapshot) claims from it.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use airlock_api::Tier;
@@ -136,19 +135,8 @@ impl Daemon {
         if members.is_empty() {
             return;
         }
-        for member in &members {
-            self.audit.close_sandbox(&member.id);
-        }
         // Off the caller's (async) thread: a destroy waits for the sandbox's processes.
-        let images = self.images.clone();
-        let pools = self.pools.clone();
-        pools.destroying.fetch_add(1, Ordering::SeqCst);
-        std::thread::spawn(move || {
-            members
-                .into_iter()
-                .for_each(|member| super::destroy(&images, member));
-            pools.destroying.fetch_sub(1, Ordering::SeqCst);
-        });
+        std::thread::spawn(self.destroyer(members));
     }
 }
 
