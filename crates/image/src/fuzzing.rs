@@ -399,6 +399,21 @@ pub enum Outcome {
     Other,
 }
 
+/// For a libFuzzer target, whose panic hook (libfuzzer-sys's) aborts on every panic before
+/// any `catch_unwind`: the zstd decoder's panics unwind instead (the layer reader turns them
+/// into [`layer::MalformedZstd`] errors), and every other panic still aborts. Call once.
+pub fn let_decoder_panics_unwind() {
+    let abort = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let in_decoder = info
+            .location()
+            .is_some_and(|at| at.file().contains(layer::DECODER_SOURCE));
+        if !in_decoder {
+            abort(info);
+        }
+    }));
+}
+
 /// The fuzz invariant: whatever the bytes, no panic, nothing outside the layer directory,
 /// and no device node or FIFO inside it.
 pub fn check_one(data: &[u8]) -> Outcome {

@@ -69,6 +69,26 @@ impl<R: BufRead> Read for Decompressed<R> {
 /// (128 MiB) bounds its memory.
 pub struct ZstdFrames<R: Read> {
     decoder: Option<StreamingDecoder<R, FrameDecoder>>,
+    /// A read failed: every later one fails too, without the decoder (its state is not
+    /// trusted after an error).
+    failed: bool,
+}
+
+/// The zstd data is malformed, and the decoder failed on it: ruzstd 0.9.1 (the newest) panics
+/// when read again after an error (an index out of bounds in its FSE decoder, found by the
+/// `apply_layer` fuzz target), so a failed stream is not read again, and a panic in it is the
+/// layer's error, not the process's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("malformed zstd data (the decoder failed on it)")]
+pub struct MalformedZstd;
+
+/// The path fragment of ruzstd's sources, by which a fuzz target lets its panics unwind.
+pub const DECODER_SOURCE: &str = "/ruzstd-";
+
+/// Runs one decoder step, turning its panic into [`MalformedZstd`].
+fn guarded<T>(step: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(step))
+        .unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::InvalidData, MalformedZstd)))
 }
 
 impl<R: Read> std::fmt::Debug for ZstdFrames<R> {
@@ -79,20 +99,36 @@ impl<R: Read> std::fmt::Debug for ZstdFrames<R> {
 
 impl<R: BufRead> ZstdFrames<R> {
     fn new(input: R) -> io::Result<ZstdFrames<R>> {
-        let decoder = StreamingDecoder::new(input).map_err(io::Error::other)?;
+        let decoder = guarded(|| StreamingDecoder::new(input).map_err(io::Error::other))?;
         Ok(ZstdFrames {
             decoder: Some(decoder),
+            failed: false,
         })
     }
 }
 
 impl<R: BufRead> Read for ZstdFrames<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.failed {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, MalformedZstd));
+        }
+        let read = self.read_frames(buf);
+        if read.is_err() {
+            // ruzstd panics when read again after an error (the fuzz target's find).
+            self.failed = true;
+            self.decoder = None;
+        }
+        read
+    }
+}
+
+impl<R: BufRead> ZstdFrames<R> {
+    fn read_frames(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
             let Some(decoder) = self.decoder.as_mut() else {
                 return Ok(0);
             };
-            let n = decoder.read(buf)?;
+            let n = guarded(|| decoder.read(buf))?;
             if n > 0 || buf.is_empty() {
                 return Ok(n);
             }
@@ -103,7 +139,9 @@ impl<R: BufRead> Read for ZstdFrames<R> {
             if input.fill_buf()?.is_empty() {
                 return Ok(0);
             }
-            self.decoder = Some(StreamingDecoder::new(input).map_err(io::Error::other)?);
+            self.decoder = Some(guarded(|| {
+                StreamingDecoder::new(input).map_err(io::Error::other)
+            })?);
         }
     }
 }
@@ -146,6 +184,25 @@ mod tests {
         let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         encoder.write_all(data).unwrap();
         encoder.finish().unwrap()
+    }
+
+    #[test]
+    fn test_a_failed_zstd_stream_keeps_failing_without_reading_the_decoder_again() {
+        // The apply_layer fuzz target's find: ruzstd fails on it, then panics (an index past
+        // its FSE table) when read again.
+        let frame = include_bytes!("../../fuzz/regressions/apply_layer/zstd-fse-panic");
+        let mut layer = Decompressed::new(&frame[..], LayerCompression::None).unwrap();
+        assert_eq!(layer.compression(), LayerCompression::Zstd);
+        let first = layer.read_to_end(&mut Vec::new()).unwrap_err();
+        assert!(first.to_string().contains("AccLogTooBig"), "{first}");
+        for _ in 0..2 {
+            let again = layer.read(&mut [0u8; 16]).unwrap_err();
+            assert_eq!(again.kind(), io::ErrorKind::InvalidData);
+            assert_eq!(
+                again.to_string(),
+                "malformed zstd data (the decoder failed on it)"
+            );
+        }
     }
 
     #[test]

@@ -28,7 +28,7 @@ use std::fmt;
 use std::io::{self, Read};
 use std::os::fd::BorrowedFd;
 
-pub use decompress::{Decompressed, LimitExceeded, Limited};
+pub use decompress::{DECODER_SOURCE, Decompressed, LimitExceeded, Limited, MalformedZstd};
 pub use writer::Ownership;
 
 /// Bounds on what one layer may make the applier do.
