@@ -287,6 +287,26 @@ fi
 # the `plain` image's own (so its sandboxes fork the snapshot) and the kernel boots the others.
 ifconfig lo 127.0.0.1 up
 httpd -p 127.0.0.1:8080 -h /www
+# From here no guest's console is echoed onto L1's (the jailed VMMs log to their sandboxes),
+# so L1 prints what its Airlock processes wait in every 90 s (not `E2E ` lines): a step that
+# hangs leaves its state in the console's last lines, which a failed rig prints.
+(
+    while sleep 90; do
+        for p in /proc/[0-9]*; do
+            c=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null | cut -c1-90)
+            case "$c" in
+                *airlock*) echo "state: ${p#/proc/} $(cat "$p/wchan" 2>/dev/null) $c" ;;
+            esac
+            case "$c" in
+                *'airlock serve'*)
+                    for t in "$p"/task/*; do
+                        echo "state:   task ${t##*/} $(cat "$t/comm" "$t/wchan" 2>/dev/null | tr '\n' ' ')"
+                    done ;;
+            esac
+        done
+        tail -n 2 /run/e2e/daemon.log 2>/dev/null | sed 's/^/state: daemon.log: /'
+    done
+) &
 export AIRLOCK_URL=http://127.0.0.1:3000
 . /images.env
 mkdir -p /run/e2e/daemon
@@ -569,7 +589,8 @@ boot_l1() {
         if [ "$now" -ne "$size" ]; then
             size=$now quiet_since=$SECONDS
         elif [ $((SECONDS - quiet_since)) -ge 720 ]; then
-            echo "microvm-nested: L1 printed nothing for 12 minutes; stopping QEMU"
+            echo "microvm-nested: L1 printed nothing for 12 minutes; stopping QEMU. Its last lines:"
+            tr -d '\r' <"$log" | tail -n 20 | sed 's/^/microvm-nested:   /'
             kill "$qemu" 2>/dev/null || true
             wait "$qemu" || true
             return 3
@@ -579,10 +600,10 @@ boot_l1() {
     tr -d '\r' <"$log" | grep -a 'E2E ' | tail -n +$((shown + 1)) || true
 }
 started=$SECONDS
-for boot in 1 2 3; do
+for boot in 1 2; do
     status=0
     boot_l1 || status=$?
-    [ "$status" -eq 3 ] && [ "$boot" -lt 3 ] || break
+    [ "$status" -eq 3 ] && [ "$boot" -lt 2 ] || break
     echo "microvm-nested: booting L1 again"
 done
 echo "microvm-nested: the rig ran $((SECONDS - started)) s"
