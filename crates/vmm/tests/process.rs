@@ -34,6 +34,19 @@ fn make_template(dir: &std::path::Path) {
     );
 }
 
+/// The first byte the guest writes to its console (the VMM's standard output).
+fn first_console_byte(child: &mut std::process::Child) -> u8 {
+    use std::io::Read;
+    let mut first = [0u8; 1];
+    child
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut first)
+        .unwrap();
+    first[0]
+}
+
 /// Whether this host has no `/dev/kvm` (the test is skipped, saying so).
 fn kvm_missing() -> bool {
     let missing = !std::path::Path::new("/dev/kvm").exists();
@@ -94,7 +107,6 @@ fn test_vmm_process_forks_count_under_the_allow_list_and_off_list_calls_die() {
 /// it was given, and the snapshot restores where the guest was: still counting.
 #[test]
 fn test_vmm_under_the_allow_list_snapshots_on_sigusr1_into_given_files_and_counting_goes_on() {
-    use std::io::Read;
     use std::os::unix::fs::MetadataExt;
     if kvm_missing() {
         return;
@@ -115,13 +127,7 @@ fn test_vmm_under_the_allow_list_snapshots_on_sigusr1_into_given_files_and_count
         .spawn()
         .unwrap();
     // The guest prints as it counts: once a byte is out, it runs, filter and handler in place.
-    let mut first = [0u8; 1];
-    child
-        .stdout
-        .as_mut()
-        .unwrap()
-        .read_exact(&mut first)
-        .unwrap();
+    first_console_byte(&mut child);
     let signalled = Command::new("kill")
         .args(["-USR1", &child.id().to_string()])
         .status()
@@ -211,14 +217,7 @@ fn test_vmm_shell_waits_for_its_owner_then_restores_the_snapshot_and_counts_on()
     let took = airlock_vmm::shell_control::request_restore(&mut control).unwrap();
     assert!(took > std::time::Duration::ZERO);
     // Restored: the guest counts (and prints) on from the template's 5.
-    let mut first = [0u8; 1];
-    child
-        .stdout
-        .as_mut()
-        .unwrap()
-        .read_exact(&mut first)
-        .unwrap();
-    assert_eq!(first[0], 6);
+    assert_eq!(first_console_byte(&mut child), 6);
     child.kill().unwrap();
     child.wait().unwrap();
     let mut rest = String::new();

@@ -85,6 +85,11 @@ pub struct MalformedZstd;
 /// The path fragment of ruzstd's sources, by which a fuzz target lets its panics unwind.
 pub const DECODER_SOURCE: &str = "/ruzstd-";
 
+/// A decoder of the next frame in `input` (its header read).
+fn open_frame<R: BufRead>(input: R) -> io::Result<StreamingDecoder<R, FrameDecoder>> {
+    guarded(|| StreamingDecoder::new(input).map_err(io::Error::other))
+}
+
 /// Runs one decoder step, turning its panic into [`MalformedZstd`].
 fn guarded<T>(step: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(step))
@@ -99,7 +104,7 @@ impl<R: Read> std::fmt::Debug for ZstdFrames<R> {
 
 impl<R: BufRead> ZstdFrames<R> {
     fn new(input: R) -> io::Result<ZstdFrames<R>> {
-        let decoder = guarded(|| StreamingDecoder::new(input).map_err(io::Error::other))?;
+        let decoder = open_frame(input)?;
         Ok(ZstdFrames {
             decoder: Some(decoder),
             failed: false,
@@ -139,9 +144,7 @@ impl<R: BufRead> ZstdFrames<R> {
             if input.fill_buf()?.is_empty() {
                 return Ok(0);
             }
-            self.decoder = Some(guarded(|| {
-                StreamingDecoder::new(input).map_err(io::Error::other)
-            })?);
+            self.decoder = Some(open_frame(input)?);
         }
     }
 }
