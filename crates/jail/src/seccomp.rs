@@ -1,8 +1,16 @@
 //! Compiles the policy's seccomp rules into a classic BPF program for x86_64, and installs it.
 //!
-//! Shape of the program: an architecture check that kills foreign ABIs, then one block per
-//! syscall that has rules (a number compare that skips the block when it does not match), then
-//! allow. Each block ends in a `ret`, so the accumulator never needs to be restored.
+//! Shape of the program: an architecture check that kills foreign ABIs, then a binary search on
+//! the syscall number over the syscalls that have rules, whose leaves hold one block per syscall
+//! (a number compare that skips the block when it does not match) and end in the default
+//! action. Each block ends in a `ret`, so the accumulator never needs to be restored.
+//!
+//! Why a search and not one compare per syscall in a row: when a filter is installed, the kernel
+//! runs it once for every syscall number of both ABIs to find those it may always allow without
+//! running it again, so a row of N compares costs N steps per number: about 1 µs per instruction
+//! of install time here, 0.3 ms for the default policy's row, on every sandbox's start. The
+//! search costs a few steps per number, and a syscall whose arguments are checked (`openat`,
+//! `ioctl`, `socket`) reaches its block in a few compares at run time too.
 
 use std::io;
 
@@ -23,7 +31,11 @@ const BPF_LD_W_ABS: u16 = 0x20;
 const BPF_ALU_AND_K: u16 = 0x04 | 0x50;
 const BPF_JEQ_K: u16 = 0x05 | 0x10;
 const BPF_JGE_K: u16 = 0x05 | 0x30;
+/// BPF_JMP | BPF_JA: an unconditional jump by `k`, which (unlike `jt`/`jf`) is 32 bits wide.
+const BPF_JA: u16 = 0x05;
 const BPF_RET_K: u16 = 0x06;
+/// Most syscalls a leaf of the search compares one after another.
+const LEAF_SYSCALLS: usize = 4;
 
 pub const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
@@ -180,36 +192,76 @@ pub fn compile(rules: &[SeccompRule]) -> Result<Vec<Insn>, SeccompError> {
 /// Compiles `rules`, answering every `EPERM` rule with the errno `tag` instead when one is
 /// given (a security evaluation's marker; see `spec::Evaluation`).
 pub fn compile_tagged(rules: &[SeccompRule], tag: Option<u16>) -> Result<Vec<Insn>, SeccompError> {
-    let mut program = vec![
+    let blocks = rule_blocks(rules, tag)?;
+    Ok(assemble(blocks, RET_ALLOW))
+}
+
+/// The architecture check: foreign ABIs (i386, x32) are killed; leaves the syscall number in
+/// the accumulator.
+fn header() -> Vec<Insn> {
+    vec![
         stmt(BPF_LD_W_ABS, OFFSET_ARCH),
         jump(BPF_JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
         stmt(BPF_RET_K, RET_KILL_PROCESS),
         stmt(BPF_LD_W_ABS, OFFSET_NR),
         jump(BPF_JGE_K, X32_SYSCALL_BIT, 0, 1),
         stmt(BPF_RET_K, RET_KILL_PROCESS),
-    ];
-    // Group the rules by syscall, keeping first-appearance order and per-syscall order.
-    let mut order: Vec<&str> = Vec::new();
+    ]
+}
+
+/// One block per syscall that has rules, keyed by its number: the rules in their order, then
+/// allow. Rules of one syscall stay together, in the order they were given.
+fn rule_blocks(
+    rules: &[SeccompRule],
+    tag: Option<u16>,
+) -> Result<std::collections::BTreeMap<u32, Vec<Insn>>, SeccompError> {
+    let mut blocks = std::collections::BTreeMap::new();
     for rule in rules {
-        if !order.contains(&rule.syscall.as_str()) {
-            order.push(&rule.syscall);
+        let number = syscall_number(&rule.syscall)
+            .ok_or_else(|| SeccompError::UnknownSyscall(rule.syscall.clone()))?;
+        let block: &mut Vec<Insn> = blocks.entry(number).or_default();
+        emit_rule(rule, tag, block)?;
+        if block.len() >= usize::from(u8::MAX) {
+            return Err(SeccompError::BlockTooLong(rule.syscall.clone()));
         }
     }
-    for name in order {
-        let number =
-            syscall_number(name).ok_or_else(|| SeccompError::UnknownSyscall(name.to_owned()))?;
-        let mut block = Vec::new();
-        for rule in rules.iter().filter(|r| r.syscall == name) {
-            emit_rule(rule, tag, &mut block)?;
-        }
+    for block in blocks.values_mut() {
         block.push(stmt(BPF_RET_K, RET_ALLOW));
-        let skip =
-            u8::try_from(block.len()).map_err(|_| SeccompError::BlockTooLong(name.to_owned()))?;
-        program.push(jump(BPF_JEQ_K, number, 0, skip));
-        program.extend(block);
     }
-    program.push(stmt(BPF_RET_K, RET_ALLOW));
-    Ok(program)
+    Ok(blocks)
+}
+
+/// The header, then a binary search over `blocks` (ordered by syscall number) whose leaves
+/// answer `default` for a number without a block.
+fn assemble(blocks: std::collections::BTreeMap<u32, Vec<Insn>>, default: u32) -> Vec<Insn> {
+    let entries: Vec<(u32, Vec<Insn>)> = blocks.into_iter().collect();
+    let mut program = header();
+    emit_search(&entries, default, &mut program);
+    program
+}
+
+/// Emits the search over `entries`. A node sends numbers at or above its middle entry's to the
+/// right half through an unconditional jump (32-bit, so no half is ever too far away); the left
+/// half follows. Every path ends in a `ret`, so no half falls through into the next.
+fn emit_search(entries: &[(u32, Vec<Insn>)], default: u32, out: &mut Vec<Insn>) {
+    if entries.len() <= LEAF_SYSCALLS {
+        for (number, block) in entries {
+            // `rule_blocks` keeps every block shorter than 255 instructions.
+            let skip = u8::try_from(block.len()).unwrap_or(u8::MAX);
+            out.push(jump(BPF_JEQ_K, *number, 0, skip));
+            out.extend_from_slice(block);
+        }
+        out.push(stmt(BPF_RET_K, default));
+        return;
+    }
+    let middle = entries.len() / 2;
+    out.push(jump(BPF_JGE_K, entries[middle].0, 0, 1));
+    let to_right = out.len();
+    out.push(stmt(BPF_JA, 0));
+    emit_search(&entries[..middle], default, out);
+    let distance = out.len() - to_right - 1;
+    out[to_right].k = u32::try_from(distance).unwrap_or(u32::MAX);
+    emit_search(&entries[middle..], default, out);
 }
 
 /// Compiles an allow-list: the syscalls `allowed` names (and those `rules` name, whose
@@ -220,27 +272,15 @@ pub fn compile_allow_list(
     rules: &[SeccompRule],
     otherwise: SyscallAction,
 ) -> Result<Vec<Insn>, SeccompError> {
-    // The deny-list program up to its final `ret`: the header and the rule blocks.
-    let mut program = compile_tagged(rules, None)?;
-    program.pop();
-    let mut numbers = Vec::new();
+    let mut blocks = rule_blocks(rules, None)?;
     for name in allowed {
         let number =
             syscall_number(name).ok_or_else(|| SeccompError::UnknownSyscall((*name).to_owned()))?;
-        if !numbers.contains(&number) {
-            numbers.push(number);
-        }
+        blocks
+            .entry(number)
+            .or_insert_with(|| vec![stmt(BPF_RET_K, RET_ALLOW)]);
     }
-    // Each compare jumps over the rest of them and the default `ret` to the final allow.
-    let count = numbers.len();
-    for (index, number) in numbers.into_iter().enumerate() {
-        let skip = u8::try_from(count - index)
-            .map_err(|_| SeccompError::BlockTooLong("the allow-list".to_owned()))?;
-        program.push(jump(BPF_JEQ_K, number, skip, 0));
-    }
-    program.push(stmt(BPF_RET_K, ret_for(otherwise, None)));
-    program.push(stmt(BPF_RET_K, RET_ALLOW));
-    Ok(program)
+    Ok(assemble(blocks, ret_for(otherwise, None)))
 }
 
 /// Installs `program` on the calling thread. `no_new_privs` must already be set.

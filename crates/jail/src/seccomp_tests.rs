@@ -2,6 +2,10 @@
 //! installing anything.
 
 use airlock_policy::seccomp::default_rules;
+use airlock_policy::{ArgCheck, SeccompRule, SyscallAction};
+
+/// Past the last x86_64 syscall number.
+const LAST_NUMBER: u32 = 512;
 
 use super::*;
 
@@ -22,6 +26,11 @@ fn call(nr: libc::c_long, args: &[u64]) -> Call {
 }
 
 fn run(program: &[Insn], call: &Call) -> u32 {
+    run_counting(program, call).0
+}
+
+/// The program's answer, and how many instructions it ran to get there.
+fn run_counting(program: &[Insn], call: &Call) -> (u32, usize) {
     let load = |offset: u32| -> u32 {
         match offset {
             0 => call.nr,
@@ -32,18 +41,39 @@ fn run(program: &[Insn], call: &Call) -> u32 {
     };
     let mut acc = 0u32;
     let mut pc = 0usize;
+    let mut steps = 0;
     loop {
         let insn = program[pc];
         pc += 1;
+        steps += 1;
         match insn.code {
             BPF_LD_W_ABS => acc = load(insn.k),
             BPF_ALU_AND_K => acc &= insn.k,
             BPF_JEQ_K => pc += usize::from(if acc == insn.k { insn.jt } else { insn.jf }),
             BPF_JGE_K => pc += usize::from(if acc >= insn.k { insn.jt } else { insn.jf }),
-            BPF_RET_K => return insn.k,
+            BPF_JA => pc += insn.k as usize,
+            BPF_RET_K => return (insn.k, steps),
             code => panic!("unexpected opcode {code:#x}"),
         }
     }
+}
+
+/// What `rules` mean, read straight from them: the first rule of the syscall whose checks all
+/// hold decides, and a syscall no rule stops is allowed.
+fn oracle(rules: &[SeccompRule], call: &Call) -> u32 {
+    for rule in rules {
+        if syscall_number(&rule.syscall) != Some(call.nr) {
+            continue;
+        }
+        let holds = rule.checks.iter().all(|check| {
+            let value = call.args[usize::from(check.arg)] as u32 & check.mask;
+            (value == check.value) == check.equal
+        });
+        if holds {
+            return ret_for(rule.action, None);
+        }
+    }
+    RET_ALLOW
 }
 
 fn program() -> Vec<Insn> {
@@ -260,7 +290,6 @@ fn test_a_tagged_program_answers_eperm_rules_with_the_tag_and_keeps_the_rest() {
 
 #[test]
 fn test_allow_list_allows_its_syscalls_and_refuses_the_rest() {
-    use airlock_policy::{ArgCheck, SeccompRule, SyscallAction};
     let rules = vec![SeccompRule {
         syscall: "clone".to_owned(),
         checks: vec![ArgCheck {
@@ -305,4 +334,105 @@ fn test_allow_list_allows_its_syscalls_and_refuses_the_rest() {
         RET_ERRNO | libc::ENOSYS as u32
     );
     assert!(compile_allow_list(&["no_such_call"], &[], SyscallAction::Eperm).is_err());
+}
+
+#[test]
+fn test_bpf_search_answers_as_the_rules_say_for_every_syscall_and_argument() {
+    let rules = default_rules();
+    let p = program();
+    // Every value any check compares with, its neighbours, and values with every bit set.
+    let mut values: Vec<u64> = vec![0, 1, u64::from(u32::MAX), u64::MAX];
+    for rule in &rules {
+        for check in &rule.checks {
+            for value in [check.value, check.value | !check.mask, check.mask] {
+                values.extend([value, value.wrapping_add(1), value.wrapping_sub(1)].map(u64::from));
+            }
+        }
+    }
+    values.sort_unstable();
+    values.dedup();
+    for nr in 0..=LAST_NUMBER {
+        for arg in 0..6 {
+            for &value in &values {
+                let mut args = [0u64; 6];
+                args[arg] = value;
+                let call = Call {
+                    arch: AUDIT_ARCH_X86_64,
+                    nr,
+                    args,
+                };
+                assert_eq!(
+                    run(&p, &call),
+                    oracle(&rules, &call),
+                    "nr {nr}, arg {arg} = {value:#x}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn test_bpf_reaches_any_syscall_in_a_few_compares() {
+    // A search, not a row: the kernel runs the filter for every syscall number at install time,
+    // so the number of instructions on each path is what a sandbox's start pays.
+    let p = program();
+    let blocks = default_rules()
+        .iter()
+        .filter_map(|rule| syscall_number(&rule.syscall))
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    assert!(blocks > 40, "{blocks} syscalls have rules");
+    let longest = (0..=LAST_NUMBER)
+        .map(|nr| run_counting(&p, &call(nr.into(), &[])).1)
+        .max()
+        .unwrap_or(0);
+    // The header (6), a compare and a jump per level (2 x 4 levels), a leaf's compares and the
+    // longest block a zero argument runs through.
+    assert!(
+        longest <= 40,
+        "the longest path runs {longest} instructions"
+    );
+    let in_a_row = default_rules().len() * 2;
+    assert!(
+        longest * 3 < in_a_row,
+        "{longest} against a row's {in_a_row}"
+    );
+}
+
+#[test]
+fn test_bpf_far_halves_are_reached_through_long_jumps() {
+    // Many syscalls with long blocks: no search node may need a jump wider than eight bits.
+    let mut names: Vec<String> = default_rules()
+        .into_iter()
+        .map(|rule| rule.syscall)
+        .collect();
+    names.dedup();
+    let rules: Vec<SeccompRule> = names
+        .into_iter()
+        .map(|syscall| SeccompRule {
+            syscall,
+            checks: (0..6)
+                .map(|arg| ArgCheck {
+                    arg,
+                    mask: u32::MAX,
+                    value: 7,
+                    equal: true,
+                })
+                .collect(),
+            action: SyscallAction::Eperm,
+            why: "test".to_owned(),
+        })
+        .collect();
+    let p = compile(&rules).unwrap_or_else(|e| panic!("{e}"));
+    assert!(p.len() > 2 * 256, "{} instructions", p.len());
+    for nr in 0..=LAST_NUMBER {
+        for args in [[7u64; 6], [0; 6]] {
+            let call = Call {
+                arch: AUDIT_ARCH_X86_64,
+                nr,
+                args,
+            };
+            assert_eq!(run(&p, &call), oracle(&rules, &call), "nr {nr}");
+        }
+    }
 }
