@@ -564,11 +564,14 @@ expected=(l1-kvm l2-init l2-own-kernel l2-virtio-mmio l2-virtio-rng-read l2-virt
 log="$run/console.log"
 echo "microvm-nested: booting L1 (QEMU TCG, nested SVM); the console goes to $log"
 # Boots L1 once, printing its E2E lines as they come with the seconds since the boot (the
-# rig's own budget, never asserted). Status 3: QEMU printed nothing for 12 minutes and was
+# rig's own budget, never asserted). Status 3: QEMU printed nothing for 5 minutes and was
 # stopped. TCG's nested SVM sometimes stalls in L2's first boot, right after L1's `Unhandled
 # WRMSR(0xc0010007)` line (3 of 5 boots on 2026-12-03, all with a `ps` applet in the initramfs
-# images, none since); no check is silent that long. The 1800 s timeout is a hang guard, not
-# a timed assertion. L1 has 4 GiB: the daemon's steps keep five 512 MiB guests, their disk
+# images, none since), and L1 as a whole once stalled after daemon-forks-diverge on 2026-12-06
+# (its own 90 s state lines stopped too; the second boot passed every check). No check is
+# silent for 5 minutes: the longest gap between E2E lines was 50 s that day, and from the
+# daemon's steps on L1 prints state lines every 90 s. Three boots at most: a stall costs its 5
+# minutes, not 12. The 1800 s timeout is a hang guard, not a timed assertion. L1 has 4 GiB: the daemon's steps keep five 512 MiB guests, their disk
 # copies and snapshots in L1's RAM (with 2 GiB, L1 hung at the fourth or fifth).
 boot_l1() {
     local began=$SECONDS shown=0 size=-1 quiet_since=$SECONDS lines now
@@ -588,8 +591,8 @@ boot_l1() {
         now=$(stat -c %s "$log")
         if [ "$now" -ne "$size" ]; then
             size=$now quiet_since=$SECONDS
-        elif [ $((SECONDS - quiet_since)) -ge 720 ]; then
-            echo "microvm-nested: L1 printed nothing for 12 minutes; stopping QEMU. Its last lines:"
+        elif [ $((SECONDS - quiet_since)) -ge 300 ]; then
+            echo "microvm-nested: L1 printed nothing for 5 minutes; stopping QEMU. Its last lines:"
             tr -d '\r' <"$log" | tail -n 20 | sed 's/^/microvm-nested:   /'
             kill "$qemu" 2>/dev/null || true
             wait "$qemu" || true
@@ -600,10 +603,10 @@ boot_l1() {
     tr -d '\r' <"$log" | grep -a 'E2E ' | tail -n +$((shown + 1)) || true
 }
 started=$SECONDS
-for boot in 1 2; do
+for boot in 1 2 3; do
     status=0
     boot_l1 || status=$?
-    [ "$status" -eq 3 ] && [ "$boot" -lt 2 ] || break
+    [ "$status" -eq 3 ] && [ "$boot" -lt 3 ] || break
     echo "microvm-nested: booting L1 again"
 done
 echo "microvm-nested: the rig ran $((SECONDS - started)) s"

@@ -36,6 +36,8 @@ const BPF_JA: u16 = 0x05;
 const BPF_RET_K: u16 = 0x06;
 /// Most syscalls a leaf of the search compares one after another.
 const LEAF_SYSCALLS: usize = 4;
+/// The kernel's limit on a classic BPF program (`BPF_MAXINSNS`).
+const MAX_INSNS: usize = 4096;
 
 pub const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
@@ -56,6 +58,8 @@ pub enum SeccompError {
     BlockTooLong(String),
     #[error("argument index {0} is out of range (0..=5)")]
     BadArgument(u8),
+    #[error("the seccomp program has {0} instructions; the kernel takes at most {MAX_INSNS}")]
+    TooLong(usize),
     #[error("installing the seccomp filter failed")]
     Install(#[source] io::Error),
 }
@@ -193,7 +197,7 @@ pub fn compile(rules: &[SeccompRule]) -> Result<Vec<Insn>, SeccompError> {
 /// given (a security evaluation's marker; see `spec::Evaluation`).
 pub fn compile_tagged(rules: &[SeccompRule], tag: Option<u16>) -> Result<Vec<Insn>, SeccompError> {
     let blocks = rule_blocks(rules, tag)?;
-    Ok(assemble(blocks, RET_ALLOW))
+    assemble(blocks, RET_ALLOW)
 }
 
 /// The architecture check: foreign ABIs (i386, x32) are killed; leaves the syscall number in
@@ -233,35 +237,45 @@ fn rule_blocks(
 
 /// The header, then a binary search over `blocks` (ordered by syscall number) whose leaves
 /// answer `default` for a number without a block.
-fn assemble(blocks: std::collections::BTreeMap<u32, Vec<Insn>>, default: u32) -> Vec<Insn> {
+fn assemble(
+    blocks: std::collections::BTreeMap<u32, Vec<Insn>>,
+    default: u32,
+) -> Result<Vec<Insn>, SeccompError> {
     let entries: Vec<(u32, Vec<Insn>)> = blocks.into_iter().collect();
     let mut program = header();
-    emit_search(&entries, default, &mut program);
-    program
+    emit_search(&entries, default, &mut program)?;
+    if program.len() > MAX_INSNS {
+        return Err(SeccompError::TooLong(program.len()));
+    }
+    Ok(program)
 }
 
 /// Emits the search over `entries`. A node sends numbers at or above its middle entry's to the
 /// right half through an unconditional jump (32-bit, so no half is ever too far away); the left
 /// half follows. Every path ends in a `ret`, so no half falls through into the next.
-fn emit_search(entries: &[(u32, Vec<Insn>)], default: u32, out: &mut Vec<Insn>) {
+fn emit_search(
+    entries: &[(u32, Vec<Insn>)],
+    default: u32,
+    out: &mut Vec<Insn>,
+) -> Result<(), SeccompError> {
     if entries.len() <= LEAF_SYSCALLS {
         for (number, block) in entries {
-            // `rule_blocks` keeps every block shorter than 255 instructions.
-            let skip = u8::try_from(block.len()).unwrap_or(u8::MAX);
+            let skip = u8::try_from(block.len())
+                .map_err(|_| SeccompError::BlockTooLong(format!("syscall {number}")))?;
             out.push(jump(BPF_JEQ_K, *number, 0, skip));
             out.extend_from_slice(block);
         }
         out.push(stmt(BPF_RET_K, default));
-        return;
+        return Ok(());
     }
     let middle = entries.len() / 2;
     out.push(jump(BPF_JGE_K, entries[middle].0, 0, 1));
     let to_right = out.len();
     out.push(stmt(BPF_JA, 0));
-    emit_search(&entries[..middle], default, out);
+    emit_search(&entries[..middle], default, out)?;
     let distance = out.len() - to_right - 1;
-    out[to_right].k = u32::try_from(distance).unwrap_or(u32::MAX);
-    emit_search(&entries[middle..], default, out);
+    out[to_right].k = u32::try_from(distance).map_err(|_| SeccompError::TooLong(out.len()))?;
+    emit_search(&entries[middle..], default, out)
 }
 
 /// Compiles an allow-list: the syscalls `allowed` names (and those `rules` name, whose
@@ -280,7 +294,7 @@ pub fn compile_allow_list(
             .entry(number)
             .or_insert_with(|| vec![stmt(BPF_RET_K, RET_ALLOW)]);
     }
-    Ok(assemble(blocks, ret_for(otherwise, None)))
+    assemble(blocks, ret_for(otherwise, None))
 }
 
 /// Installs `program` on the calling thread. `no_new_privs` must already be set.

@@ -436,3 +436,35 @@ fn test_bpf_far_halves_are_reached_through_long_jumps() {
         }
     }
 }
+
+#[test]
+fn test_bpf_refuses_a_program_longer_than_the_kernel_takes() {
+    // 40 syscalls with 50 checks each: about 4,000 instructions of blocks and the search.
+    let names: std::collections::BTreeSet<String> = default_rules()
+        .into_iter()
+        .map(|rule| rule.syscall)
+        .collect();
+    assert!(names.len() >= 40, "{} syscalls", names.len());
+    let checks = |value| ArgCheck {
+        arg: 0,
+        mask: u32::MAX,
+        value,
+        equal: true,
+    };
+    let rules: Vec<SeccompRule> = names
+        .into_iter()
+        .take(40)
+        .flat_map(|syscall| {
+            (0..50).map(move |value| SeccompRule {
+                syscall: syscall.clone(),
+                checks: vec![checks(value)],
+                action: SyscallAction::Eperm,
+                why: "test".to_owned(),
+            })
+        })
+        .collect();
+    match compile(&rules) {
+        Err(SeccompError::TooLong(instructions)) => assert!(instructions > 4096),
+        other => panic!("expected TooLong, got {:?}", other.map(|p| p.len())),
+    }
+}
