@@ -4,10 +4,18 @@
 use airlock_policy::seccomp::default_rules;
 use airlock_policy::{ArgCheck, SeccompRule, SyscallAction};
 
+use super::*;
+
 /// Past the last x86_64 syscall number.
 const LAST_NUMBER: u32 = 512;
 
-use super::*;
+/// The syscalls the default rules name, each once.
+fn ruled_syscalls() -> std::collections::BTreeSet<String> {
+    default_rules()
+        .into_iter()
+        .map(|rule| rule.syscall)
+        .collect()
+}
 
 struct Call {
     arch: u32,
@@ -356,11 +364,7 @@ fn test_bpf_search_answers_as_the_rules_say_for_every_syscall_and_argument() {
             for &value in &values {
                 let mut args = [0u64; 6];
                 args[arg] = value;
-                let call = Call {
-                    arch: AUDIT_ARCH_X86_64,
-                    nr,
-                    args,
-                };
+                let call = call(nr.into(), &args);
                 assert_eq!(
                     run(&p, &call),
                     oracle(&rules, &call),
@@ -376,11 +380,7 @@ fn test_bpf_reaches_any_syscall_in_a_few_compares() {
     // A search, not a row: the kernel runs the filter for every syscall number at install time,
     // so the number of instructions on each path is what a sandbox's start pays.
     let p = program();
-    let blocks = default_rules()
-        .iter()
-        .filter_map(|rule| syscall_number(&rule.syscall))
-        .collect::<std::collections::BTreeSet<_>>()
-        .len();
+    let blocks = ruled_syscalls().len();
     assert!(blocks > 40, "{blocks} syscalls have rules");
     let longest = (0..=LAST_NUMBER)
         .map(|nr| run_counting(&p, &call(nr.into(), &[])).1)
@@ -402,12 +402,7 @@ fn test_bpf_reaches_any_syscall_in_a_few_compares() {
 #[test]
 fn test_bpf_far_halves_are_reached_through_long_jumps() {
     // Many syscalls with long blocks: no search node may need a jump wider than eight bits.
-    let mut names: Vec<String> = default_rules()
-        .into_iter()
-        .map(|rule| rule.syscall)
-        .collect();
-    names.dedup();
-    let rules: Vec<SeccompRule> = names
+    let rules: Vec<SeccompRule> = ruled_syscalls()
         .into_iter()
         .map(|syscall| SeccompRule {
             syscall,
@@ -427,11 +422,7 @@ fn test_bpf_far_halves_are_reached_through_long_jumps() {
     assert!(p.len() > 2 * 256, "{} instructions", p.len());
     for nr in 0..=LAST_NUMBER {
         for args in [[7u64; 6], [0; 6]] {
-            let call = Call {
-                arch: AUDIT_ARCH_X86_64,
-                nr,
-                args,
-            };
+            let call = call(nr.into(), &args);
             assert_eq!(run(&p, &call), oracle(&rules, &call), "nr {nr}");
         }
     }
@@ -440,10 +431,7 @@ fn test_bpf_far_halves_are_reached_through_long_jumps() {
 #[test]
 fn test_bpf_refuses_a_program_longer_than_the_kernel_takes() {
     // 40 syscalls with 50 checks each: about 4,000 instructions of blocks and the search.
-    let names: std::collections::BTreeSet<String> = default_rules()
-        .into_iter()
-        .map(|rule| rule.syscall)
-        .collect();
+    let names = ruled_syscalls();
     assert!(names.len() >= 40, "{} syscalls", names.len());
     let checks = |value| ArgCheck {
         arg: 0,
