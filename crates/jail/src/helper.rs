@@ -158,7 +158,12 @@ fn start() -> Result<(), Failure> {
         scratch,
         image_upper,
     };
-    run(&spec.plan, &cgroups.leave, host, spec.evaluation)
+    let seccomp: Vec<seccomp::Insn> = spec
+        .seccomp
+        .iter()
+        .map(|&word| seccomp::Insn::from_word(word))
+        .collect();
+    run(&spec.plan, &seccomp, &cgroups.leave, host, spec.evaluation)
 }
 
 /// The spec from [`SPEC_FD`], and the channel, on which the cgroup follows.
@@ -184,6 +189,7 @@ fn warn_or_fail(compat: Compat, message: String) -> Result<(), Failure> {
 
 fn run(
     plan: &Plan,
+    seccomp: &[seccomp::Insn],
     cgroup_leave: &[std::path::PathBuf],
     host: HostFds,
     evaluation: Evaluation,
@@ -201,7 +207,8 @@ fn run(
         Forked::Child => {
             drop(helper_end);
             drop(terminate);
-            let code = init(plan, init_end, &host, evaluation).unwrap_or_else(report_failure);
+            let code =
+                init(plan, seccomp, init_end, &host, evaluation).unwrap_or_else(report_failure);
             sys::exit_now(code)
         }
         Forked::Parent(init_pid) => {
@@ -417,6 +424,7 @@ const ROOT_MESSAGE: &[u8] = b"root";
 /// The sandbox's init: pid 1 in the new pid namespace.
 fn init(
     plan: &Plan,
+    seccomp: &[seccomp::Insn],
     socket: OwnedFd,
     host: &HostFds,
     evaluation: Evaluation,
@@ -531,9 +539,7 @@ fn init(
         warn_or_fail(plan.compat, format!("Landlock: {}", crate::error_chain(&e)))?;
     }
     mark(Phase::LandlockApplied);
-    let program = seccomp::compile_tagged(&plan.seccomp, evaluation.seccomp_tag)
-        .map_err(|e| with_source("seccomp", &e))?;
-    seccomp::install(&program).map_err(|e| with_source("seccomp", &e))?;
+    seccomp::install(seccomp).map_err(|e| with_source("seccomp", &e))?;
     mark(Phase::SeccompInstalled);
     match agent {
         Some(agent) => {

@@ -26,6 +26,23 @@ pub struct Insn {
     pub k: u32,
 }
 
+impl Insn {
+    /// The instruction as one word: `code`, `jt` and `jf` in the low 32 bits, `k` in the high.
+    pub const fn to_word(self) -> u64 {
+        self.code as u64 | (self.jt as u64) << 16 | (self.jf as u64) << 24 | (self.k as u64) << 32
+    }
+
+    /// The instruction [`Insn::to_word`] made.
+    pub const fn from_word(word: u64) -> Insn {
+        Insn {
+            code: word as u16,
+            jt: (word >> 16) as u8,
+            jf: (word >> 24) as u8,
+            k: (word >> 32) as u32,
+        }
+    }
+}
+
 /// BPF_LD | BPF_W | BPF_ABS: classic BPF's load class and word size are both 0.
 const BPF_LD_W_ABS: u16 = 0x20;
 const BPF_ALU_AND_K: u16 = 0x04 | 0x50;

@@ -278,6 +278,23 @@ fn test_bpf_rejects_unknown_syscall_names() {
 }
 
 #[test]
+fn test_a_program_crosses_the_spec_as_words_unchanged() {
+    let program = program();
+    let words: Vec<u64> = program.iter().map(|insn| insn.to_word()).collect();
+    let back: Vec<Insn> = words.iter().map(|&word| Insn::from_word(word)).collect();
+    assert_eq!(back, program);
+    // Every field keeps its own bits, at their extremes too.
+    let extreme = Insn {
+        code: 0xfffe,
+        jt: 0xfd,
+        jf: 0x01,
+        k: 0xffff_fffc,
+    };
+    assert_eq!(extreme.to_word(), 0xffff_fffc_01fd_fffe);
+    assert_eq!(Insn::from_word(extreme.to_word()), extreme);
+}
+
+#[test]
 fn test_bpf_every_default_rule_names_a_known_syscall() {
     for rule in default_rules() {
         assert!(syscall_number(&rule.syscall).is_some(), "{}", rule.syscall);

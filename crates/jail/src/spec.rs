@@ -6,7 +6,12 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HelperSpec {
+    /// The plan, without its seccomp rules: they arrive compiled, in `seccomp`.
     pub plan: Plan,
+    /// The seccomp program init installs, one [`crate::seccomp::Insn::to_word`] per
+    /// instruction. The supervisor compiles it, so that neither the rules (most of a plan's
+    /// bytes, with their reasons) cross the pipe nor each helper compiles them again.
+    pub seccomp: Vec<u64>,
     /// The helper exits at once if its parent is not this process (it died before we started).
     pub supervisor_pid: libc::pid_t,
     /// Report the time of each setup phase (`airlock bench start --phases`).
@@ -37,7 +42,7 @@ pub struct CgroupSpec {
     pub workload: Option<WorkloadCgroupSpec>,
 }
 
-/// The longest spec a helper reads (a plan is about 15 KiB).
+/// The longest spec a helper reads (about 6 KiB for the default policy).
 const MAX_SPEC_BYTES: u32 = 16 << 20;
 
 /// The spec as the supervisor writes it: its length, then its JSON.
@@ -172,6 +177,7 @@ mod tests {
         let plan = compile(&SandboxConfig::new(vec!["true".into()]), &host).unwrap();
         HelperSpec {
             plan,
+            seccomp: vec![0x0000_0004_0000_0020, u64::MAX],
             supervisor_pid: 1,
             trace: false,
             agent: None,

@@ -18,6 +18,7 @@ use airlock_policy::Plan;
 
 use crate::cgroup::{self, CgroupError, Layout, SandboxCgroup};
 use crate::report::{CONTROL_FD, HOLD_FD, Phase, REPORT_FD, Report, SPEC_FD};
+use crate::seccomp;
 use crate::spec::{self, AgentSpec, CgroupSpec, HelperSpec};
 use crate::sys;
 
@@ -34,6 +35,8 @@ pub enum JailError {
         #[source]
         source: io::Error,
     },
+    #[error("the seccomp rules cannot be compiled")]
+    Seccomp(#[source] seccomp::SeccompError),
     #[error("sending the spec to the helper failed")]
     SendSpec(#[source] io::Error),
     #[error("the sandbox's cgroup could not be removed")]
@@ -191,6 +194,10 @@ impl Sandbox {
         control: Option<&OwnedFd>,
     ) -> Result<Sandbox, JailError> {
         let started = sys::monotonic_ns();
+        // Compiled before anything is started: rules the jail cannot compile fail the spawn
+        // with nothing to clean up.
+        let seccomp = seccomp::compile_tagged(&plan.seccomp, options.evaluation.seccomp_tag)
+            .map_err(JailError::Seccomp)?;
         let spawn_err = |source| JailError::Spawn {
             path: options.helper.clone(),
             source,
@@ -271,7 +278,11 @@ impl Sandbox {
         // The spec first: the helper reads it and opens its host descriptors while the cgroup
         // is made, then waits for the cgroup before it creates any process.
         let spec = HelperSpec {
-            plan: plan.clone(),
+            plan: Plan {
+                seccomp: Vec::new(),
+                ..plan.clone()
+            },
+            seccomp: seccomp.iter().map(|insn| insn.to_word()).collect(),
             supervisor_pid: sys::getpid(),
             trace: options.trace,
             agent,
@@ -652,6 +663,39 @@ mod tests {
             oom,
             Ending::Signaled(libc::SIGKILL),
             "init, not the workload, was the victim"
+        );
+    }
+
+    #[test]
+    fn test_rules_the_jail_cannot_compile_fail_the_spawn_before_any_helper_starts() {
+        let host = airlock_policy::HostFacts {
+            caller_uid: 0,
+            caller_gid: 0,
+            state_dirs: vec![],
+        };
+        let mut plan =
+            airlock_policy::compile(&airlock_api::SandboxConfig::new(vec!["true".into()]), &host)
+                .unwrap();
+        plan.seccomp.push(airlock_policy::SeccompRule {
+            syscall: "frobnicate".into(),
+            checks: vec![],
+            action: airlock_policy::SyscallAction::Eperm,
+            why: "test".into(),
+        });
+        let options = SpawnOptions {
+            // Starting this would fail with `JailError::Spawn`.
+            helper: PathBuf::from("/nonexistent/airlock-jail"),
+            cgroups: Layout::default(),
+            trace: false,
+            evaluation: crate::spec::Evaluation::default(),
+            hold: None,
+            stdio: None,
+            zygote: None,
+        };
+        let err = Sandbox::spawn(&plan, &options).unwrap_err();
+        assert!(
+            matches!(&err, JailError::Seccomp(seccomp::SeccompError::UnknownSyscall(name)) if name == "frobnicate"),
+            "{err:?}"
         );
     }
 
