@@ -197,6 +197,10 @@ fn with_symlink_targets(patterns: Vec<Vec<String>>) -> Vec<Vec<String>> {
     let mut all = patterns;
     let mut listings: std::collections::HashMap<std::path::PathBuf, Vec<std::ffi::OsString>> =
         std::collections::HashMap::new();
+    // Whether each path met is a symlink (`None`: missing). The patterns share their prefixes
+    // (`/root`, every home), and each would otherwise stat them again.
+    let mut kinds: std::collections::HashMap<std::path::PathBuf, Option<bool>> =
+        std::collections::HashMap::new();
     let mut next_pattern = 0;
     while next_pattern < all.len() && all.len() < MAX_EXCLUSIONS {
         let pattern = all[next_pattern].clone();
@@ -218,14 +222,16 @@ fn with_symlink_targets(patterns: Vec<Vec<String>>) -> Vec<Vec<String>> {
             }
             // One lstat per path: missing ones are dropped, links are resolved.
             let mut links = Vec::new();
-            next.retain(|path| match std::fs::symlink_metadata(path) {
-                Ok(meta) => {
-                    if meta.file_type().is_symlink() {
-                        links.push(path.clone());
-                    }
-                    true
+            next.retain(|path| {
+                let kind = *kinds.entry(path.clone()).or_insert_with(|| {
+                    std::fs::symlink_metadata(path)
+                        .ok()
+                        .map(|meta| meta.file_type().is_symlink())
+                });
+                if kind == Some(true) {
+                    links.push(path.clone());
                 }
-                Err(_) => false,
+                kind.is_some()
             });
             for path in &links {
                 let Ok(target) = std::fs::canonicalize(path) else {
@@ -383,6 +389,42 @@ mod tests {
             strip_components(&pattern, Path::new("/home/alice/.ssh")),
             None
         );
+    }
+
+    #[test]
+    fn test_landlock_exclusions_follow_each_symlink_on_shared_prefixes() {
+        // Two homes; one's `.config` is a link to its dotfiles. Every pattern through the link
+        // (they share the prefixes the lookups are remembered by) gains its alias, and a
+        // missing path adds nothing.
+        let base = std::env::temp_dir().join(format!("airlock-ll-links-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        for dir in ["home/alice/dotfiles/config", "home/bob/.config"] {
+            std::fs::create_dir_all(base.join(dir)).unwrap();
+        }
+        std::os::unix::fs::symlink("dotfiles/config", base.join("home/alice/.config")).unwrap();
+        let components = |path: std::path::PathBuf| -> Vec<String> {
+            path.components()
+                .filter_map(|c| match c {
+                    std::path::Component::Normal(name) => Some(name.to_string_lossy().into()),
+                    _ => None,
+                })
+                .collect()
+        };
+        let patterns: Vec<Vec<String>> =
+            ["home/*/.config/gh", "home/*/.config/gcloud", "home/*/.aws"]
+                .into_iter()
+                .map(|tail| components(base.join(tail)))
+                .collect();
+        let all = with_symlink_targets(patterns.clone());
+        let canonical = base.canonicalize().unwrap();
+        let mut expected = patterns;
+        for tail in ["gh", "gcloud"] {
+            expected.push(components(
+                canonical.join("home/alice/dotfiles/config").join(tail),
+            ));
+        }
+        assert_eq!(all, expected);
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]
