@@ -77,6 +77,8 @@ pub enum SeccompError {
     BadArgument(u8),
     #[error("the seccomp program has {0} instructions; the kernel takes at most {MAX_INSNS}")]
     TooLong(usize),
+    #[error("an empty seccomp program would allow every syscall; it is never installed")]
+    Empty,
     #[error("installing the seccomp filter failed")]
     Install(#[source] io::Error),
 }
@@ -316,6 +318,10 @@ pub fn compile_allow_list(
 
 /// Installs `program` on the calling thread. `no_new_privs` must already be set.
 pub fn install(program: &[Insn]) -> Result<(), SeccompError> {
+    // The kernel refuses one too; this says why, and does not depend on it.
+    if program.is_empty() {
+        return Err(SeccompError::Empty);
+    }
     #[repr(C)]
     struct Prog {
         len: u16,

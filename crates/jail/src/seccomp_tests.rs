@@ -295,6 +295,12 @@ fn test_a_program_crosses_the_spec_as_words_unchanged() {
 }
 
 #[test]
+fn test_an_empty_program_is_refused_before_the_kernel_sees_it() {
+    // A spec that arrived without its program must not leave init without a filter.
+    assert!(matches!(install(&[]), Err(SeccompError::Empty)));
+}
+
+#[test]
 fn test_bpf_every_default_rule_names_a_known_syscall() {
     for rule in default_rules() {
         assert!(syscall_number(&rule.syscall).is_some(), "{}", rule.syscall);

@@ -42,7 +42,7 @@ pub struct CgroupSpec {
     pub workload: Option<WorkloadCgroupSpec>,
 }
 
-/// The longest spec a helper reads (about 6 KiB for the default policy).
+/// The longest spec a helper reads (about 8 KiB for the default policy).
 const MAX_SPEC_BYTES: u32 = 16 << 20;
 
 /// The spec as the supervisor writes it: its length, then its JSON.
@@ -86,7 +86,8 @@ pub struct Evaluation {
     /// Apply no Landlock ruleset at all.
     pub skip_landlock: bool,
     /// Answer every `EPERM` rule of the seccomp filter with this errno instead, so that an
-    /// answer can be traced to the filter. `ENOSYS` rules keep theirs: libc relies on it.
+    /// answer can be traced to the filter. `ENOSYS` rules keep theirs: libc relies on it. The
+    /// supervisor applies it when it compiles the program.
     pub seccomp_tag: Option<u16>,
 }
 
