@@ -573,13 +573,21 @@ echo "microvm-nested: booting L1 (QEMU TCG, nested SVM); the console goes to $lo
 # daemon's steps on L1 prints state lines every 90 s. Three boots at most: a stall costs its 5
 # minutes, not 12. The 1800 s timeout is a hang guard, not a timed assertion. L1 has 4 GiB: the daemon's steps keep five 512 MiB guests, their disk
 # copies and snapshots in L1's RAM (with 2 GiB, L1 hung at the fourth or fifth).
+# On 2026-12-06 all three boots of one run stalled, each at a different step (at an earlier
+# stall QEMU sat mostly idle and the host's load was 0.03): the one-CPU L1 asleep, as if the
+# timer interrupt that should wake it was lost. After two quiet
+# minutes the rig sends L1 an NMI through QEMU's monitor, which wakes a CPU out of `hlt`; the
+# kernel logs the NMI (so the console moves again) and goes on if a lost wake-up was all.
 boot_l1() {
-    local began=$SECONDS shown=0 size=-1 quiet_since=$SECONDS lines now
+    local began=$SECONDS shown=0 size=-1 quiet_since=$SECONDS lines now nudged=0
+    local monitor="$run/monitor.sock"
+    rm -f "$monitor"
     LD_LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu:$root/lib/x86_64-linux-gnu" \
         timeout 1800 "$root/usr/bin/qemu-system-x86_64" -accel tcg -cpu EPYC,+svm -smp 1 -m 4096 \
         -kernel "$rig/vmlinux" -initrd "$run/l1.cpio" \
         -append 'console=ttyS0 panic=-1 quiet mitigations=off' \
-        -nographic -no-reboot -monitor none </dev/null >"$log" 2>&1 &
+        -nographic -no-reboot -monitor "unix:$monitor,server=on,wait=off" \
+        </dev/null >"$log" 2>&1 &
     local qemu=$!
     while kill -0 "$qemu" 2>/dev/null; do
         sleep 10
@@ -590,7 +598,19 @@ boot_l1() {
         fi
         now=$(stat -c %s "$log")
         if [ "$now" -ne "$size" ]; then
-            size=$now quiet_since=$SECONDS
+            [ "$nudged" -eq 1 ] && [ "$size" -ge 0 ] &&
+                echo "microvm-nested: +$((SECONDS - began))s L1 woke after the NMI: $(tr -d '\r' <"$log" | tail -n 1)"
+            size=$now quiet_since=$SECONDS nudged=0
+        elif [ $((SECONDS - quiet_since)) -ge 120 ] && [ "$nudged" -lt 1 ]; then
+            nudged=1
+            echo "microvm-nested: +$((SECONDS - began))s L1 quiet for 2 minutes; sending it an NMI"
+            python3 -c 'import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+time.sleep(0.3)
+s.recv(4096)
+s.sendall(b"nmi\n")
+time.sleep(0.5)' "$monitor" || echo "microvm-nested: the monitor did not take the NMI"
         elif [ $((SECONDS - quiet_since)) -ge 300 ]; then
             echo "microvm-nested: L1 printed nothing for 5 minutes; stopping QEMU. Its last lines:"
             tr -d '\r' <"$log" | tail -n 20 | sed 's/^/microvm-nested:   /'
