@@ -237,15 +237,7 @@ fn with_symlink_targets(patterns: Vec<Vec<String>>) -> Vec<Vec<String>> {
                 let Ok(target) = std::fs::canonicalize(path) else {
                     continue;
                 };
-                let mut alias: Vec<String> = target
-                    .components()
-                    .filter_map(|c| match c {
-                        std::path::Component::Normal(name) => {
-                            Some(name.to_string_lossy().into_owned())
-                        }
-                        _ => None,
-                    })
-                    .collect();
+                let mut alias = normal_components(&target);
                 alias.extend(pattern[depth + 1..].iter().cloned());
                 if !alias.is_empty() && !all.contains(&alias) {
                     all.push(alias);
@@ -257,15 +249,19 @@ fn with_symlink_targets(patterns: Vec<Vec<String>>) -> Vec<Vec<String>> {
     all
 }
 
-/// `pattern` relative to `base`, if it lies beneath it.
-fn strip_components<'a>(pattern: &[&'a str], base: &Path) -> Option<Vec<&'a str>> {
-    let base: Vec<String> = base
-        .components()
+/// The names along `path`, without its root or any `.` and `..`.
+fn normal_components(path: &Path) -> Vec<String> {
+    path.components()
         .filter_map(|c| match c {
             std::path::Component::Normal(name) => Some(name.to_string_lossy().into_owned()),
             _ => None,
         })
-        .collect();
+        .collect()
+}
+
+/// `pattern` relative to `base`, if it lies beneath it.
+fn strip_components<'a>(pattern: &[&'a str], base: &Path) -> Option<Vec<&'a str>> {
+    let base = normal_components(base);
     if pattern.len() <= base.len() {
         return None;
     }
@@ -402,25 +398,17 @@ mod tests {
             std::fs::create_dir_all(base.join(dir)).unwrap();
         }
         std::os::unix::fs::symlink("dotfiles/config", base.join("home/alice/.config")).unwrap();
-        let components = |path: std::path::PathBuf| -> Vec<String> {
-            path.components()
-                .filter_map(|c| match c {
-                    std::path::Component::Normal(name) => Some(name.to_string_lossy().into()),
-                    _ => None,
-                })
-                .collect()
-        };
         let patterns: Vec<Vec<String>> =
             ["home/*/.config/gh", "home/*/.config/gcloud", "home/*/.aws"]
                 .into_iter()
-                .map(|tail| components(base.join(tail)))
+                .map(|tail| normal_components(&base.join(tail)))
                 .collect();
         let all = with_symlink_targets(patterns.clone());
         let canonical = base.canonicalize().unwrap();
         let mut expected = patterns;
         for tail in ["gh", "gcloud"] {
-            expected.push(components(
-                canonical.join("home/alice/dotfiles/config").join(tail),
+            expected.push(normal_components(
+                &canonical.join("home/alice/dotfiles/config").join(tail),
             ));
         }
         assert_eq!(all, expected);
