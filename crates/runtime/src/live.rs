@@ -70,15 +70,15 @@ impl LiveSandbox {
         })
     }
 
-    /// How many workload processes the OOM killer has ended so far.
-    pub fn oom_kills(&self) -> u64 {
-        airlock_jail::cgroup::SandboxCgroup::from_dirs(&self.cgroup_dirs).workload_oom_kills()
-    }
-
-    /// A descriptor that becomes readable when the OOM killer acts in the sandbox (see
-    /// [`airlock_jail::oom::OomWatch`]).
-    pub fn oom_watch(&self) -> io::Result<airlock_jail::oom::OomWatch> {
-        airlock_jail::cgroup::SandboxCgroup::from_dirs(&self.cgroup_dirs).workload_oom_watch()
+    /// The sandbox's cgroup, found from the recorded directories (a dozen `stat`s of cgroup
+    /// files: a caller that asks often, as the daemon does for OOM kills, keeps it). Its
+    /// [`SandboxCgroup::workload_oom_kills`] and [`SandboxCgroup::workload_oom_watch`] count
+    /// and watch the OOM killer's work in the workload.
+    ///
+    /// [`SandboxCgroup::workload_oom_kills`]: airlock_jail::cgroup::SandboxCgroup::workload_oom_kills
+    /// [`SandboxCgroup::workload_oom_watch`]: airlock_jail::cgroup::SandboxCgroup::workload_oom_watch
+    pub fn cgroup(&self) -> airlock_jail::cgroup::SandboxCgroup {
+        airlock_jail::cgroup::SandboxCgroup::from_dirs(&self.cgroup_dirs)
     }
 
     /// The sandbox's freezer, when its cgroup has one.

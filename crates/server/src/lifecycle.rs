@@ -50,6 +50,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use airlock_api::v1::{ErrorCode, PauseMode, Sandbox, SandboxState};
+use airlock_jail::cgroup::SandboxCgroup;
 use airlock_runtime::{LiveSandbox, Runtime, RuntimeError};
 use tokio::sync::watch;
 
@@ -101,10 +102,27 @@ pub enum LifecycleError {
 #[derive(Debug)]
 struct Live {
     record: LiveSandbox,
+    /// The record's cgroup, found once: every exec reads its OOM count twice.
+    cgroup: SandboxCgroup,
     /// The egress proxy of a `proxy`-mode sandbox.
     egress: Option<Arc<SandboxEgress>>,
     /// The deadline (Unix ms); the watcher re-arms when it changes. `u64::MAX` stops it.
     deadline: watch::Sender<u64>,
+}
+
+impl Live {
+    fn new(
+        record: LiveSandbox,
+        egress: Option<Arc<SandboxEgress>>,
+        deadline: watch::Sender<u64>,
+    ) -> Live {
+        Live {
+            cgroup: record.cgroup(),
+            record,
+            egress,
+            deadline,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -281,11 +299,7 @@ impl Daemon {
         deadline_ms: u64,
     ) {
         let (deadline, receiver) = watch::channel(deadline_ms);
-        let live = Arc::new(Live {
-            record,
-            egress,
-            deadline,
-        });
+        let live = Arc::new(Live::new(record, egress, deadline));
         self.slots().insert(
             id.to_owned(),
             Slot {
@@ -440,7 +454,7 @@ impl Daemon {
 
     /// How many workload processes of a running sandbox the OOM killer has ended so far.
     pub fn oom_kills(&self, id: &str) -> Result<u64, ApiError> {
-        Ok(self.running(id)?.record.oom_kills())
+        Ok(self.running(id)?.cgroup.workload_oom_kills())
     }
 
     /// A running sandbox's runtime record (the Judge0 API steers its workload through it).

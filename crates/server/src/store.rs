@@ -380,7 +380,8 @@ impl Store {
         for (kind, message) in events {
             insert_event(&tx, Some(&row.id), kind, message)?;
         }
-        tx.execute(
+        run(
+            &tx,
             "INSERT INTO sandboxes
                 (id, state, request, token_hash, live, created_ms, deadline_ms, egress, pause)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
@@ -413,7 +414,8 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let changed = tx.execute(
+        let changed = run(
+            &tx,
             "UPDATE sandboxes SET state = 'running', live = ?2, deadline_ms = ?3, pause = NULL
              WHERE id = ?1",
             params![id, live, to_sql(deadline_ms)],
@@ -437,7 +439,8 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let changed = tx.execute(
+        let changed = run(
+            &tx,
             "UPDATE sandboxes SET state = ?2 WHERE id = ?1",
             params![id, state.as_str()],
         )?;
@@ -449,7 +452,8 @@ impl Store {
     }
 
     pub fn set_deadline(&self, id: &str, deadline_ms: u64) -> Result<bool, StoreError> {
-        let changed = self.conn().execute(
+        let changed = run(
+            &self.conn(),
             "UPDATE sandboxes SET deadline_ms = ?2 WHERE id = ?1",
             params![id, to_sql(deadline_ms)],
         )?;
@@ -458,7 +462,8 @@ impl Store {
 
     /// Stores a sandbox's egress state (JSON). Returns false if the row is gone.
     pub fn set_egress(&self, id: &str, egress: &str) -> Result<bool, StoreError> {
-        let changed = self.conn().execute(
+        let changed = run(
+            &self.conn(),
             "UPDATE sandboxes SET egress = ?2 WHERE id = ?1",
             params![id, egress],
         )?;
@@ -480,7 +485,8 @@ impl Store {
         })?;
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let changed = tx.execute(
+        let changed = run(
+            &tx,
             "UPDATE sandboxes SET request = ?2, egress = ?3 WHERE id = ?1",
             params![id, request, egress],
         )?;
@@ -499,7 +505,8 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let changed = tx.execute(
+        let changed = run(
+            &tx,
             "UPDATE sandboxes SET state = 'paused', pause = ?2 WHERE id = ?1",
             params![id, encode_pause(Some(pause))],
         )?;
@@ -509,8 +516,11 @@ impl Store {
     }
 
     pub fn delete_sandbox(&self, id: &str) -> Result<(), StoreError> {
-        self.conn()
-            .execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
+        run(
+            &self.conn(),
+            "DELETE FROM sandboxes WHERE id = ?1",
+            params![id],
+        )?;
         Ok(())
     }
 
@@ -525,7 +535,7 @@ impl Store {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         insert_event(&tx, Some(id), kind, message)?;
-        tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
+        run(&tx, "DELETE FROM sandboxes WHERE id = ?1", params![id])?;
         tx.commit()?;
         Ok(())
     }
@@ -599,7 +609,8 @@ impl Store {
             if oldest_ms >= older_than_ms && oldest_seq > newest_seq.saturating_sub(keep_rows) {
                 return Ok(deleted);
             }
-            let changed = conn.execute(
+            let changed = run(
+                &conn,
                 "DELETE FROM events WHERE seq <= (
                      SELECT MAX(seq) FROM (
                          SELECT seq, at_ms FROM events ORDER BY seq LIMIT ?1
@@ -639,7 +650,8 @@ impl Store {
     // --- API keys ---
 
     pub fn insert_key(&self, id: &str, name: &str, hash: &str) -> Result<(), StoreError> {
-        self.conn().execute(
+        run(
+            &self.conn(),
             "INSERT INTO api_keys (id, name, hash, created_ms) VALUES (?1, ?2, ?3, ?4)",
             params![id, name, hash, to_sql(now_ms())],
         )?;
@@ -664,7 +676,8 @@ impl Store {
 
     /// Revokes the active keys whose id or name is `id_or_name`; returns how many.
     pub fn revoke_key(&self, id_or_name: &str) -> Result<usize, StoreError> {
-        Ok(self.conn().execute(
+        Ok(run(
+            &self.conn(),
             "UPDATE api_keys SET revoked_ms = ?2
              WHERE (id = ?1 OR name = ?1) AND revoked_ms IS NULL",
             params![id_or_name, to_sql(now_ms())],
@@ -754,7 +767,8 @@ fn insert_event(
     kind: &str,
     message: &str,
 ) -> rusqlite::Result<()> {
-    conn.execute(
+    run(
+        conn,
         "INSERT INTO events (at_ms, sandbox_id, kind, message) VALUES (?1, ?2, ?3, ?4)",
         params![to_sql(now_ms()), sandbox_id, kind, message],
     )?;
@@ -763,6 +777,13 @@ fn insert_event(
         None => tracing::info!(target: "airlock::event", kind, message),
     }
     Ok(())
+}
+
+/// Runs one statement through the connection's cache of prepared statements: the create and
+/// delete paths run the same few statements for every sandbox, and parsing them again each time
+/// was a visible share of the daemon's CPU under load.
+fn run(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(params)
 }
 
 fn to_sql(value: u64) -> i64 {

@@ -355,11 +355,7 @@ impl Daemon {
             return Err(ApiError::no_sandbox(&id));
         }
         let (deadline, _) = tokio::sync::watch::channel(deadline_ms);
-        Ok(Arc::new(Live {
-            record,
-            egress,
-            deadline,
-        }))
+        Ok(Arc::new(Live::new(record, egress, deadline)))
     }
 
     /// Moves a running sandbox's deadline to at least `timeout_ms` from now.
@@ -534,11 +530,7 @@ impl Daemon {
             PauseMode::Filesystem => None,
         };
         let (deadline, _) = tokio::sync::watch::channel(u64::MAX);
-        let live = Arc::new(Live {
-            record,
-            egress,
-            deadline,
-        });
+        let live = Arc::new(Live::new(record, egress, deadline));
         self.slots().insert(
             row.id.clone(),
             super::Slot {
