@@ -601,7 +601,8 @@ for command in ("info cpus", "info registers", "info lapic"):
     s.sendall(command.encode() + b"\n")
     time.sleep(1)
     for line in s.recv(1 << 16).decode(errors="replace").replace("\r", "").splitlines():
-        if line.strip() and not line.startswith(("(qemu)", command, "FPR", "XMM", "DR", "FCW")):
+        # The monitor echoes each command with terminal escapes: those lines are skipped.
+        if line.strip() and "\x1b" not in line and not line.startswith(("(qemu)", "FPR", "XMM", "DR", "FCW")):
             print(command + ": " + line)' "$2" || echo "the monitor did not answer"
 }
 boot_l1() {
