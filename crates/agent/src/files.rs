@@ -39,7 +39,7 @@ impl FileBody {
                 None
             }
             Err(e) => {
-                eprintln!("airlock-agent: reading a file for GET /files failed: {e}");
+                crate::log_line!("airlock-agent: reading a file for GET /files failed: {e}");
                 self.file = None;
                 None
             }

@@ -51,7 +51,7 @@ pub async fn serve(listener: Listener, agent: Arc<Agent>) {
                 .map(|(stream, _)| spawn_connection(stream, agent.clone())),
         };
         if let Err(e) = accepted {
-            eprintln!("airlock-agent: accept failed: {e}");
+            crate::log_line!("airlock-agent: accept failed: {e}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -73,7 +73,7 @@ where
             .await
             && !e.is_incomplete_message()
         {
-            eprintln!("airlock-agent: connection error: {e}");
+            crate::log_line!("airlock-agent: connection error: {e}");
         }
     });
 }
@@ -306,7 +306,7 @@ async fn handle_rpc(
         return match result {
             Ok(frames) => stream_response(frames),
             Err(e) => {
-                eprintln!("airlock-agent: {method} failed: {e}");
+                crate::log_line!("airlock-agent: {method} failed: {e}");
                 stream_error(&e)
             }
         };
@@ -316,7 +316,7 @@ async fn handle_rpc(
         Ok(message) => unary_ok(&message),
         Err(e) => {
             if e.code == Code::Internal {
-                eprintln!("airlock-agent: {method} failed: {e}");
+                crate::log_line!("airlock-agent: {method} failed: {e}");
             }
             unary_error(&e)
         }

@@ -9,6 +9,18 @@
 //! hundreds of sandboxes. The kernel-facing parts (fork/exec, ptys, reaping, inotify) are in
 //! `airlock_jail::child` and `airlock_jail::inotify`; this crate has no `unsafe`.
 
+/// `eprintln!` in one `write` (the agent's log is its stderr, a file): `eprintln!` writes each
+/// piece of its format separately, and a process's end took 25 writes.
+#[macro_export]
+macro_rules! log_line {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut line = format!($($arg)*);
+        line.push('\n');
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }};
+}
+
 pub mod claim;
 pub mod connect;
 pub mod files;
@@ -66,7 +78,7 @@ pub async fn run(
         loop {
             while let Some((pid, status)) = airlock_jail::child::reap_any() {
                 if !table.route_exit(pid, status) {
-                    eprintln!("airlock-agent: reaped orphan {pid} ({status})");
+                    crate::log_line!("airlock-agent: reaped orphan {pid} ({status})");
                 }
             }
             if sigchld.recv().await.is_none() {

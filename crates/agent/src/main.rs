@@ -157,7 +157,9 @@ fn main() -> anyhow::Result<()> {
             }
             tokio::spawn(async move {
                 if let Err(err) = relaying.await {
-                    eprintln!("airlock-agent: the egress relay on port {port} stopped: {err}");
+                    airlock_agent::log_line!(
+                        "airlock-agent: the egress relay on port {port} stopped: {err}"
+                    );
                 }
             });
         }
@@ -176,7 +178,7 @@ fn main() -> anyhow::Result<()> {
                 .with_context(|| format!("binding vsock port {port}"))?,
             ),
         };
-        eprintln!("airlock-agent: serving (pid {})", std::process::id());
+        airlock_agent::log_line!("airlock-agent: serving (pid {})", std::process::id());
         airlock_agent::run(listener, workload)
             .await
             .context("serving")

@@ -474,7 +474,7 @@ pub fn start(
         oom_kills_at_start,
     });
     table.insert(proc.clone());
-    eprintln!(
+    crate::log_line!(
         "airlock-agent: started pid {pid}: {}",
         launch.program.display()
     );
@@ -487,7 +487,7 @@ pub fn start(
             if let Some(proc) = weak.upgrade()
                 && !proc.exited.load(Ordering::SeqCst)
             {
-                eprintln!(
+                crate::log_line!(
                     "airlock-agent: pid {} reached its Connect-Timeout-Ms, killing its group",
                     proc.pid
                 );

@@ -250,7 +250,7 @@ pub(crate) async fn run_process(
         oom_killed: table.oom_kills() > proc.oom_kills_at_start,
     };
     broadcast(&mut subscribers, Event::End(ending)).await;
-    eprintln!(
+    crate::log_line!(
         "airlock-agent: process {} ended: {}",
         proc.pid,
         end_json(ending)

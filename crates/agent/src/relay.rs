@@ -94,7 +94,7 @@ pub async fn relay(listener: TcpListener, upstream: Upstream) -> std::io::Result
         let (mut client, _) = match listener.accept().await {
             Ok(pair) => pair,
             Err(err) => {
-                eprintln!("airlock-agent: relay accept failed: {err}");
+                crate::log_line!("airlock-agent: relay accept failed: {err}");
                 continue;
             }
         };
@@ -108,7 +108,7 @@ pub async fn relay(listener: TcpListener, upstream: Upstream) -> std::io::Result
                     tokio::io::copy_bidirectional(&mut client, &mut proxy).await
                 }
                 Err(err) => {
-                    eprintln!(
+                    crate::log_line!(
                         "airlock-agent: the egress proxy at {upstream} is unreachable: {err}"
                     );
                     return;

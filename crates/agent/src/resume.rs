@@ -115,7 +115,7 @@ fn apply_egress(agent: &Agent, egress: &ResumeEgress) -> Result<(), (StatusCode,
             };
             tokio::spawn(async move {
                 if let Err(err) = crate::relay::relay(listener, upstream).await {
-                    eprintln!("airlock-agent: the egress relay stopped: {err}");
+                    crate::log_line!("airlock-agent: the egress relay stopped: {err}");
                 }
             });
             *relay = Some(wanted);

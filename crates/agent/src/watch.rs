@@ -165,7 +165,7 @@ impl Watch {
         let mut out = Vec::new();
         for event in inotify::parse_events(&buf[..n]) {
             if event.mask & inotify::Q_OVERFLOW != 0 {
-                eprintln!(
+                crate::log_line!(
                     "airlock-agent: inotify queue overflow under {}",
                     self.root.display()
                 );
@@ -220,7 +220,7 @@ async fn run_watch(mut watch: Watch, sink: Sink) {
         let events = match watch.next_events().await {
             Ok(events) => events,
             Err(e) => {
-                eprintln!(
+                crate::log_line!(
                     "airlock-agent: watcher on {} failed: {e}",
                     watch.root.display()
                 );
