@@ -70,13 +70,9 @@ impl LiveSandbox {
         })
     }
 
-    /// The sandbox's cgroup, found from the recorded directories (a dozen `stat`s of cgroup
-    /// files: a caller that asks often, as the daemon does for OOM kills, keeps it). Its
-    /// [`SandboxCgroup::workload_oom_kills`] and [`SandboxCgroup::workload_oom_watch`] count
-    /// and watch the OOM killer's work in the workload.
-    ///
-    /// [`SandboxCgroup::workload_oom_kills`]: airlock_jail::cgroup::SandboxCgroup::workload_oom_kills
-    /// [`SandboxCgroup::workload_oom_watch`]: airlock_jail::cgroup::SandboxCgroup::workload_oom_watch
+    /// The sandbox's cgroup (its OOM count and watch among what it offers), found from the
+    /// recorded directories: a dozen `stat`s of cgroup files, so a caller that asks often
+    /// keeps it.
     pub fn cgroup(&self) -> airlock_jail::cgroup::SandboxCgroup {
         airlock_jail::cgroup::SandboxCgroup::from_dirs(&self.cgroup_dirs)
     }

@@ -47,7 +47,7 @@ mod watcher;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use airlock_api::v1::{ErrorCode, PauseMode, Sandbox, SandboxState};
 use airlock_jail::cgroup::SandboxCgroup;
@@ -102,8 +102,9 @@ pub enum LifecycleError {
 #[derive(Debug)]
 struct Live {
     record: LiveSandbox,
-    /// The record's cgroup, found once: every exec reads its OOM count twice.
-    cgroup: SandboxCgroup,
+    /// The record's cgroup, found at its first use (the watch, which starts beside the create's
+    /// answer, not before it): every exec reads its OOM count twice.
+    cgroup: OnceLock<SandboxCgroup>,
     /// The egress proxy of a `proxy`-mode sandbox.
     egress: Option<Arc<SandboxEgress>>,
     /// The deadline (Unix ms); the watcher re-arms when it changes. `u64::MAX` stops it.
@@ -117,11 +118,15 @@ impl Live {
         deadline: watch::Sender<u64>,
     ) -> Live {
         Live {
-            cgroup: record.cgroup(),
             record,
+            cgroup: OnceLock::new(),
             egress,
             deadline,
         }
+    }
+
+    fn cgroup(&self) -> &SandboxCgroup {
+        self.cgroup.get_or_init(|| self.record.cgroup())
     }
 }
 
@@ -454,7 +459,7 @@ impl Daemon {
 
     /// How many workload processes of a running sandbox the OOM killer has ended so far.
     pub fn oom_kills(&self, id: &str) -> Result<u64, ApiError> {
-        Ok(self.running(id)?.cgroup.workload_oom_kills())
+        Ok(self.running(id)?.cgroup().workload_oom_kills())
     }
 
     /// A running sandbox's runtime record (the Judge0 API steers its workload through it).

@@ -50,8 +50,12 @@ impl Daemon {
             deprecated,
             reason = "as for the pidfd: the watch owns its descriptor for the AsyncFd's whole life"
         )]
-        let oom = live.cgroup.workload_oom_watch().and_then(AsyncFd::new).ok();
-        let mut oom_kills = live.cgroup.workload_oom_kills();
+        let oom = live
+            .cgroup()
+            .workload_oom_watch()
+            .and_then(AsyncFd::new)
+            .ok();
+        let mut oom_kills = live.cgroup().workload_oom_kills();
         loop {
             let deadline_ms = *deadline.borrow_and_update();
             if deadline_ms == u64::MAX {
