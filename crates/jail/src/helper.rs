@@ -18,7 +18,9 @@ use airlock_api::Compat;
 use airlock_policy::{IdMap, Plan, RlimitResource, RootPlan, ScratchPlan, WorkspacePlan};
 
 use crate::helper_live::{self, HostFds};
-use crate::report::{self, CONTROL_FD, HOLD_FD, Phase, REPORT_FD, Report, SPEC_FD, mark};
+use crate::report::{
+    self, CONTROL_FD, HOLD_FD, Phase, REPORT_FD, Report, SPEC_FD, TEMPLATE_FD, mark,
+};
 use crate::spec::{self, Evaluation, HelperSpec};
 use crate::sys::{self, Forked};
 use crate::{landlock, mountfs, relay, seccomp, view};
@@ -59,7 +61,7 @@ pub fn main() -> i32 {
     }
     // Only the spec and report channels may cross into the helper; anything else the caller
     // leaked without close-on-exec stops here.
-    let _ = sys::close_from(REPORT_FD + 1, &[CONTROL_FD, HOLD_FD]);
+    let _ = sys::close_from(REPORT_FD + 1, &[CONTROL_FD, HOLD_FD, TEMPLATE_FD]);
     match start() {
         Ok(()) => 0,
         Err(failure) => report_failure(failure),
@@ -83,8 +85,9 @@ fn start() -> Result<(), Failure> {
             .map_err(|e| with_source("leaving the caller's session", &e))?;
     } else {
         // Only long-lived sandboxes have a control channel.
-        let _ = sys::close_from(CONTROL_FD, &[HOLD_FD]);
+        let _ = sys::close_from(CONTROL_FD, &[HOLD_FD, TEMPLATE_FD]);
     }
+    let view_template = take_view_template(spec.view_template)?;
     mark(Phase::HelperRunning);
     if sys::getppid() != spec.supervisor_pid {
         // The supervisor died before our death signal was armed: nobody is listening.
@@ -157,6 +160,7 @@ fn start() -> Result<(), Failure> {
         egress,
         scratch,
         image_upper,
+        view_template,
     };
     let seccomp: Vec<seccomp::Insn> = spec
         .seccomp
@@ -164,6 +168,19 @@ fn start() -> Result<(), Failure> {
         .map(|&word| seccomp::Insn::from_word(word))
         .collect();
     run(&spec.plan, &seccomp, &cgroups.leave, host, spec.evaluation)
+}
+
+/// The view's template at [`TEMPLATE_FD`] when the spec says one is there, moved to a
+/// close-on-exec descriptor so that no exec'd process (the agent, a workload) inherits it.
+fn take_view_template(passed: bool) -> Result<Option<OwnedFd>, Failure> {
+    if !passed {
+        return Ok(None);
+    }
+    // SAFETY: the supervisor placed the template at TEMPLATE_FD for us alone; we take ownership.
+    let inherited = unsafe { OwnedFd::from_raw_fd(TEMPLATE_FD) };
+    sys::dup_above(&inherited, SPEC_FD + 8)
+        .map(Some)
+        .map_err(|e| with_source("taking the view's template", &e))
 }
 
 /// The spec from [`SPEC_FD`], and the channel, on which the cgroup follows.
@@ -510,6 +527,7 @@ fn init(
                 .and_then(|agent| agent.vmm.as_ref())
                 .map(|vmm| vmm.disks.as_slice())
                 .unwrap_or_default(),
+            template: host.view_template.as_ref(),
         },
         &plan.identity,
         join_network,

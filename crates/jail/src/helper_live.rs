@@ -86,6 +86,8 @@ pub struct HostFds {
     pub scratch: Option<ScratchFds>,
     /// The container tier's upper directory (and, in memory, the tmpfs that holds it).
     pub image_upper: Option<crate::mountfs::ImageUpper>,
+    /// The view's template, which init clones (see `view_template`).
+    pub view_template: Option<OwnedFd>,
 }
 
 /// Detached clones of the on-disk scratch space's `tmp/` and `workspace/`.

@@ -34,6 +34,7 @@ mod sys;
 mod view;
 mod view_binds;
 mod view_image;
+pub mod view_template;
 mod view_vmm;
 pub mod zygote;
 

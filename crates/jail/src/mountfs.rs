@@ -364,6 +364,15 @@ pub fn memory_scratch(
     Ok(MemoryScratch { mount, upper, work })
 }
 
+/// A small detached tmpfs for a view's root (see `view_template`).
+pub fn stage_tmpfs() -> Result<OwnedFd, MountFsError> {
+    let context = Context::open("tmpfs")?;
+    context.set_string("mode", "0755")?;
+    context.set_string("size", "1m")?;
+    context.set_string("nr_inodes", "4096")?;
+    context.mount(MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
+}
+
 /// The upper and work directories of an on-disk scratch volume (see `ScratchPlan::Disk`).
 /// Not idmapped: overlayfs refuses an idmapped upper directory (EINVAL, measured on 6.18), so
 /// `upper/` keeps the sandbox's host ids (the runtime shifts them when a volume changes

@@ -16,6 +16,8 @@ pub const CONTROL_FD: RawFd = 5;
 /// lives: the lock of the sandbox's host id range, so that the range stays taken as long as
 /// the sandbox exists, whoever started it and whether or not that process is still there.
 pub const HOLD_FD: RawFd = 6;
+/// The view's template (`view_template`), when the supervisor passes one.
+pub const TEMPLATE_FD: RawFd = 7;
 
 /// A message from the sandbox side.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,6 +21,9 @@ pub struct HelperSpec {
     /// Layers switched off or marked for a security evaluation; the default changes nothing.
     #[serde(default, skip_serializing_if = "Evaluation::is_default")]
     pub evaluation: Evaluation,
+    /// The view's root is a clone of the template at `TEMPLATE_FD` (`view_template`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub view_template: bool,
 }
 
 /// The sandbox's cgroup, sent on the same descriptor after the [`HelperSpec`], once the
@@ -183,6 +186,7 @@ mod tests {
             trace: false,
             agent: None,
             evaluation: Evaluation::default(),
+            view_template: true,
         }
     }
 

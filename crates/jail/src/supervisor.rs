@@ -17,7 +17,7 @@ use airlock_api::Compat;
 use airlock_policy::Plan;
 
 use crate::cgroup::{self, CgroupError, Layout, SandboxCgroup};
-use crate::report::{CONTROL_FD, HOLD_FD, Phase, REPORT_FD, Report, SPEC_FD};
+use crate::report::{CONTROL_FD, HOLD_FD, Phase, REPORT_FD, Report, SPEC_FD, TEMPLATE_FD};
 use crate::seccomp;
 use crate::spec::{self, AgentSpec, CgroupSpec, HelperSpec};
 use crate::sys;
@@ -243,6 +243,12 @@ impl Sandbox {
         }
         // The zygote installs only the helper's own descriptors: a caller's stdio is exec'd.
         let zygote = options.zygote.as_ref().filter(|_| stdio.is_none());
+        let template = zygote
+            .and_then(|zygote| zygote.view_templates().for_plan(plan, agent.as_ref()))
+            .map(|template| sys::dup_above(template.root(), SPEC_FD + 8))
+            .transpose()
+            .map_err(spawn_err)?;
+        fds.extend(template.as_ref().map(|fd| (fd.as_raw_fd(), TEMPLATE_FD)));
         let pid = match zygote {
             Some(zygote) => match zygote.spawn(&fds) {
                 Ok(pid) => pid,
@@ -261,6 +267,8 @@ impl Sandbox {
         drop(control);
         drop(hold);
         drop(stdio);
+        let view_template = template.is_some();
+        drop(template);
         drop((spec_r, report_w));
         let mut sandbox = Sandbox {
             helper: Some(pid),
@@ -287,6 +295,7 @@ impl Sandbox {
             trace: options.trace,
             agent,
             evaluation: options.evaluation,
+            view_template,
         };
         let bytes = spec::encode_spec(&spec).map_err(|e| JailError::SendSpec(e.into()))?;
         let mut spec_w = File::from(spec_w);

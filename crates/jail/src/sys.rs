@@ -454,6 +454,22 @@ pub fn open_tree_clone(dir: Option<&OwnedFd>, path: &Path, recursive: bool) -> i
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+/// `open_tree(OPEN_TREE_CLONE | AT_RECURSIVE)` of the whole tree `tree` is the root of (a
+/// detached template, say): a fresh detached copy.
+pub fn clone_tree(tree: &OwnedFd) -> io::Result<OwnedFd> {
+    let flags = OPEN_TREE_CLONE
+        | libc::O_CLOEXEC as libc::c_uint
+        | libc::AT_RECURSIVE as libc::c_uint
+        | libc::AT_EMPTY_PATH as libc::c_uint;
+    // SAFETY: `tree` is a live descriptor and the path the empty string; the returned
+    // descriptor is new and ours alone.
+    let fd = check(unsafe {
+        libc::syscall(libc::SYS_open_tree, tree.as_raw_fd(), c"".as_ptr(), flags)
+    })?;
+    // SAFETY: the kernel returned a fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
 /// Opens `path` beneath `root` as an `O_PATH` descriptor, resolving symlinks and `..` as if
 /// `root` were `/`, so a hostile symlink in the view cannot point the caller outside it.
 pub fn open_in_root(root: &OwnedFd, path: &Path) -> io::Result<OwnedFd> {
@@ -527,6 +543,37 @@ pub fn mount_setattr(
     if recursive {
         flags |= libc::AT_RECURSIVE as libc::c_uint;
     }
+    // SAFETY: `tree` is a live mount descriptor, the path is the empty string, and `attr` is a
+    // valid mount_attr whose size we pass.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            flags,
+            &attr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })
+    .map(drop)
+}
+
+/// Makes every mount of the tree `tree` private: no mount event propagates into or out of it.
+pub fn make_private(tree: &OwnedFd) -> io::Result<()> {
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    let attr = MountAttr {
+        attr_set: 0,
+        attr_clr: 0,
+        propagation: libc::MS_PRIVATE,
+        userns_fd: 0,
+    };
+    let flags = (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint;
     // SAFETY: `tree` is a live mount descriptor, the path is the empty string, and `attr` is a
     // valid mount_attr whose size we pass.
     check(unsafe {
@@ -696,6 +743,19 @@ pub fn poll_readable(fds: &[RawFd], timeout_ms: libc::c_int) -> io::Result<Vec<b
         return Err(err);
     }
     Ok(pollfds.iter().map(|p| p.revents != 0).collect())
+}
+
+/// Whether `fd` (a `/proc/self/mountinfo`) has a priority event: the mount table changed
+/// since it was opened or last polled. The poll consumes the event.
+pub fn poll_priority(fd: &OwnedFd) -> io::Result<bool> {
+    let mut pollfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLPRI,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, a zero timeout.
+    let ready = check_int(unsafe { libc::poll(&mut pollfd, 1, 0) })?;
+    Ok(ready > 0 && pollfd.revents & (libc::POLLPRI | libc::POLLERR) != 0)
 }
 
 /// `execve`; returns only on failure.

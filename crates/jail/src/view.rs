@@ -109,6 +109,8 @@ pub struct Attachments<'a> {
     pub vmm_files: &'a [(String, OwnedFd)],
     /// The microvm tier's disks, read-write under `VMM_FILES_DIR`.
     pub vmm_disks: &'a [(String, OwnedFd)],
+    /// The process tier's root, made ahead by the runtime (see `view_template`).
+    pub template: Option<&'a OwnedFd>,
 }
 
 pub fn build(
@@ -129,9 +131,14 @@ pub fn build(
             None,
         ),
     )?;
+    // A template already holds the mount points and is read-only.
+    let prebuilt = attachments.template.is_some() && matches!(plan.root, RootPlan::Host { .. });
     let image = match (&plan.root, attachments.image_root) {
         (RootPlan::Host { path }, _) => {
-            stage_host_root(stage, path, &plan.masks)?;
+            match attachments.template {
+                Some(template) => crate::view_template::attach(stage, template)?,
+                None => stage_host_root(stage, path, &plan.masks)?,
+            }
             false
         }
         (RootPlan::Binds { binds }, _) => {
@@ -163,14 +170,14 @@ pub fn build(
         .as_ref()
         .map_or((identity.uid, identity.gid), |user| (user.uid, user.gid));
     if let Some(binary) = attachments.agent_binary {
-        attach_agent(stage, binary, image)?;
+        attach_agent(stage, binary, image, prebuilt)?;
     }
     crate::view_vmm::attach_files(stage, attachments.vmm_files, false)?;
     crate::view_vmm::make_targets(stage, attachments.vmm_disks)?;
     if let Some(dir) = attachments.egress_dir {
         attach_egress(stage, dir, attachments.trust_bundle, image)?;
     }
-    if !image {
+    if !image && !prebuilt {
         let root = step(|| "opening the new root".into(), sys::open_path(stage))?;
         step(
             || "making the view read-only".into(),
@@ -245,17 +252,33 @@ pub fn build(
 /// The process tier's root: a small tmpfs at the staging path holding one read-only bind of
 /// each top-level entry of `rootfs`, the mount points Airlock provides, and the masks.
 fn stage_host_root(stage: &Path, rootfs: &Path, masks: &[Mask]) -> Result<(), ViewError> {
+    // Opened first: the staging tmpfs may hide it.
     let rootfs_fd = step(
         || format!("opening rootfs {}", rootfs.display()),
         sys::open_path(rootfs),
     )?;
-    let rootfs_path = PathBuf::from(format!("/proc/self/fd/{}", rootfs_fd.as_raw_fd()));
     mount_stage(stage)?;
-    bind_top_level(&rootfs_fd, &rootfs_path, stage)?;
+    fill_host_root(stage, &rootfs_fd, masks, || Ok(()))
+}
+
+/// The entries of `rootfs`, Airlock's mount points and the masks, in the empty tmpfs at
+/// `stage` (the sandbox's own, or a template's). `then` runs after the masks, while their
+/// sources are still there: a masked directory is one of them.
+pub(crate) fn fill_host_root(
+    stage: &Path,
+    rootfs: &OwnedFd,
+    masks: &[Mask],
+    then: impl FnOnce() -> Result<(), ViewError>,
+) -> Result<(), ViewError> {
+    let rootfs_path = PathBuf::from(format!("/proc/self/fd/{}", rootfs.as_raw_fd()));
+    bind_top_level(rootfs, &rootfs_path, stage)?;
     for dir in PROVIDED {
         mkdir(&stage.join(dir), 0o755)?;
     }
-    apply_masks(stage, masks)
+    mask_from_sources(stage, masks)?;
+    then()?;
+    remove_mask_sources(stage);
+    Ok(())
 }
 
 /// The small tmpfs at the staging path that becomes the view's root.
@@ -319,7 +342,7 @@ fn bind_top_level(rootfs: &OwnedFd, rootfs_path: &Path, stage: &Path) -> Result<
 
 /// What listing a directory of the view found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Listing {
+pub(crate) enum Listing {
     Names(Vec<OsString>),
     /// The directory exists but cannot be listed. Its entries may still be reachable by name
     /// (mode 0711), so the whole directory must be masked: fail closed.
@@ -343,7 +366,11 @@ fn list_in_root(root: &OwnedFd, dir: &Path) -> Listing {
 /// Expands `*` components against the staged tree, listing each directory once. Directories are
 /// resolved inside the tree (`root`), so a symlinked `/home` is listed where it really points
 /// within the view, not on the host. A directory that cannot be listed is itself a result.
-fn expand(root: &OwnedFd, pattern: &str, listings: &mut HashMap<PathBuf, Listing>) -> Vec<PathBuf> {
+pub(crate) fn expand(
+    root: &OwnedFd,
+    pattern: &str,
+    listings: &mut HashMap<PathBuf, Listing>,
+) -> Vec<PathBuf> {
     let mut found = vec![PathBuf::new()];
     let mut whole = Vec::new();
     for component in pattern.split('/').filter(|c| !c.is_empty()) {
@@ -368,6 +395,13 @@ fn expand(root: &OwnedFd, pattern: &str, listings: &mut HashMap<PathBuf, Listing
 }
 
 pub(crate) fn apply_masks(stage: &Path, masks: &[Mask]) -> Result<(), ViewError> {
+    mask_from_sources(stage, masks)?;
+    remove_mask_sources(stage);
+    Ok(())
+}
+
+/// The masks, each a bind of one of three sources made in the staging root.
+fn mask_from_sources(stage: &Path, masks: &[Mask]) -> Result<(), ViewError> {
     let sources = [(MASK_DIR, 0o000), (EMPTY_DIR, 0o755)];
     for (name, mode) in sources {
         mkdir(&stage.join(name), mode)?;
@@ -419,11 +453,15 @@ pub(crate) fn apply_masks(stage: &Path, masks: &[Mask]) -> Result<(), ViewError>
             step(shown, sys::move_mount_onto(&tree, &target))?;
         }
     }
-    // The sources stay reachable only through the masks; remove their names from the root.
+    Ok(())
+}
+
+/// The sources stay reachable only through the masks; removes their names from the root. (The
+/// empty directory's stays when something was made in a directory masked with it.)
+fn remove_mask_sources(stage: &Path) {
     let _ = fs::remove_dir(stage.join(MASK_DIR));
     let _ = fs::remove_dir(stage.join(EMPTY_DIR));
     let _ = fs::remove_file(stage.join(MASK_FILE));
-    Ok(())
 }
 
 /// Attaches the agent's binary at `AGENT_PATH`, in the empty `/run` Airlock provides. It becomes
@@ -490,10 +528,17 @@ fn attach_egress(
     }
 }
 
-fn attach_agent(stage: &Path, binary: &OwnedFd, image: bool) -> Result<(), ViewError> {
+fn attach_agent(
+    stage: &Path,
+    binary: &OwnedFd,
+    image: bool,
+    prebuilt: bool,
+) -> Result<(), ViewError> {
     let relative = crate::spec::AGENT_PATH.trim_start_matches('/');
     let target = if image {
         crate::view_image::ensure_file(stage, Path::new(relative))?
+    } else if prebuilt {
+        stage.join(relative)
     } else {
         let target = stage.join(relative);
         if let Some(dir) = target.parent() {

@@ -12,7 +12,8 @@
 //! the workload), so sandboxes from one zygote share no address-space layout that they can see.
 //!
 //! Wire: the runtime sends one message per helper, `[mask]` with the descriptors of the targets
-//! whose bit is set (bit 0 `SPEC_FD`, 1 `REPORT_FD`, 2 `CONTROL_FD`, 3 `HOLD_FD`), in that order;
+//! whose bit is set (bit 0 `SPEC_FD`, 1 `REPORT_FD`, 2 `CONTROL_FD`, 3 `HOLD_FD`, 4
+//! `TEMPLATE_FD`), in that order;
 //! the zygote answers `P` and the helper's pid (4 bytes, little-endian), or `E` and an errno.
 
 use std::ffi::CStr;
@@ -23,7 +24,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
-use crate::report::{CONTROL_FD, HOLD_FD, REPORT_FD, SPEC_FD};
+use crate::report::{CONTROL_FD, HOLD_FD, REPORT_FD, SPEC_FD, TEMPLATE_FD};
 use crate::scm;
 use crate::sys::{self, Forked};
 
@@ -31,7 +32,7 @@ use crate::sys::{self, Forked};
 pub const ZYGOTE_ARG: &CStr = c"--zygote";
 
 /// The descriptor targets a request may fill, in wire order.
-const TARGETS: [RawFd; 4] = [SPEC_FD, REPORT_FD, CONTROL_FD, HOLD_FD];
+const TARGETS: [RawFd; 5] = [SPEC_FD, REPORT_FD, CONTROL_FD, HOLD_FD, TEMPLATE_FD];
 
 /// A running zygote, seen from the runtime.
 #[derive(Debug)]
@@ -42,6 +43,8 @@ pub struct Zygote {
     keeper: Option<JoinHandle<()>>,
     /// Helpers forked so far.
     forks: AtomicU64,
+    /// The process tier's view templates its helpers' sandboxes clone.
+    templates: crate::view_template::ViewTemplates,
 }
 
 impl Zygote {
@@ -84,6 +87,7 @@ impl Zygote {
             pid,
             keeper: Some(keeper),
             forks: AtomicU64::new(0),
+            templates: crate::view_template::ViewTemplates::default(),
         })
     }
 
@@ -94,6 +98,11 @@ impl Zygote {
     /// How many helpers this zygote has forked.
     pub fn forks(&self) -> u64 {
         self.forks.load(Ordering::Relaxed)
+    }
+
+    /// The view templates of this zygote's sandboxes.
+    pub fn view_templates(&self) -> &crate::view_template::ViewTemplates {
+        &self.templates
     }
 
     /// Forks a helper with `fds` (`(descriptor, target)` pairs) installed; returns its pid, a

@@ -140,6 +140,14 @@ impl Runtime {
         self.zygote.as_ref().map(|zygote| zygote.pid())
     }
 
+    /// How many view templates the zygote's sandboxes were given so far, when one runs (see
+    /// `airlock_jail::view_template`).
+    pub fn view_template_builds(&self) -> Option<u64> {
+        self.zygote
+            .as_ref()
+            .map(|zygote| zygote.view_templates().builds())
+    }
+
     /// How many helpers the zygote has forked, when one runs.
     pub fn zygote_forks(&self) -> Option<u64> {
         self.zygote.as_ref().map(|zygote| zygote.forks())
