@@ -400,22 +400,14 @@ impl SandboxCgroup {
             if !named || !dir.is_absolute() || !dir.join("cgroup.procs").is_file() {
                 continue;
             }
-            let controller = if dir.join("freezer.state").exists() {
-                Controller::Freezer
-            } else if dir.join("pids.max").exists() {
-                Controller::Pids
-            } else if dir.join("cpu.max").exists() || dir.join("cpu.cfs_quota_us").exists() {
-                Controller::Cpu
-            } else {
-                Controller::Memory
-            };
-            if dir.join("cgroup.controllers").exists() {
+            let kind = crate::cgroup_kind::of(dir);
+            if kind.v2 {
                 cgroup.v2_dir = Some(dir.clone());
             }
-            if dir.join("memory.stat").exists() && dir.join(WORKLOAD_CHILD).is_dir() {
+            if kind.memory && dir.join(WORKLOAD_CHILD).is_dir() {
                 cgroup.workload = Some(dir.join(WORKLOAD_CHILD));
             }
-            cgroup.dirs.push((controller, dir.clone()));
+            cgroup.dirs.push((kind.controller, dir.clone()));
         }
         cgroup
     }

@@ -11,6 +11,7 @@
 
 pub mod beneath;
 pub mod cgroup;
+mod cgroup_kind;
 pub mod child;
 pub mod disk;
 pub mod entropy;
