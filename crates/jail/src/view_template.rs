@@ -91,6 +91,9 @@ impl Inputs {
         let mut masked = Vec::new();
         for mask in masks {
             for path in view::expand(rootfs, &mask.path, &mut listings) {
+                if under_provided(&path) {
+                    continue;
+                }
                 let found = match sys::open_in_root(rootfs, &path) {
                     Ok(target) => Some(
                         sys::fstat_is_dir(&target).map_err(io_error("inspecting a masked path"))?,
@@ -120,6 +123,17 @@ impl Inputs {
         }
         dirs
     }
+}
+
+/// Whether `path` is under a top-level entry Airlock provides (`/tmp`, `/run`, ...): the view
+/// shows Airlock's own there, never the rootfs's, so no change of the rootfs there matters (a
+/// state directory under the host's `/tmp`, whose every new entry would otherwise make the
+/// template stale).
+fn under_provided(path: &Path) -> bool {
+    path.components()
+        .next()
+        .and_then(|first| first.as_os_str().to_str())
+        .is_some_and(|first| view::PROVIDED.contains(&first))
 }
 
 /// A directory as a build saw it.
@@ -337,4 +351,47 @@ pub(crate) fn attach(stage: &Path, template: &OwnedFd) -> Result<(), ViewError> 
         || "attaching the view's template".into(),
         sys::move_mount(&tree, stage),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_policy::MaskKind;
+
+    #[test]
+    fn test_inputs_skip_paths_under_airlocks_own_entries_and_stamp_the_parents_of_the_rest() {
+        let root =
+            std::env::temp_dir().join(format!("airlock-template-inputs-{}", std::process::id()));
+        fs::create_dir_all(root.join("tmp/state")).unwrap();
+        fs::create_dir_all(root.join("home/a/.ssh")).unwrap();
+        fs::create_dir_all(root.join("home/b")).unwrap();
+        let masks: Vec<Mask> = ["/tmp/state", "/home/*/.ssh", "/etc/shadow"]
+            .into_iter()
+            .map(|path| Mask {
+                path: path.to_owned(),
+                kind: MaskKind::Secret,
+            })
+            .collect();
+        let rootfs = sys::open_path(&root).unwrap();
+        let inputs = Inputs::read(&rootfs, &masks).unwrap();
+        let mut masked = inputs.masked.clone();
+        masked.sort();
+        assert_eq!(
+            masked,
+            vec![
+                (PathBuf::from("etc/shadow"), None),
+                (PathBuf::from("home/a/.ssh"), Some(true)),
+                (PathBuf::from("home/b/.ssh"), None),
+            ],
+            "the state directory under /tmp is Airlock's /tmp in the view, not the rootfs's"
+        );
+        let dirs: Vec<PathBuf> = inputs.directories().into_iter().collect();
+        assert_eq!(
+            dirs,
+            ["", "etc", "home", "home/a", "home/b"]
+                .map(PathBuf::from)
+                .to_vec(),
+        );
+        fs::remove_dir_all(&root).unwrap();
+    }
 }
