@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Empty, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Empty, Full, Limited};
 use hyper::body::{Body as _, Frame, Incoming};
 use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use hyper::{HeaderMap, Response, StatusCode, Uri};
@@ -93,17 +93,28 @@ pub async fn read_json<T: DeserializeOwned>(
     headers: &HeaderMap,
     limit: u64,
 ) -> Result<T, ApiError> {
+    // The rest of a refused body is read and dropped while the 413 goes out (`linger`):
+    // closing with unread data would reset the connection before the client reads the answer.
+    let mut body = body;
     if content_length(headers).is_some_and(|len| len > limit) {
+        linger(body);
         return Err(too_large(limit));
     }
     let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
-    let bytes = match Limited::new(body, limit_usize).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => {
+    let mut read = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|err| ApiError::invalid(format!("cannot read the body: {err}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if read.len().saturating_add(data.len()) > limit_usize {
+            linger(body);
             return Err(too_large(limit));
         }
-        Err(err) => return Err(ApiError::invalid(format!("cannot read the body: {err}"))),
-    };
+        read.extend_from_slice(&data);
+    }
+    let bytes = Bytes::from(read);
     let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
         b"{}"
     } else {

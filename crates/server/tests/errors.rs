@@ -1,7 +1,8 @@
 //! Error answers follow the spec (`api/openapi.json`): every error is an `ErrorBody` with its
 //! documented status and code, the caller's mistakes are 4xx (never `agent_error`), a full disk
-//! is 507, a sandbox being removed is 409, a capped create says when to retry, and a refused
-//! upload is answered before its body has been sent. Needs root and `cargo build --workspace`.
+//! is 507, a sandbox being removed is 409, a capped create says when to retry, a refused
+//! upload is answered before its body has been sent, and an oversized JSON body gets its 413
+//! instead of a reset connection. Needs root and `cargo build --workspace`.
 
 #![allow(
     clippy::unwrap_used,
@@ -537,4 +538,51 @@ async fn test_refused_upload_is_answered_before_its_body_is_sent() {
     // The daemon and the sandbox are fine afterwards.
     let out = client.exec_collect(&id, &shell("echo ok")).await.unwrap();
     assert_eq!(out.stdout, b"ok\n");
+}
+
+/// A JSON body over the daemon's limit, declared and sent whole over a plain TCP connection:
+/// the client must finish sending and read the 413, never a reset connection. (The daemon
+/// answers at once and reads the rest of the body while the answer goes out.)
+fn post_oversized_json(addr: &str, key: &str, declared: usize) -> (Result<(), String>, String) {
+    let stream = TcpStream::connect(addr).unwrap();
+    let mut writer = stream.try_clone().unwrap();
+    let head = format!(
+        "POST /v1/sandboxes HTTP/1.1\r\nHost: {addr}\r\nX-API-Key: {key}\r\nContent-Type: application/json\r\nContent-Length: {declared}\r\n\r\n"
+    );
+    let sender = std::thread::spawn(move || -> Result<(), String> {
+        writer
+            .write_all(head.as_bytes())
+            .map_err(|e| e.to_string())?;
+        let mut body = br#"{"metadata":{"x":""#.to_vec();
+        body.resize(declared - 3, b'a');
+        body.extend_from_slice(br#""}}"#);
+        writer.write_all(&body).map_err(|e| e.to_string())
+    });
+    let mut reader = BufReader::new(stream);
+    let mut status_line = String::new();
+    let read = reader.read_line(&mut status_line);
+    let sent = sender.join().unwrap();
+    match read {
+        Ok(_) => (sent, status_line),
+        Err(err) => (sent, format!("no answer: {err}")),
+    }
+}
+
+#[tokio::test]
+async fn test_oversized_json_body_is_answered_413_not_reset() {
+    common::require_binaries();
+    let daemon = TestDaemon::start("oversized-json", &[]);
+    for attempt in 0..5 {
+        let (addr, key) = (daemon.addr.clone(), daemon.key.clone());
+        let (sent, status_line) =
+            tokio::task::spawn_blocking(move || post_oversized_json(&addr, &key, 4 << 20))
+                .await
+                .unwrap();
+        assert!(
+            status_line.starts_with("HTTP/1.1 413"),
+            "attempt {attempt}: {status_line:?}"
+        );
+        assert_eq!(sent, Ok(()), "attempt {attempt}: the whole body was sent");
+    }
+    assert_eq!(daemon.client().health().await.unwrap().status, "ok");
 }
