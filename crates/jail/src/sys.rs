@@ -519,6 +519,15 @@ pub fn open_path(path: &Path) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// The kernel's `struct mount_attr`.
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
 /// `mount_setattr` on a mount (tree) given by descriptor.
 pub fn mount_setattr(
     tree: &OwnedFd,
@@ -526,19 +535,27 @@ pub fn mount_setattr(
     attr_set: u64,
     userns: Option<&OwnedFd>,
 ) -> io::Result<()> {
-    #[repr(C)]
-    struct MountAttr {
-        attr_set: u64,
-        attr_clr: u64,
-        propagation: u64,
-        userns_fd: u64,
-    }
     let attr = MountAttr {
         attr_set,
         attr_clr: 0,
         propagation: 0,
         userns_fd: userns.map_or(0, |fd| fd.as_raw_fd() as u64),
     };
+    set_mount_attr(tree, recursive, &attr)
+}
+
+/// Makes every mount of the tree `tree` private: no mount event propagates into or out of it.
+pub fn make_private(tree: &OwnedFd) -> io::Result<()> {
+    let attr = MountAttr {
+        attr_set: 0,
+        attr_clr: 0,
+        propagation: libc::MS_PRIVATE,
+        userns_fd: 0,
+    };
+    set_mount_attr(tree, true, &attr)
+}
+
+fn set_mount_attr(tree: &OwnedFd, recursive: bool, attr: &MountAttr) -> io::Result<()> {
     let mut flags = libc::AT_EMPTY_PATH as libc::c_uint;
     if recursive {
         flags |= libc::AT_RECURSIVE as libc::c_uint;
@@ -551,38 +568,7 @@ pub fn mount_setattr(
             tree.as_raw_fd(),
             c"".as_ptr(),
             flags,
-            &attr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    })
-    .map(drop)
-}
-
-/// Makes every mount of the tree `tree` private: no mount event propagates into or out of it.
-pub fn make_private(tree: &OwnedFd) -> io::Result<()> {
-    #[repr(C)]
-    struct MountAttr {
-        attr_set: u64,
-        attr_clr: u64,
-        propagation: u64,
-        userns_fd: u64,
-    }
-    let attr = MountAttr {
-        attr_set: 0,
-        attr_clr: 0,
-        propagation: libc::MS_PRIVATE,
-        userns_fd: 0,
-    };
-    let flags = (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint;
-    // SAFETY: `tree` is a live mount descriptor, the path is the empty string, and `attr` is a
-    // valid mount_attr whose size we pass.
-    check(unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            flags,
-            &attr,
+            attr,
             std::mem::size_of::<MountAttr>(),
         )
     })

@@ -303,6 +303,17 @@ pub(crate) fn mkdir(path: &Path, mode: u32) -> Result<(), ViewError> {
     }
 }
 
+/// `dir` and its missing parents, mode 0755.
+pub(crate) fn mkdir_all(dir: &Path) -> Result<(), ViewError> {
+    step(
+        || format!("creating {}", dir.display()),
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir),
+    )
+}
+
 /// One recursive bind per top-level entry; symlinks are recreated, special files skipped.
 fn bind_top_level(rootfs: &OwnedFd, rootfs_path: &Path, stage: &Path) -> Result<(), ViewError> {
     let entries = step(|| "listing the rootfs".into(), fs::read_dir(rootfs_path))?;
@@ -480,13 +491,7 @@ fn attach_egress(
         crate::view_image::ensure_dir(stage, Path::new(relative), 0o755)?
     } else {
         let target = stage.join(relative);
-        step(
-            || format!("creating {}", target.display()),
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(&target),
-        )?;
+        mkdir_all(&target)?;
         target
     };
     // Read-only on every tier: the container tier's root is writable.
@@ -542,13 +547,7 @@ fn attach_agent(
     } else {
         let target = stage.join(relative);
         if let Some(dir) = target.parent() {
-            step(
-                || format!("creating {}", dir.display()),
-                fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o755)
-                    .create(dir),
-            )?;
+            mkdir_all(dir)?;
         }
         step(
             || "creating the agent's mount point".into(),

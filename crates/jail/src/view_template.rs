@@ -19,7 +19,7 @@ use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -257,13 +257,7 @@ fn make_mount_point(stage: &Path, point: &str, is_dir: bool) -> Result<(), ViewE
         target.parent()
     };
     if let Some(dir) = dir {
-        view::step(
-            || format!("creating {}", dir.display()),
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(dir),
-        )?;
+        view::mkdir_all(dir)?;
     }
     if is_dir {
         return Ok(());

@@ -1,6 +1,10 @@
 //! The helper zygote (`Runtime::start_zygote`): forked helpers run sandboxes exactly as exec'd
 //! ones, they are the runtime's own children, concurrent requests get their own helpers, a dead
-//! zygote costs only speed, and the zygote ends with the runtime. Needs root and the binaries.
+//! zygote costs only speed, and the zygote ends with the runtime. And its sandboxes' view
+//! template (`airlock_jail::view_template`): they clone one read-only root instead of staging
+//! their own. Seen from inside, the clone hides what a staged view hides, is read-only and
+//! propagates no mount; a host change (a new secret, a new mount) gets the next sandbox a
+//! rebuilt template. Needs root and the binaries.
 
 #![allow(
     clippy::unwrap_used,
@@ -8,18 +12,20 @@
     reason = "tests: failing loudly is the point"
 )]
 
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use airlock_api::SandboxConfig;
-use airlock_runtime::Runtime;
+use airlock_runtime::{LiveSpec, Runtime};
 
 fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     exe.parent().unwrap().parent().unwrap().to_path_buf()
 }
 
-/// The tests count this process's helper children, so they take turns.
+/// The tests count this process's helper children and template builds, so they take turns.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
@@ -173,4 +179,161 @@ fn test_zygote_ends_with_the_runtime() {
         stat(zygote).is_none() && !Path::new(&format!("/proc/{zygote}")).exists(),
         "the last clone's drop ends and reaps the zygote"
     );
+}
+
+/// Runs `script` in a sandbox of `runtime` and returns its exit code.
+fn run(runtime: &Runtime, script: &str) -> i32 {
+    runtime
+        .run(&shell(script), None, |_| {})
+        .unwrap()
+        .exit_code()
+}
+
+#[test]
+fn test_template_view_is_read_only_masked_and_propagates_nothing() {
+    let _serial = serial();
+    let runtime = runtime_with_zygote();
+    // Each line exits with its own code, so that a failure names the check.
+    let script = r#"
+        test -x /bin/sh || exit 10
+        touch /airlock-template-probe 2>/dev/null && exit 11
+        touch /usr/airlock-template-probe 2>/dev/null && exit 12
+        mkdir /run/airlock-template-probe 2>/dev/null && exit 13
+        test -s /etc/shadow && exit 14
+        cat /etc/shadow >/dev/null 2>&1 && exit 15
+        grep -Eq 'shared:|master:' /proc/self/mountinfo && exit 16
+        mount -t tmpfs none /usr 2>/dev/null && exit 17
+        echo ok > /tmp/written && test "$(cat /tmp/written)" = ok || exit 18
+        exit 0
+    "#;
+    assert_eq!(run(&runtime, script), 0, "the first sandbox's view");
+    assert_eq!(
+        runtime.view_template_builds(),
+        Some(1),
+        "the first built it"
+    );
+    assert_eq!(run(&runtime, script), 0, "the second sandbox's view");
+    assert_eq!(
+        runtime.view_template_builds(),
+        Some(1),
+        "the second reused it"
+    );
+    // What one sandbox wrote in its scratch space is not in the next one's.
+    assert_eq!(
+        run(&runtime, "test ! -e /tmp/written"),
+        0,
+        "scratch is per sandbox"
+    );
+}
+
+#[test]
+fn test_long_lived_sandboxes_share_one_template_with_the_agent_mounted_in_each() {
+    let _serial = serial();
+    let mut runtime = runtime_with_zygote();
+    runtime.set_owner("templatetest").unwrap();
+    let mut records = Vec::new();
+    for n in 0..2 {
+        let dir =
+            std::env::temp_dir().join(format!("airlock-template-live-{n}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let spec = LiveSpec {
+            id: format!("templatelive{n}"),
+            dir,
+            config: SandboxConfig::new(Vec::new()),
+            volume: Default::default(),
+            vm_shell: false,
+        };
+        let record = runtime.create_live(&spec).unwrap().commit().unwrap();
+        let mut stream = UnixStream::connect(&record.socket).unwrap();
+        stream
+            .write_all(b"GET /health HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        assert!(
+            answer.starts_with("HTTP/1.1 204"),
+            "sandbox {n}'s agent answers from its cloned view: {answer}"
+        );
+        records.push(record);
+    }
+    assert_eq!(
+        runtime.view_template_builds(),
+        Some(1),
+        "one template, with the agent's mount point, for both"
+    );
+    for record in &records {
+        runtime.destroy(record);
+        assert!(!record.dir.exists(), "{} removed", record.dir.display());
+    }
+}
+
+#[test]
+fn test_a_new_secret_or_mount_on_the_host_rebuilds_the_template() {
+    let _serial = serial();
+    let home = PathBuf::from(format!("/home/airlock-template-{}", std::process::id()));
+    let mount_point = PathBuf::from(format!("/var/tmp/airlock-template-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&mount_point).unwrap();
+    let cleanup = Cleanup {
+        home: home.clone(),
+        mount_point: mount_point.clone(),
+    };
+    let runtime = runtime_with_zygote();
+    let ssh = home.join(".ssh");
+    let no_key = format!("test ! -e {}", ssh.display());
+    assert_eq!(run(&runtime, &no_key), 0, "no key yet");
+    assert_eq!(runtime.view_template_builds(), Some(1));
+
+    // A key appears on the host: the next sandbox must not read it.
+    std::fs::create_dir(&ssh).unwrap();
+    std::fs::write(ssh.join("id_test"), "airlock-template-secret").unwrap();
+    let key_hidden = format!(
+        "cat {key} 2>/dev/null && exit 20; ls -A {ssh} 2>/dev/null | grep -q . && exit 21; exit 0",
+        key = ssh.join("id_test").display(),
+        ssh = ssh.display(),
+    );
+    assert_eq!(run(&runtime, &key_hidden), 0, "the new key is masked");
+    assert_eq!(
+        runtime.view_template_builds(),
+        Some(2),
+        "the new key's directory made the template stale"
+    );
+
+    // A filesystem is mounted on the host: the next sandbox sees it, as a staged view would.
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "airlock-template-test"])
+        .arg(&mount_point)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mounting a tmpfs on the host");
+    std::fs::write(mount_point.join("mounted"), "yes").unwrap();
+    let sees_mount = format!("test \"$(cat {}/mounted)\" = yes", mount_point.display());
+    assert_eq!(
+        run(&runtime, &sees_mount),
+        0,
+        "the new mount is in the view"
+    );
+    assert_eq!(
+        runtime.view_template_builds(),
+        Some(3),
+        "the mount made the template stale"
+    );
+    drop(cleanup);
+}
+
+/// Removes the test's host directory and mount, however the test ends.
+struct Cleanup {
+    home: PathBuf,
+    mount_point: PathBuf,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(&self.mount_point)
+            .status();
+        let _ = std::fs::remove_dir(&self.mount_point);
+        let _ = std::fs::remove_dir_all(&self.home);
+    }
 }
