@@ -172,8 +172,11 @@ fn start() -> Result<(), Failure> {
 
 /// The view's template at [`TEMPLATE_FD`] when the spec says one is there, moved to a
 /// close-on-exec descriptor so that no exec'd process (the agent, a workload) inherits it.
+/// Otherwise whatever a caller leaked at that number is closed: since `main`'s sweep, nothing
+/// of ours has been left open there.
 fn take_view_template(passed: bool) -> Result<Option<OwnedFd>, Failure> {
     if !passed {
+        let _ = sys::close_one(TEMPLATE_FD);
         return Ok(None);
     }
     // SAFETY: the supervisor placed the template at TEMPLATE_FD for us alone; we take ownership.

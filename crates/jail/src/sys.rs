@@ -622,6 +622,11 @@ pub fn close_from(first: RawFd, keep: &[RawFd]) -> io::Result<()> {
     close_range(start, libc::c_uint::MAX)
 }
 
+/// Closes descriptor `fd` if it is open (nothing if it is not).
+pub fn close_one(fd: RawFd) -> io::Result<()> {
+    close_range(fd as libc::c_uint, fd as libc::c_uint)
+}
+
 fn close_range(first: libc::c_uint, last: libc::c_uint) -> io::Result<()> {
     // SAFETY: close_range only closes descriptors of this process; the callers own them all.
     check(unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) }).map(drop)
