@@ -71,8 +71,8 @@ impl LiveSandbox {
     }
 
     /// The sandbox's cgroup (its OOM count and watch among what it offers), found from the
-    /// recorded directories: a dozen `stat`s of cgroup files, so a caller that asks often
-    /// keeps it.
+    /// recorded directories: a few `stat`s of cgroup files per directory, so a caller that
+    /// asks often keeps it.
     pub fn cgroup(&self) -> airlock_jail::cgroup::SandboxCgroup {
         airlock_jail::cgroup::SandboxCgroup::from_dirs(&self.cgroup_dirs)
     }

@@ -114,11 +114,10 @@ pub async fn read_json<T: DeserializeOwned>(
         }
         read.extend_from_slice(&data);
     }
-    let bytes = Bytes::from(read);
-    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+    let bytes: &[u8] = if read.iter().all(u8::is_ascii_whitespace) {
         b"{}"
     } else {
-        &bytes
+        &read
     };
     // Every request body is an object; serde would also read a struct from an array.
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
