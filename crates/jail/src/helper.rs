@@ -18,10 +18,12 @@ use airlock_api::Compat;
 use airlock_policy::{IdMap, Plan, RlimitResource, RootPlan, ScratchPlan, WorkspacePlan};
 
 use crate::helper_live::{self, HostFds};
+use crate::network_pool::Network;
 use crate::report::{
-    self, CONTROL_FD, HOLD_FD, Phase, REPORT_FD, Report, SPEC_FD, TEMPLATE_FD, mark,
+    self, CONTROL_FD, HOLD_FD, NETNS_FD, Phase, REPORT_FD, Report, SPEC_FD, SYSFS_FD, TEMPLATE_FD,
+    mark,
 };
-use crate::spec::{self, Evaluation, HelperSpec};
+use crate::spec::{self, Evaluation, HelperSpec, NetworkSource};
 use crate::sys::{self, Forked};
 use crate::{landlock, mountfs, relay, seccomp, view};
 
@@ -61,7 +63,10 @@ pub fn main() -> i32 {
     }
     // Only the spec and report channels may cross into the helper; anything else the caller
     // leaked without close-on-exec stops here.
-    let _ = sys::close_from(REPORT_FD + 1, &[CONTROL_FD, HOLD_FD, TEMPLATE_FD]);
+    let _ = sys::close_from(
+        REPORT_FD + 1,
+        &[CONTROL_FD, HOLD_FD, TEMPLATE_FD, NETNS_FD, SYSFS_FD],
+    );
     match start() {
         Ok(()) => 0,
         Err(failure) => report_failure(failure),
@@ -85,7 +90,7 @@ fn start() -> Result<(), Failure> {
             .map_err(|e| with_source("leaving the caller's session", &e))?;
     } else {
         // Only long-lived sandboxes have a control channel.
-        let _ = sys::close_from(CONTROL_FD, &[HOLD_FD, TEMPLATE_FD]);
+        let _ = sys::close_from(CONTROL_FD, &[HOLD_FD, TEMPLATE_FD, NETNS_FD, SYSFS_FD]);
     }
     let view_template = take_view_template(spec.view_template)?;
     mark(Phase::HelperRunning);
@@ -131,9 +136,15 @@ fn start() -> Result<(), Failure> {
         }
         ScratchPlan::Memory { .. } => None,
     };
-    let cgroups = spec::read_cgroups(&mut channel)
-        .map_err(|e| with_source("receiving the sandbox cgroup", &e))?;
+    let cgroups = spec::read_late(&mut channel)
+        .map_err(|e| with_source("receiving the sandbox cgroup and network", &e))?;
     drop(channel);
+    // When the pool had none, the helper makes one the same way. Should the host not let it,
+    // init makes its own, as without a zygote.
+    let network = match cgroups.network {
+        NetworkSource::Helper => crate::network_pool::make().ok(),
+        source => take_pooled_network(source)?,
+    };
     for file in &cgroups.join {
         std::fs::write(file, "0").map_err(|e| {
             with_source(
@@ -161,6 +172,7 @@ fn start() -> Result<(), Failure> {
         scratch,
         image_upper,
         view_template,
+        network,
     };
     let seccomp: Vec<seccomp::Insn> = spec
         .seccomp
@@ -184,6 +196,28 @@ fn take_view_template(passed: bool) -> Result<Option<OwnedFd>, Failure> {
     sys::dup_above(&inherited, SPEC_FD + 8)
         .map(Some)
         .map_err(|e| with_source("taking the view's template", &e))
+}
+
+/// The zygote's pooled network namespace and its sysfs, when the spec says they are at
+/// [`NETNS_FD`] and [`SYSFS_FD`], moved to close-on-exec descriptors; otherwise whatever a
+/// caller leaked at those numbers is closed.
+fn take_pooled_network(source: NetworkSource) -> Result<Option<Network>, Failure> {
+    if source != NetworkSource::Pooled {
+        let _ = sys::close_one(NETNS_FD);
+        let _ = sys::close_one(SYSFS_FD);
+        return Ok(None);
+    }
+    let take = |fd| {
+        // SAFETY: the zygote placed the pooled namespace and its sysfs at these numbers for us
+        // alone; we take ownership.
+        let inherited = unsafe { OwnedFd::from_raw_fd(fd) };
+        sys::dup_above(&inherited, SPEC_FD + 8)
+            .map_err(|e| with_source("taking the pooled network namespace", &e))
+    };
+    Ok(Some(Network {
+        netns: take(NETNS_FD)?,
+        sysfs: take(SYSFS_FD)?,
+    }))
 }
 
 /// The spec from [`SPEC_FD`], and the channel, on which the cgroup follows.
@@ -223,7 +257,7 @@ fn run(
     let (helper_end, init_end) = sys::socketpair().map_err(|e| with_source("socketpair", &e))?;
     let flags =
         libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWCGROUP;
-    match sys::fork_into(flags).map_err(|e| with_source("creating namespaces", &e))? {
+    match clone_init(flags, host.network.as_ref())? {
         Forked::Child => {
             drop(helper_end);
             drop(terminate);
@@ -270,6 +304,26 @@ fn run(
             Ok(())
         }
     }
+}
+
+/// Clones init with `flags`, into `network` when the host made its network namespace: a
+/// process can only enter a namespace it holds capabilities over, so the helper enters it just
+/// for the clone and returns to its own.
+fn clone_init(flags: libc::c_int, network: Option<&Network>) -> Result<Forked, Failure> {
+    let Some(network) = network else {
+        return sys::fork_into(flags).map_err(|e| with_source("creating namespaces", &e));
+    };
+    let home = File::open("/proc/thread-self/ns/net")
+        .map(OwnedFd::from)
+        .map_err(|e| with_source("opening the helper's network namespace", &e))?;
+    sys::setns(&network.netns, libc::CLONE_NEWNET)
+        .map_err(|e| with_source("entering the sandbox's network namespace", &e))?;
+    let forked = sys::fork_into(flags);
+    if !matches!(forked, Ok(Forked::Child)) {
+        // Staying would cost nothing but tidiness: the helper opens no socket from here on.
+        let _ = sys::setns(&home, libc::CLONE_NEWNET);
+    }
+    forked.map_err(|e| with_source("creating namespaces", &e))
 }
 
 /// Forwards init's reports to the supervisor until init is gone. Init runs inside the sandbox,
@@ -454,28 +508,7 @@ fn init(
     // Init inherits HOLD_FD (the id range's lock) and keeps it out of reach like its other
     // descriptors: the workload's child closes every descriptor from 3 up before its exec, and
     // the agent's exec closes it too (`helper_live::exec_agent`).
-    // The network namespace costs more to create than anything else: a thread builds it, with
-    // the ipc and uts namespaces, while this one waits for its id maps and builds the filesystem
-    // view. It needs no maps: init holds every capability in its new user namespace from birth.
-    // Namespaces belong to a thread, so this thread joins them afterwards.
-    let hostname = plan.view.hostname.clone();
-    let namespaces = std::thread::Builder::new().spawn(move || -> io::Result<[OwnedFd; 3]> {
-        sys::unshare(libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS)?;
-        sys::loopback_up()?;
-        sys::sethostname(&hostname)?;
-        let open =
-            |kind: &str| File::open(format!("/proc/thread-self/ns/{kind}")).map(OwnedFd::from);
-        Ok([open("net")?, open("ipc")?, open("uts")?])
-    });
-    let namespaces = namespaces.map_err(|e| with_source("starting the namespace thread", &e))?;
-    let join_network = move || -> io::Result<()> {
-        let [net, ipc, uts] = namespaces
-            .join()
-            .map_err(|_| io::Error::other("the namespace thread panicked"))??;
-        sys::setns(&net, libc::CLONE_NEWNET)?;
-        sys::setns(&ipc, libc::CLONE_NEWIPC)?;
-        sys::setns(&uts, libc::CLONE_NEWUTS)
-    };
+    let join_network = network_namespaces(plan, host.network.is_some())?;
     let (mut message, mut idmapped) = sys::recv_with_fd(&socket).unwrap_or_default();
     let mut image_root = None;
     if message == ROOT_MESSAGE {
@@ -531,6 +564,7 @@ fn init(
                 .map(|vmm| vmm.disks.as_slice())
                 .unwrap_or_default(),
             template: host.view_template.as_ref(),
+            sysfs: host.network.as_ref().map(|network| &network.sysfs),
         },
         &plan.identity,
         join_network,
@@ -578,6 +612,42 @@ fn init(
             supervise(plan, relay)
         }
     }
+}
+
+/// Init's ipc and uts namespaces, and its network namespace unless the host made it (init was
+/// cloned into it): returns what joins them, which the view calls just before sysfs.
+fn network_namespaces(
+    plan: &Plan,
+    host_made: bool,
+) -> Result<Box<dyn FnOnce() -> io::Result<()>>, Failure> {
+    let hostname = plan.view.hostname.clone();
+    if host_made {
+        return Ok(Box::new(move || {
+            sys::unshare(libc::CLONE_NEWIPC | libc::CLONE_NEWUTS)?;
+            sys::sethostname(&hostname)
+        }));
+    }
+    // The network namespace costs more to create than anything else: a thread builds it, with
+    // the ipc and uts namespaces, while this one waits for its id maps and builds the filesystem
+    // view. It needs no maps: init holds every capability in its new user namespace from birth.
+    // Namespaces belong to a thread, so this thread joins them afterwards.
+    let namespaces = std::thread::Builder::new().spawn(move || -> io::Result<[OwnedFd; 3]> {
+        sys::unshare(libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS)?;
+        sys::loopback_up()?;
+        sys::sethostname(&hostname)?;
+        let open =
+            |kind: &str| File::open(format!("/proc/thread-self/ns/{kind}")).map(OwnedFd::from);
+        Ok([open("net")?, open("ipc")?, open("uts")?])
+    });
+    let namespaces = namespaces.map_err(|e| with_source("starting the namespace thread", &e))?;
+    Ok(Box::new(move || {
+        let [net, ipc, uts] = namespaces
+            .join()
+            .map_err(|_| io::Error::other("the namespace thread panicked"))??;
+        sys::setns(&net, libc::CLONE_NEWNET)?;
+        sys::setns(&ipc, libc::CLONE_NEWIPC)?;
+        sys::setns(&uts, libc::CLONE_NEWUTS)
+    }))
 }
 
 fn apply_rlimits(plan: &Plan) -> Result<(), Failure> {

@@ -88,6 +88,8 @@ pub struct HostFds {
     pub image_upper: Option<crate::mountfs::ImageUpper>,
     /// The view's template, which init clones (see `view_template`).
     pub view_template: Option<OwnedFd>,
+    /// A network namespace the host made, which init is cloned into (see `network_pool`).
+    pub network: Option<crate::network_pool::Network>,
 }
 
 /// Detached clones of the on-disk scratch space's `tmp/` and `workspace/`.

@@ -23,6 +23,7 @@ pub mod inotify;
 pub mod landlock;
 pub mod live;
 pub mod mountfs;
+mod network_pool;
 pub mod oom;
 pub mod procctl;
 mod relay;

@@ -17,7 +17,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::sys::{self, MOUNT_ATTR_IDMAP, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID};
+use crate::sys::{
+    self, MOUNT_ATTR_IDMAP, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID,
+    MOUNT_ATTR_RDONLY,
+};
 
 const FSOPEN_CLOEXEC: libc::c_uint = 1;
 const FSMOUNT_CLOEXEC: libc::c_uint = 1;
@@ -371,6 +374,13 @@ pub fn stage_tmpfs() -> Result<OwnedFd, MountFsError> {
     context.set_string("size", "1m")?;
     context.set_string("nr_inodes", "4096")?;
     context.mount(MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
+}
+
+/// A detached, read-only sysfs. It shows the caller's network namespace, and only a caller
+/// with `CAP_SYS_ADMIN` over that namespace's owner may make it.
+pub fn sysfs() -> Result<OwnedFd, MountFsError> {
+    Context::open("sysfs")?
+        .mount(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)
 }
 
 /// The upper and work directories of an on-disk scratch volume (see `ScratchPlan::Disk`).

@@ -18,6 +18,9 @@ pub const CONTROL_FD: RawFd = 5;
 pub const HOLD_FD: RawFd = 6;
 /// The view's template (`view_template`), when the supervisor passes one.
 pub const TEMPLATE_FD: RawFd = 7;
+/// A network namespace from the zygote's pool (`network_pool`), with its sysfs at `SYSFS_FD`.
+pub const NETNS_FD: RawFd = 8;
+pub const SYSFS_FD: RawFd = 9;
 
 /// A message from the sandbox side.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -77,6 +77,26 @@ pub fn send_with_fds(socket: &OwnedFd, data: &[u8], fds: &[RawFd]) -> io::Result
 /// close-on-exec). An empty message means the peer is gone. A message that carried more than
 /// [`MAX_FDS`] descriptors is refused, and those that arrived are closed.
 pub fn recv_with_fds(socket: &OwnedFd, max_data: usize) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    recv_with_fds_flags(socket, max_data, 0)
+}
+
+/// [`recv_with_fds`] without waiting: `None` when no message is queued.
+pub fn try_recv_with_fds(
+    socket: &OwnedFd,
+    max_data: usize,
+) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
+    match recv_with_fds_flags(socket, max_data, libc::MSG_DONTWAIT) {
+        Ok(received) => Ok(Some(received)),
+        Err(err) if err.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+fn recv_with_fds_flags(
+    socket: &OwnedFd,
+    max_data: usize,
+    flags: libc::c_int,
+) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut data = vec![0u8; max_data];
     let mut iov = libc::iovec {
         iov_base: data.as_mut_ptr().cast(),
@@ -86,10 +106,11 @@ pub fn recv_with_fds(socket: &OwnedFd, max_data: usize) -> io::Result<(Vec<u8>, 
     let mut msg = message_header(&mut iov, &mut control);
     // SAFETY: `msg` describes `data` and `control`, both alive for the call; MSG_CMSG_CLOEXEC
     // marks the received descriptors close-on-exec.
-    let n = check(
-        unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) }
-            as libc::c_long,
-    )?;
+    let n =
+        check(
+            unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC | flags) }
+                as libc::c_long,
+        )?;
     let mut received = Vec::new();
     // SAFETY: the kernel filled `control` and set msg_controllen; CMSG_FIRSTHDR, CMSG_NXTHDR and
     // CMSG_DATA stay within it, and each SCM_RIGHTS header's length says how many descriptors
@@ -157,6 +178,15 @@ mod tests {
         let (r, _w) = crate::sys::pipe().unwrap();
         let fds = vec![r.as_raw_fd(); MAX_FDS + 1];
         assert!(send_with_fds(&a, b"x", &fds).is_err());
+    }
+
+    #[test]
+    fn test_trying_an_empty_queue_does_not_wait() {
+        let (a, b) = crate::sys::socketpair().unwrap();
+        assert!(try_recv_with_fds(&b, 16).unwrap().is_none());
+        send_with_fds(&a, b"x", &[]).unwrap();
+        let (data, fds) = try_recv_with_fds(&b, 16).unwrap().unwrap();
+        assert_eq!((data.as_slice(), fds.len()), (b"x".as_slice(), 0));
     }
 
     #[test]

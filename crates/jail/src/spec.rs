@@ -26,15 +26,30 @@ pub struct HelperSpec {
     pub view_template: bool,
 }
 
-/// The sandbox's cgroup, sent on the same descriptor after the [`HelperSpec`], once the
-/// supervisor has made it: the helper opens its host descriptors meanwhile, and joins the
-/// cgroup before it creates any process. Empty when limits are not enforced (best effort).
+/// Where a sandbox's network namespace comes from (the helper's spec says).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkSource {
+    /// Init makes its own, owned by the sandbox's user namespace.
+    #[default]
+    Init,
+    /// The zygote's pool, at `NETNS_FD` and `SYSFS_FD`.
+    Pooled,
+    /// The helper makes one as the pooler would: the pool was empty.
+    Helper,
+}
+
+/// What the supervisor knows only once the helper exists, sent on the same descriptor after
+/// the [`HelperSpec`]: the sandbox's cgroup, made while the helper opens its host descriptors
+/// (it joins the cgroup before it creates any process; empty when limits are not enforced, in
+/// best effort), and where the network namespace comes from (the zygote's answer says).
 ///
 /// Wire: the spec's length (4 bytes, little-endian) and its JSON, then this JSON up to the end
-/// of the pipe.
+/// of the pipe. The spec is written before the helper starts when the pipe holds it, so that a
+/// helper never waits for its supervisor to be scheduled again.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CgroupSpec {
+pub struct LateSpec {
     /// Files the helper writes `0` to, before anything else that counts, to join the cgroup.
     pub join: Vec<std::path::PathBuf>,
     /// Files the helper writes `0` to once init exists, to leave the sandbox's cgroup.
@@ -43,6 +58,8 @@ pub struct CgroupSpec {
     /// memory limit): the helper opens its files for the agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<WorkloadCgroupSpec>,
+    #[serde(default)]
+    pub network: NetworkSource,
 }
 
 /// The longest spec a helper reads (about 8 KiB for the default policy).
@@ -57,7 +74,7 @@ pub fn encode_spec(spec: &HelperSpec) -> serde_json::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Reads the spec [`encode_spec`] wrote; the [`CgroupSpec`] follows on the same reader.
+/// Reads the spec [`encode_spec`] wrote; the [`LateSpec`] follows on the same reader.
 pub fn read_spec(reader: &mut impl std::io::Read) -> std::io::Result<HelperSpec> {
     let mut len = [0u8; 4];
     reader.read_exact(&mut len)?;
@@ -73,8 +90,8 @@ pub fn read_spec(reader: &mut impl std::io::Read) -> std::io::Result<HelperSpec>
     serde_json::from_slice(&json).map_err(std::io::Error::other)
 }
 
-/// Reads the [`CgroupSpec`] that follows the spec, up to the end of the pipe.
-pub fn read_cgroups(reader: &mut impl std::io::Read) -> std::io::Result<CgroupSpec> {
+/// Reads the [`LateSpec`] that follows the spec, up to the end of the pipe.
+pub fn read_late(reader: &mut impl std::io::Read) -> std::io::Result<LateSpec> {
     let mut json = Vec::new();
     reader.read_to_end(&mut json)?;
     serde_json::from_slice(&json).map_err(std::io::Error::other)
@@ -199,16 +216,17 @@ mod tests {
 
     #[test]
     fn test_spec_then_cgroups_share_one_stream() {
-        let cgroups = CgroupSpec {
+        let cgroups = LateSpec {
             join: vec!["/sys/fs/cgroup/pids/airlock-1-0/tasks".into()],
             leave: vec!["/sys/fs/cgroup/pids/tasks".into()],
             workload: None,
+            network: NetworkSource::Pooled,
         };
         let mut bytes = encode_spec(&spec()).unwrap();
         bytes.extend(serde_json::to_vec(&cgroups).unwrap());
         let mut reader = std::io::Cursor::new(bytes);
         assert_eq!(read_spec(&mut reader).unwrap(), spec());
-        assert_eq!(read_cgroups(&mut reader).unwrap(), cgroups);
+        assert_eq!(read_late(&mut reader).unwrap(), cgroups);
     }
 
     #[test]
@@ -219,7 +237,7 @@ mod tests {
         let huge = read_spec(&mut std::io::Cursor::new(u32::MAX.to_le_bytes())).unwrap_err();
         assert!(huge.to_string().contains("at most"), "{huge}");
         // A supervisor that failed to make the cgroup closes the pipe without one.
-        assert!(read_cgroups(&mut std::io::Cursor::new(Vec::new())).is_err());
+        assert!(read_late(&mut std::io::Cursor::new(Vec::new())).is_err());
     }
 
     #[test]

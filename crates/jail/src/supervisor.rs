@@ -19,7 +19,7 @@ use airlock_policy::Plan;
 use crate::cgroup::{self, CgroupError, Layout, SandboxCgroup};
 use crate::report::{CONTROL_FD, HOLD_FD, Phase, REPORT_FD, Report, SPEC_FD, TEMPLATE_FD};
 use crate::seccomp;
-use crate::spec::{self, AgentSpec, CgroupSpec, HelperSpec};
+use crate::spec::{self, AgentSpec, HelperSpec, LateSpec, NetworkSource};
 use crate::sys;
 
 /// What can go wrong on the supervisor's side.
@@ -249,25 +249,54 @@ impl Sandbox {
             .transpose()
             .map_err(spawn_err)?;
         fds.extend(template.as_ref().map(|fd| (fd.as_raw_fd(), TEMPLATE_FD)));
-        let pid = match zygote {
-            Some(zygote) => match zygote.spawn(&fds) {
-                Ok(pid) => pid,
+        // A zygote's sandboxes that keep no capability get a network namespace the host owns:
+        // from its pool, else made by the helper (`network_pool`).
+        let host_network = zygote.is_some() && crate::network_pool::eligible(plan, agent.as_ref());
+        // The spec before the helper, when the pipe holds it: the helper reads it as soon as it
+        // runs, instead of waiting for this thread to be scheduled again. Then the helper opens
+        // its host descriptors while the cgroup is made, and waits for the cgroup before it
+        // creates any process.
+        let spec = HelperSpec {
+            plan: Plan {
+                seccomp: Vec::new(),
+                ..plan.clone()
+            },
+            seccomp: seccomp.iter().map(|insn| insn.to_word()).collect(),
+            supervisor_pid: sys::getpid(),
+            trace: options.trace,
+            agent,
+            evaluation: options.evaluation,
+            view_template: template.is_some(),
+        };
+        let bytes = spec::encode_spec(&spec).map_err(|e| JailError::SendSpec(e.into()))?;
+        let mut spec_w = File::from(spec_w);
+        let written_ahead = sys::pipe_capacity(&spec_w).is_ok_and(|room| bytes.len() <= room);
+        if written_ahead {
+            spec_w.write_all(&bytes).map_err(JailError::SendSpec)?;
+        }
+        let (pid, pooled) = match zygote {
+            Some(zygote) => match zygote.spawn(&fds, host_network) {
+                Ok(spawned) => spawned,
                 // A zygote that died (killed from outside) costs speed, not sandboxes.
                 Err(err)
                     if err.raw_os_error() == Some(libc::EPIPE)
                         || err.kind() == io::ErrorKind::BrokenPipe
                         || err.kind() == io::ErrorKind::ConnectionReset =>
                 {
-                    sys::spawn(&options.helper, &fds).map_err(spawn_err)?
+                    (sys::spawn(&options.helper, &fds).map_err(spawn_err)?, false)
                 }
                 Err(err) => return Err(spawn_err(err)),
             },
-            None => sys::spawn(&options.helper, &fds).map_err(spawn_err)?,
+            None => (sys::spawn(&options.helper, &fds).map_err(spawn_err)?, false),
+        };
+        let network = match (host_network, pooled) {
+            (true, true) => NetworkSource::Pooled,
+            (true, false) => NetworkSource::Helper,
+            (false, _) => NetworkSource::Init,
         };
         drop(control);
         drop(hold);
         drop(stdio);
-        let view_template = template.is_some();
         drop(template);
         drop((spec_r, report_w));
         let mut sandbox = Sandbox {
@@ -283,23 +312,9 @@ impl Sandbox {
             warnings: Vec::new(),
         };
         sandbox.mark(Phase::HelperSpawned);
-        // The spec first: the helper reads it and opens its host descriptors while the cgroup
-        // is made, then waits for the cgroup before it creates any process.
-        let spec = HelperSpec {
-            plan: Plan {
-                seccomp: Vec::new(),
-                ..plan.clone()
-            },
-            seccomp: seccomp.iter().map(|insn| insn.to_word()).collect(),
-            supervisor_pid: sys::getpid(),
-            trace: options.trace,
-            agent,
-            evaluation: options.evaluation,
-            view_template,
-        };
-        let bytes = spec::encode_spec(&spec).map_err(|e| JailError::SendSpec(e.into()))?;
-        let mut spec_w = File::from(spec_w);
-        spec_w.write_all(&bytes).map_err(JailError::SendSpec)?;
+        if !written_ahead {
+            spec_w.write_all(&bytes).map_err(JailError::SendSpec)?;
+        }
         match SandboxCgroup::create(&options.cgroups, name, &plan.cgroup) {
             Ok(cgroup) => sandbox.cgroup = Some(cgroup),
             Err(err) if plan.compat == Compat::BestEffort => sandbox.warnings.push(format!(
@@ -310,16 +325,20 @@ impl Sandbox {
             Err(err) => return Err(JailError::Cgroup(err)),
         }
         sandbox.mark(Phase::CgroupCreated);
-        let cgroups = sandbox
+        let late = sandbox
             .cgroup
             .as_ref()
-            .map(|cgroup| CgroupSpec {
+            .map(|cgroup| LateSpec {
                 join: cgroup.join_files(),
                 leave: cgroup.leave_files().to_vec(),
                 workload: cgroup.workload_files(),
+                network,
             })
-            .unwrap_or_default();
-        let bytes = serde_json::to_vec(&cgroups).map_err(|e| JailError::SendSpec(e.into()))?;
+            .unwrap_or(LateSpec {
+                network,
+                ..LateSpec::default()
+            });
+        let bytes = serde_json::to_vec(&late).map_err(|e| JailError::SendSpec(e.into()))?;
         spec_w.write_all(&bytes).map_err(JailError::SendSpec)?;
         drop(spec_w);
         // Cgroups of Airlock processes killed with -9 are collected once per process, while the

@@ -783,6 +783,19 @@ pub fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
+/// How many bytes the pipe `fd` holds before a write blocks.
+pub fn pipe_capacity(fd: &impl AsRawFd) -> io::Result<usize> {
+    // SAFETY: F_GETPIPE_SZ only reads the descriptor's pipe size.
+    let size = check_int(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETPIPE_SZ) })?;
+    usize::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// Sets this process's nice value (19 is the lowest CPU priority).
+pub fn set_nice(nice: libc::c_int) -> io::Result<()> {
+    // SAFETY: setpriority takes integers and changes only this process.
+    check_int(unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) }).map(drop)
+}
+
 /// Writes the whole buffer to a raw descriptor that the caller keeps owning.
 pub fn write_all_raw(fd: RawFd, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {

@@ -111,6 +111,9 @@ pub struct Attachments<'a> {
     pub vmm_disks: &'a [(String, OwnedFd)],
     /// The process tier's root, made ahead by the runtime (see `view_template`).
     pub template: Option<&'a OwnedFd>,
+    /// A sysfs of the sandbox's network namespace, when the host made the namespace (and the
+    /// sandbox, holding no capability over it, could not mount one).
+    pub sysfs: Option<&'a OwnedFd>,
 }
 
 pub fn build(
@@ -229,7 +232,12 @@ pub fn build(
     // /sys is an empty directory, which hides more, not less. A view of binds only shows none
     // (sysfs still describes the host's devices).
     let sysfs_flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
-    if !matches!(plan.root, RootPlan::Binds { .. }) {
+    if let Some(sysfs) = attachments.sysfs {
+        step(
+            || "attaching sysfs".into(),
+            sys::move_mount(sysfs, &stage.join("sys")),
+        )?;
+    } else if !matches!(plan.root, RootPlan::Binds { .. }) {
         let _ = sys::mount(
             Some("sysfs"),
             &stage.join("sys"),

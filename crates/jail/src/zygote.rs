@@ -11,10 +11,14 @@
 //! that made the child. Every sandbox process that runs sandbox code is exec'd later (the agent,
 //! the workload), so sandboxes from one zygote share no address-space layout that they can see.
 //!
+//! It also keeps network namespaces made ahead by its pooler (`network_pool`), and gives one to
+//! each helper that asks, at `NETNS_FD` and `SYSFS_FD`.
+//!
 //! Wire: the runtime sends one message per helper, `[mask]` with the descriptors of the targets
 //! whose bit is set (bit 0 `SPEC_FD`, 1 `REPORT_FD`, 2 `CONTROL_FD`, 3 `HOLD_FD`, 4
-//! `TEMPLATE_FD`), in that order;
-//! the zygote answers `P` and the helper's pid (4 bytes, little-endian), or `E` and an errno.
+//! `TEMPLATE_FD`), in that order, and bit 7 set to ask for a pooled network namespace; the
+//! zygote answers `P`, the helper's pid (4 bytes, little-endian) and 1 if it installed a pooled
+//! namespace (else 0), or `E` and an errno.
 
 use std::ffi::CStr;
 use std::io;
@@ -24,7 +28,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
-use crate::report::{CONTROL_FD, HOLD_FD, REPORT_FD, SPEC_FD, TEMPLATE_FD};
+use crate::network_pool::{Network, Pool};
+use crate::report::{CONTROL_FD, HOLD_FD, NETNS_FD, REPORT_FD, SPEC_FD, SYSFS_FD, TEMPLATE_FD};
 use crate::scm;
 use crate::sys::{self, Forked};
 
@@ -33,6 +38,9 @@ pub const ZYGOTE_ARG: &CStr = c"--zygote";
 
 /// The descriptor targets a request may fill, in wire order.
 const TARGETS: [RawFd; 5] = [SPEC_FD, REPORT_FD, CONTROL_FD, HOLD_FD, TEMPLATE_FD];
+
+/// The request's bit that asks for a pooled network namespace.
+const NETWORK_WANTED: u8 = 0x80;
 
 /// A running zygote, seen from the runtime.
 #[derive(Debug)]
@@ -43,6 +51,8 @@ pub struct Zygote {
     keeper: Option<JoinHandle<()>>,
     /// Helpers forked so far.
     forks: AtomicU64,
+    /// Helpers given a pooled network namespace so far.
+    pooled_networks: AtomicU64,
     /// The process tier's view templates its helpers' sandboxes clone.
     templates: crate::view_template::ViewTemplates,
 }
@@ -87,6 +97,7 @@ impl Zygote {
             pid,
             keeper: Some(keeper),
             forks: AtomicU64::new(0),
+            pooled_networks: AtomicU64::new(0),
             templates: crate::view_template::ViewTemplates::default(),
         })
     }
@@ -100,15 +111,25 @@ impl Zygote {
         self.forks.load(Ordering::Relaxed)
     }
 
+    /// How many helpers got a network namespace from the pool.
+    pub fn pooled_networks(&self) -> u64 {
+        self.pooled_networks.load(Ordering::Relaxed)
+    }
+
     /// The view templates of this zygote's sandboxes.
     pub fn view_templates(&self) -> &crate::view_template::ViewTemplates {
         &self.templates
     }
 
-    /// Forks a helper with `fds` (`(descriptor, target)` pairs) installed; returns its pid, a
-    /// child of this process.
-    pub(crate) fn spawn(&self, fds: &[(RawFd, RawFd)]) -> io::Result<libc::pid_t> {
-        let mut mask = 0u8;
+    /// Forks a helper with `fds` (`(descriptor, target)` pairs) installed, and with a pooled
+    /// network namespace if `network` and one is ready; returns its pid, a child of this
+    /// process, and whether it got the namespace.
+    pub(crate) fn spawn(
+        &self,
+        fds: &[(RawFd, RawFd)],
+        network: bool,
+    ) -> io::Result<(libc::pid_t, bool)> {
+        let mut mask = if network { NETWORK_WANTED } else { 0 };
         let mut ordered = Vec::with_capacity(TARGETS.len());
         for (bit, target) in TARGETS.iter().enumerate() {
             if let Some(&(fd, _)) = fds.iter().find(|(_, t)| t == target) {
@@ -126,17 +147,19 @@ impl Zygote {
         scm::send_with_fds(channel, &[mask], &ordered)?;
         let mut answer = [0u8; 8];
         let n = sys::recv(channel, &mut answer)?;
-        let pid = decode_answer(&answer[..n])?;
+        let (pid, pooled) = decode_answer(&answer[..n])?;
         self.forks.fetch_add(1, Ordering::Relaxed);
-        Ok(pid)
+        if pooled {
+            self.pooled_networks.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok((pid, pooled))
     }
 }
 
-fn decode_answer(answer: &[u8]) -> io::Result<libc::pid_t> {
+fn decode_answer(answer: &[u8]) -> io::Result<(libc::pid_t, bool)> {
     match answer {
-        [b'P', pid @ ..] if pid.len() == 4 => {
-            let pid = i32::from_le_bytes([pid[0], pid[1], pid[2], pid[3]]);
-            Ok(pid)
+        [b'P', a, b, c, d, pooled @ (0 | 1)] => {
+            Ok((i32::from_le_bytes([*a, *b, *c, *d]), *pooled == 1))
         }
         [b'E', errno @ ..] if errno.len() == 4 => {
             Err(io::Error::from_raw_os_error(i32::from_le_bytes([
@@ -179,6 +202,7 @@ pub fn serve(argument: &'static mut [u8]) -> i32 {
     let _ = sys::close_from(SPEC_FD + 1, &[]);
     // SAFETY: the runtime placed the request socket at SPEC_FD for us alone.
     let channel = unsafe { OwnedFd::from_raw_fd(SPEC_FD) };
+    let pool = Pool::start(&channel);
     loop {
         let (message, fds) = match scm::recv_with_fds(&channel, 8) {
             Ok(received) => received,
@@ -199,19 +223,30 @@ pub fn serve(argument: &'static mut [u8]) -> i32 {
             .filter(|(bit, _)| mask & (1 << bit) != 0)
             .map(|(_, target)| *target)
             .collect();
-        if message.len() != 1 || mask >> TARGETS.len() != 0 || targets.len() != fds.len() {
+        let fd_bits = mask & !NETWORK_WANTED;
+        if message.len() != 1 || fd_bits >> TARGETS.len() != 0 || targets.len() != fds.len() {
             let _ = reply_error(&channel, libc::EINVAL);
             continue;
         }
+        let mut network = if mask & NETWORK_WANTED != 0 {
+            pool.as_ref().and_then(Pool::take)
+        } else {
+            None
+        };
         match sys::fork_into(libc::CLONE_PARENT) {
             Ok(Forked::Child) => {
                 argument.fill(0);
-                sys::exit_now(become_helper(channel, fds, &targets))
+                if let Some(pool) = pool {
+                    pool.leave();
+                }
+                sys::exit_now(become_helper(channel, fds, &targets, network))
             }
             Ok(Forked::Parent(pid)) => {
                 drop(fds);
+                let pooled = network.take().is_some();
                 let mut answer = vec![b'P'];
                 answer.extend_from_slice(&pid.to_le_bytes());
+                answer.push(u8::from(pooled));
                 if scm::send_with_fds(&channel, &answer, &[]).is_err() {
                     return 1;
                 }
@@ -230,10 +265,20 @@ fn reply_error(channel: &OwnedFd, errno: i32) -> io::Result<()> {
     scm::send_with_fds(channel, &answer, &[])
 }
 
-/// In the forked child: the request's descriptors at their numbers, the zygote's socket closed,
-/// then the helper as if freshly exec'd.
-fn become_helper(channel: OwnedFd, fds: Vec<OwnedFd>, targets: &[RawFd]) -> i32 {
+/// In the forked child: the request's descriptors at their numbers (and a pooled network
+/// namespace's), the zygote's socket closed, then the helper as if freshly exec'd.
+fn become_helper(
+    channel: OwnedFd,
+    mut fds: Vec<OwnedFd>,
+    targets: &[RawFd],
+    network: Option<Network>,
+) -> i32 {
     drop(channel);
+    let mut targets = targets.to_vec();
+    if let Some(network) = network {
+        fds.extend([network.netns, network.sysfs]);
+        targets.extend([NETNS_FD, SYSFS_FD]);
+    }
     // Above every target first, so that installing one cannot clobber another.
     let high: io::Result<Vec<OwnedFd>> = fds
         .iter()
@@ -243,11 +288,40 @@ fn become_helper(channel: OwnedFd, fds: Vec<OwnedFd>, targets: &[RawFd]) -> i32 
     let Ok(high) = high else {
         return crate::helper::SETUP_FAILED;
     };
-    for (fd, &target) in high.iter().zip(targets) {
+    for (fd, &target) in high.iter().zip(&targets) {
         if crate::procctl::dup_inheritable(fd.as_raw_fd(), target).is_err() {
             return crate::helper::SETUP_FAILED;
         }
     }
     drop(high);
     crate::helper::main()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_answers_carry_the_pid_and_whether_a_pooled_network_was_installed() {
+        let mut answer = vec![b'P'];
+        answer.extend_from_slice(&4242i32.to_le_bytes());
+        assert_eq!(
+            decode_answer(&[answer.as_slice(), &[1]].concat()).unwrap(),
+            (4242, true)
+        );
+        assert_eq!(
+            decode_answer(&[answer.as_slice(), &[0]].concat()).unwrap(),
+            (4242, false)
+        );
+        for bad in [answer.clone(), [answer.as_slice(), &[2]].concat()] {
+            let err = decode_answer(&bad).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{bad:?}");
+        }
+        let mut refused = vec![b'E'];
+        refused.extend_from_slice(&libc::EINVAL.to_le_bytes());
+        assert_eq!(
+            decode_answer(&refused).unwrap_err().raw_os_error(),
+            Some(libc::EINVAL)
+        );
+    }
 }

@@ -153,6 +153,11 @@ impl Runtime {
         self.zygote.as_ref().map(|zygote| zygote.forks())
     }
 
+    /// How many helpers got a network namespace from the zygote's pool, when one runs.
+    pub fn pooled_networks(&self) -> Option<u64> {
+        self.zygote.as_ref().map(|zygote| zygote.pooled_networks())
+    }
+
     /// Puts long-lived sandboxes' scratch space (`/tmp` and a fresh `/workspace`) on `storage`,
     /// one quota-limited volume each, instead of a tmpfs.
     pub fn set_storage(&mut self, storage: Storage) {

@@ -4,7 +4,9 @@
 //! template (`airlock_jail::view_template`): they clone one read-only root instead of staging
 //! their own. Seen from inside, the clone hides what a staged view hides, is read-only and
 //! propagates no mount; a host change (a new secret, a new mount) gets the next sandbox a
-//! rebuilt template. Needs root and the binaries.
+//! rebuilt template. And its pooled network namespaces (`airlock_jail`'s `network_pool`): each
+//! sandbox gets a fresh one of its own that it cannot reconfigure, and none outlives its
+//! sandbox or the runtime. Needs root and the binaries.
 
 #![allow(
     clippy::unwrap_used,
@@ -63,6 +65,22 @@ fn helpers(zygote: i32) -> Vec<i32> {
         .filter(|&pid| pid != zygote)
         .filter(|&pid| stat(pid).is_some_and(|(ppid, comm)| ppid == me && comm == "airlock-jail"))
         .collect()
+}
+
+/// A process's children (its main thread's, which is where a fork's child is counted).
+fn children(pid: i32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|child| child.parse().ok())
+        .collect()
+}
+
+/// The inode of the network namespace `pid` is in.
+fn netns(pid: i32) -> Option<u64> {
+    let link = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok()?;
+    let link = link.to_str()?;
+    link.strip_prefix("net:[")?.strip_suffix(']')?.parse().ok()
 }
 
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
@@ -171,6 +189,11 @@ fn test_zygote_ends_with_the_runtime() {
     let _serial = serial();
     let runtime = runtime_with_zygote();
     let zygote = runtime.zygote_pid().unwrap();
+    // The zygote forks its network pooler once it runs.
+    wait_until("the zygote's network pooler", || {
+        children(zygote).len() == 1
+    });
+    let pooler = children(zygote);
     let copy = runtime.clone();
     drop(runtime);
     assert!(stat(zygote).is_some(), "a clone still holds the zygote");
@@ -178,6 +201,10 @@ fn test_zygote_ends_with_the_runtime() {
     assert!(
         stat(zygote).is_none() && !Path::new(&format!("/proc/{zygote}")).exists(),
         "the last clone's drop ends and reaps the zygote"
+    );
+    assert!(
+        !Path::new(&format!("/proc/{}", pooler[0])).exists(),
+        "and its pooler"
     );
 }
 
@@ -336,4 +363,67 @@ impl Drop for Cleanup {
         let _ = std::fs::remove_dir(&self.mount_point);
         let _ = std::fs::remove_dir_all(&self.home);
     }
+}
+
+#[test]
+fn test_pooled_network_namespaces_are_fresh_private_and_beyond_the_sandboxs_reach() {
+    let _serial = serial();
+    let runtime = runtime_with_zygote();
+    let host = netns(std::process::id().cast_signed()).unwrap();
+    // Each line exits with its own code, so that a failure names the check. 0x9 is up and
+    // loopback; SIOCSIFFLAGS (0x8914) with no flags would take the loopback down.
+    let script = format!(
+        r#"
+        test "$(readlink /proc/self/ns/net)" != "net:[{host}]" || exit 10
+        test "$(ls /sys/class/net)" = lo || exit 11
+        test "$(cat /sys/class/net/lo/flags)" = 0x9 || exit 12
+        python3 -c 'import fcntl, socket, struct
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+fcntl.ioctl(s, 0x8914, struct.pack("16sh", b"lo", 0))' 2>/dev/null && exit 13
+        test "$(cat /sys/class/net/lo/flags)" = 0x9 || exit 14
+        echo 1 2>/dev/null > /proc/sys/net/ipv4/ip_forward && exit 15
+        python3 -c 'import socket
+s = socket.create_server(("127.0.0.1", 0))
+c = socket.create_connection(s.getsockname())
+s.accept()[0].sendall(b"up")
+assert c.recv(2) == b"up"' || exit 16
+        exit 0
+    "#
+    );
+    // The pooler fills at the lowest priority, so the first sandboxes may find the pool empty
+    // and get a namespace their helper made the same way: every one must pass.
+    for _ in 0..50 {
+        assert_eq!(run(&runtime, &script), 0, "a sandbox's network namespace");
+        if runtime.pooled_networks() >= Some(2) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        runtime.pooled_networks() >= Some(2),
+        "sandboxes got namespaces from the pool: {:?}",
+        runtime.pooled_networks()
+    );
+
+    // Two sandboxes at once: each in a namespace of its own, and neither outlives its sandbox.
+    let zygote = runtime.zygote_pid().unwrap();
+    let first = runtime.start(&shell("sleep 30")).unwrap();
+    let second = runtime.start(&shell("sleep 30")).unwrap();
+    let inits = || -> Vec<i32> { helpers(zygote).into_iter().flat_map(children).collect() };
+    wait_until("both sandboxes' init", || inits().len() == 2);
+    let namespaces: Vec<u64> = inits().into_iter().filter_map(netns).collect();
+    assert_eq!(namespaces.len(), 2, "{namespaces:?}");
+    assert_ne!(namespaces[0], namespaces[1], "never shared");
+    assert!(
+        !namespaces.contains(&host),
+        "not the host's: {namespaces:?}"
+    );
+    drop((first, second));
+    wait_until("both helpers to be reaped", || helpers(zygote).is_empty());
+    let holders: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| netns(pid).is_some_and(|ns| namespaces.contains(&ns)))
+        .collect();
+    assert!(holders.is_empty(), "processes left in them: {holders:?}");
 }
