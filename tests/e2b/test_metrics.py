@@ -27,6 +27,12 @@ def sample(families, family, name, **labels):
     return 0.0
 
 
+def host_networks(families):
+    """Network namespaces the host made for sandboxes, from the pool or by their helper."""
+    return sum(sample(families, "airlock_network_namespaces", "airlock_network_namespaces_total",
+                      source=source) for source in ("pool", "helper"))
+
+
 def test_metrics_without_api_key_is_refused(daemon):
     response = daemon.request("GET", "/metrics")
     assert response.status == 401
@@ -50,6 +56,7 @@ def test_metrics_count_creates_execs_and_errors(daemon, new_sandbox):
     execs = sample(before, "airlock_execs", "airlock_execs_total", api="e2b")
     not_found = sample(before, "airlock_api_errors", "airlock_api_errors_total",
                        api="e2b", code="404")
+    networks = host_networks(before)
 
     sandbox = new_sandbox()
     assert sandbox.commands.run("true").exit_code == 0
@@ -65,6 +72,9 @@ def test_metrics_count_creates_execs_and_errors(daemon, new_sandbox):
     assert sample(after, "airlock_api_errors", "airlock_api_errors_total",
                   api="e2b", code="404") == not_found + 1
     assert sample(after, "airlock_sandboxes", "airlock_sandboxes", state="running") >= 1
+    # A process-tier sandbox of a root daemon runs in a network namespace the host made (a
+    # refilling warm pool elsewhere may add its own members').
+    assert host_networks(after) >= networks + 1
     # Histogram buckets are cumulative and end with +Inf holding every observation.
     buckets = [s for s in after["airlock_sandbox_create_duration_seconds"].samples
                if s.name.endswith("_bucket") and s.labels.get("source") == "cold"]
@@ -92,3 +102,4 @@ def test_metrics_in_openmetrics_when_asked(daemon):
     assert families["airlock_sandbox_creates"].type == "counter"
     assert families["airlock_sandbox_create_duration_seconds"].type == "histogram"
     assert families["airlock_sandboxes"].type == "gauge"
+    assert families["airlock_network_namespaces"].type == "counter"

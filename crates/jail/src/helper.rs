@@ -93,6 +93,7 @@ fn start() -> Result<(), Failure> {
         let _ = sys::close_from(CONTROL_FD, &[HOLD_FD, TEMPLATE_FD, NETNS_FD, SYSFS_FD]);
     }
     let view_template = take_view_template(spec.view_template)?;
+    let inherited_network = take_network_fds();
     mark(Phase::HelperRunning);
     if sys::getppid() != spec.supervisor_pid {
         // The supervisor died before our death signal was armed: nobody is listening.
@@ -141,9 +142,15 @@ fn start() -> Result<(), Failure> {
     drop(channel);
     // When the pool had none, the helper makes one the same way. Should the host not let it,
     // init makes its own, as without a zygote.
-    let network = match cgroups.network {
-        NetworkSource::Helper => crate::network_pool::make().ok(),
-        source => take_pooled_network(source)?,
+    let network = match (cgroups.network, inherited_network) {
+        (NetworkSource::Init, _) => None,
+        (NetworkSource::Pooled, Some(pooled)) => Some(pooled),
+        (NetworkSource::Pooled, None) => {
+            return Err(Failure::setup(
+                "the zygote's pooled network namespace is missing",
+            ));
+        }
+        (NetworkSource::Helper, _) => crate::network_pool::make().ok(),
     };
     for file in &cgroups.join {
         std::fs::write(file, "0").map_err(|e| {
@@ -198,26 +205,20 @@ fn take_view_template(passed: bool) -> Result<Option<OwnedFd>, Failure> {
         .map_err(|e| with_source("taking the view's template", &e))
 }
 
-/// The zygote's pooled network namespace and its sysfs, when the spec says they are at
-/// [`NETNS_FD`] and [`SYSFS_FD`], moved to close-on-exec descriptors; otherwise whatever a
-/// caller leaked at those numbers is closed.
-fn take_pooled_network(source: NetworkSource) -> Result<Option<Network>, Failure> {
-    if source != NetworkSource::Pooled {
-        let _ = sys::close_one(NETNS_FD);
-        let _ = sys::close_one(SYSFS_FD);
-        return Ok(None);
-    }
+/// Whatever is at [`NETNS_FD`] and [`SYSFS_FD`] (a zygote's pooled network namespace and its
+/// sysfs, or nothing), moved to close-on-exec descriptors, with both numbers freed before the
+/// helper opens anything that could land there. Only the late spec says whether to use them.
+fn take_network_fds() -> Option<Network> {
     let take = |fd| {
-        // SAFETY: the zygote placed the pooled namespace and its sysfs at these numbers for us
-        // alone; we take ownership.
-        let inherited = unsafe { OwnedFd::from_raw_fd(fd) };
-        sys::dup_above(&inherited, SPEC_FD + 8)
-            .map_err(|e| with_source("taking the pooled network namespace", &e))
+        let moved = sys::dup_raw_above(fd, SPEC_FD + 8).ok();
+        let _ = sys::close_one(fd);
+        moved
     };
-    Ok(Some(Network {
-        netns: take(NETNS_FD)?,
-        sysfs: take(SYSFS_FD)?,
-    }))
+    let (netns, sysfs) = (take(NETNS_FD), take(SYSFS_FD));
+    Some(Network {
+        netns: netns?,
+        sysfs: sysfs?,
+    })
 }
 
 /// The spec from [`SPEC_FD`], and the channel, on which the cgroup follows.

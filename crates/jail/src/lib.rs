@@ -41,6 +41,7 @@ mod view_vmm;
 pub mod zygote;
 
 pub use host::HostSupport;
+pub use network_pool::HostNetworks;
 pub use supervisor::{
     Ending, JailError, Outcome, Sandbox, SpawnOptions, Stdio, TerminationSignals, find_helper,
 };

@@ -29,6 +29,15 @@ use crate::sys::{self, Forked};
 /// How many namespaces the pooler keeps made.
 const STOCK: usize = 4;
 
+/// How many sandboxes got a network namespace the host made, by where it came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostNetworks {
+    /// Made ahead by the zygote's pooler.
+    pub pooled: u64,
+    /// Made by the sandbox's helper because the pool was empty.
+    pub made_by_helper: u64,
+}
+
 /// One network namespace and the sysfs that shows it.
 #[derive(Debug)]
 pub(crate) struct Network {

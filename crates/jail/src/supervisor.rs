@@ -274,20 +274,34 @@ impl Sandbox {
         if written_ahead {
             spec_w.write_all(&bytes).map_err(JailError::SendSpec)?;
         }
-        let (pid, pooled) = match zygote {
-            Some(zygote) => match zygote.spawn(&fds, host_network) {
-                Ok(spawned) => spawned,
-                // A zygote that died (killed from outside) costs speed, not sandboxes.
-                Err(err)
-                    if err.raw_os_error() == Some(libc::EPIPE)
-                        || err.kind() == io::ErrorKind::BrokenPipe
-                        || err.kind() == io::ErrorKind::ConnectionReset =>
-                {
-                    (sys::spawn(&options.helper, &fds).map_err(spawn_err)?, false)
+        // A zygote forks while this thread makes the cgroup, instead of this thread sleeping
+        // until the fork is done.
+        let make_cgroup = || SandboxCgroup::create(&options.cgroups, name, &plan.cgroup);
+        let mut early_cgroup = None;
+        let spawned = match zygote {
+            Some(zygote) => {
+                match zygote.spawn(&fds, host_network, || early_cgroup = Some(make_cgroup())) {
+                    // A zygote that died (killed from outside) costs speed, not sandboxes.
+                    Err(err)
+                        if err.raw_os_error() == Some(libc::EPIPE)
+                            || err.kind() == io::ErrorKind::BrokenPipe
+                            || err.kind() == io::ErrorKind::ConnectionReset =>
+                    {
+                        sys::spawn(&options.helper, &fds).map(|pid| (pid, false))
+                    }
+                    spawned => spawned,
                 }
-                Err(err) => return Err(spawn_err(err)),
-            },
-            None => (sys::spawn(&options.helper, &fds).map_err(spawn_err)?, false),
+            }
+            None => sys::spawn(&options.helper, &fds).map(|pid| (pid, false)),
+        };
+        let (pid, pooled) = match spawned {
+            Ok(spawned) => spawned,
+            Err(err) => {
+                if let Some(Ok(cgroup)) = early_cgroup {
+                    let _ = cgroup.remove();
+                }
+                return Err(spawn_err(err));
+            }
         };
         let network = match (host_network, pooled) {
             (true, true) => NetworkSource::Pooled,
@@ -312,10 +326,7 @@ impl Sandbox {
             warnings: Vec::new(),
         };
         sandbox.mark(Phase::HelperSpawned);
-        if !written_ahead {
-            spec_w.write_all(&bytes).map_err(JailError::SendSpec)?;
-        }
-        match SandboxCgroup::create(&options.cgroups, name, &plan.cgroup) {
+        match early_cgroup.unwrap_or_else(make_cgroup) {
             Ok(cgroup) => sandbox.cgroup = Some(cgroup),
             Err(err) if plan.compat == Compat::BestEffort => sandbox.warnings.push(format!(
                 "not enforced: cgroup limits (memory, pids, cpu): {}",
@@ -325,6 +336,9 @@ impl Sandbox {
             Err(err) => return Err(JailError::Cgroup(err)),
         }
         sandbox.mark(Phase::CgroupCreated);
+        if !written_ahead {
+            spec_w.write_all(&bytes).map_err(JailError::SendSpec)?;
+        }
         let late = sandbox
             .cgroup
             .as_ref()

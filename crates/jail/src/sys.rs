@@ -188,6 +188,15 @@ pub fn dup_above(fd: &OwnedFd, min: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(new) })
 }
 
+/// [`dup_above`] of a descriptor number that may not be open (`EBADF` then).
+pub fn dup_raw_above(fd: RawFd, min: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC takes integers and fails cleanly on a closed number; the new
+    // descriptor is ours.
+    let new = check_int(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, min) })?;
+    // SAFETY: fresh descriptor from the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
 /// `waitpid(pid, 0)`, retried on `EINTR`; returns the raw wait status.
 pub fn waitpid(pid: libc::pid_t, flags: libc::c_int) -> io::Result<(libc::pid_t, libc::c_int)> {
     loop {

@@ -51,8 +51,10 @@ pub struct Zygote {
     keeper: Option<JoinHandle<()>>,
     /// Helpers forked so far.
     forks: AtomicU64,
-    /// Helpers given a pooled network namespace so far.
+    /// Network namespaces the host made for helpers so far: from the pool, and by helpers
+    /// that asked when the pool was empty.
     pooled_networks: AtomicU64,
+    helper_networks: AtomicU64,
     /// The process tier's view templates its helpers' sandboxes clone.
     templates: crate::view_template::ViewTemplates,
 }
@@ -98,6 +100,7 @@ impl Zygote {
             keeper: Some(keeper),
             forks: AtomicU64::new(0),
             pooled_networks: AtomicU64::new(0),
+            helper_networks: AtomicU64::new(0),
             templates: crate::view_template::ViewTemplates::default(),
         })
     }
@@ -111,9 +114,13 @@ impl Zygote {
         self.forks.load(Ordering::Relaxed)
     }
 
-    /// How many helpers got a network namespace from the pool.
-    pub fn pooled_networks(&self) -> u64 {
-        self.pooled_networks.load(Ordering::Relaxed)
+    /// How many helpers got a network namespace the host made: from the pool, and made by
+    /// the helper because the pool was empty.
+    pub fn host_networks(&self) -> crate::network_pool::HostNetworks {
+        crate::network_pool::HostNetworks {
+            pooled: self.pooled_networks.load(Ordering::Relaxed),
+            made_by_helper: self.helper_networks.load(Ordering::Relaxed),
+        }
     }
 
     /// The view templates of this zygote's sandboxes.
@@ -123,11 +130,13 @@ impl Zygote {
 
     /// Forks a helper with `fds` (`(descriptor, target)` pairs) installed, and with a pooled
     /// network namespace if `network` and one is ready; returns its pid, a child of this
-    /// process, and whether it got the namespace.
+    /// process, and whether it got the namespace. `meanwhile` runs once the request is sent,
+    /// while the zygote forks (not if the request could not be sent).
     pub(crate) fn spawn(
         &self,
         fds: &[(RawFd, RawFd)],
         network: bool,
+        meanwhile: impl FnOnce(),
     ) -> io::Result<(libc::pid_t, bool)> {
         let mut mask = if network { NETWORK_WANTED } else { 0 };
         let mut ordered = Vec::with_capacity(TARGETS.len());
@@ -145,13 +154,16 @@ impl Zygote {
             .as_ref()
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EPIPE))?;
         scm::send_with_fds(channel, &[mask], &ordered)?;
+        meanwhile();
         let mut answer = [0u8; 8];
         let n = sys::recv(channel, &mut answer)?;
         let (pid, pooled) = decode_answer(&answer[..n])?;
         self.forks.fetch_add(1, Ordering::Relaxed);
-        if pooled {
-            self.pooled_networks.fetch_add(1, Ordering::Relaxed);
-        }
+        match (network, pooled) {
+            (_, true) => self.pooled_networks.fetch_add(1, Ordering::Relaxed),
+            (true, false) => self.helper_networks.fetch_add(1, Ordering::Relaxed),
+            (false, false) => 0,
+        };
         Ok((pid, pooled))
     }
 }

@@ -153,9 +153,10 @@ impl Runtime {
         self.zygote.as_ref().map(|zygote| zygote.forks())
     }
 
-    /// How many helpers got a network namespace from the zygote's pool, when one runs.
-    pub fn pooled_networks(&self) -> Option<u64> {
-        self.zygote.as_ref().map(|zygote| zygote.pooled_networks())
+    /// How many sandboxes got a network namespace the host made (`network_pool`), from the
+    /// zygote's pool or from their helper, when a zygote runs.
+    pub fn host_networks(&self) -> Option<airlock_jail::HostNetworks> {
+        self.zygote.as_ref().map(|zygote| zygote.host_networks())
     }
 
     /// Puts long-lived sandboxes' scratch space (`/tmp` and a fresh `/workspace`) on `storage`,

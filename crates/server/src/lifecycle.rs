@@ -285,6 +285,10 @@ impl Daemon {
                 .map(|(state, n)| (state.to_owned(), n))
                 .collect(),
             pools: self.pool_gauges(),
+            host_networks: self
+                .runtime
+                .host_networks()
+                .map_or((0, 0), |counts| (counts.pooled, counts.made_by_helper)),
         }
     }
 

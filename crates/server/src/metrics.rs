@@ -97,6 +97,9 @@ pub struct Snapshot {
     pub sandboxes: Vec<(String, i64)>,
     /// Per template with a pool: (template, ready members, target size).
     pub pools: Vec<(String, i64, i64)>,
+    /// Network namespaces the host made for sandboxes: (from the zygote's pool, made by a
+    /// helper because the pool was empty); counters, kept by the runtime.
+    pub host_networks: (u64, u64),
 }
 
 /// The daemon's metrics.
@@ -112,6 +115,7 @@ pub struct Metrics {
     sandboxes: Family<StateLabels, Gauge>,
     pool_ready: Family<TemplateLabels, Gauge>,
     pool_target: Family<TemplateLabels, Gauge>,
+    host_networks: Family<SourceLabels, Counter>,
 }
 
 /// Create latencies from 0.25 ms to about 8 s, doubling.
@@ -180,6 +184,12 @@ impl Metrics {
             "The size a template's warm pool is kept at",
             pool_target.clone(),
         );
+        let host_networks = Family::<SourceLabels, Counter>::default();
+        registry.register(
+            "network_namespaces",
+            "Network namespaces made by the host for sandboxes, from the zygote's pool (pool) or by their helper when the pool was empty (helper)",
+            host_networks.clone(),
+        );
         Metrics {
             registry,
             creates,
@@ -191,6 +201,7 @@ impl Metrics {
             sandboxes,
             pool_ready,
             pool_target,
+            host_networks,
         }
     }
 
@@ -271,6 +282,12 @@ impl Metrics {
                 .iter()
                 .map(|(name, _, size)| (template(name), *size)),
         );
+        let (pooled, made) = now.host_networks;
+        for (source, total) in [("pool", pooled), ("helper", made)] {
+            // The runtime keeps the totals; the counter catches up with them.
+            let counter = self.host_networks.get_or_create(&SourceLabels { source });
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
         let mut text = String::new();
         if openmetrics {
             // Writing into a String cannot fail.
