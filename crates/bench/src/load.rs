@@ -165,6 +165,22 @@ fn leftovers(pid: u32, state_dir: &Path, ids: &[String]) -> anyhow::Result<Lefto
 }
 
 /// `bench load`.
+/// The daemon's counts of network namespaces the host made (`airlock_network_namespaces_total`
+/// in `/metrics`): from the zygote's pool, and by helpers. `None` when the scrape fails.
+async fn host_networks(client: &Client) -> Option<(u64, u64)> {
+    let (_, _, body) = client
+        .raw(hyper::Method::GET, "/metrics", &[], "")
+        .await
+        .ok()?;
+    let text = String::from_utf8_lossy(&body);
+    let count = |source: &str| {
+        let series = format!("airlock_network_namespaces_total{{source=\"{source}\"}} ");
+        text.lines()
+            .find_map(|line| line.strip_prefix(&series)?.trim().parse::<u64>().ok())
+    };
+    Some((count("pool")?, count("helper")?))
+}
+
 pub fn load(sandboxes: usize, clients: usize) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(sandboxes >= 1, "--sandboxes must be at least 1");
     anyhow::ensure!(clients >= 1, "--clients must be at least 1");
@@ -207,6 +223,7 @@ pub fn load(sandboxes: usize, clients: usize) -> anyhow::Result<ExitCode> {
             .context("listing after the run")?;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let left = leftovers(pid, &state_dir, &all.ids)?;
+        let networks = host_networks(&daemon.client).await;
         let errors: usize = all.errors.values().sum();
         println!(
             "{sandboxes} sandboxes by {clients} concurrent clients (create, exec /bin/true, delete), one private daemon"
@@ -228,6 +245,11 @@ pub fn load(sandboxes: usize, clients: usize) -> anyhow::Result<ExitCode> {
             for (kind, n) in &all.errors {
                 println!("errors: {n} x {kind}");
             }
+        }
+        if let Some((pooled, made)) = networks {
+            println!(
+                "network namespaces made by the host: {pooled} from the zygote's pool, {made} by helpers that found it empty"
+            );
         }
         println!(
             "left after the run: {} processes, {} cgroups, {} mounts, {} directories, {} store rows",

@@ -130,13 +130,11 @@ impl Zygote {
 
     /// Forks a helper with `fds` (`(descriptor, target)` pairs) installed, and with a pooled
     /// network namespace if `network` and one is ready; returns its pid, a child of this
-    /// process, and whether it got the namespace. `meanwhile` runs once the request is sent,
-    /// while the zygote forks (not if the request could not be sent).
+    /// process, and whether it got the namespace.
     pub(crate) fn spawn(
         &self,
         fds: &[(RawFd, RawFd)],
         network: bool,
-        meanwhile: impl FnOnce(),
     ) -> io::Result<(libc::pid_t, bool)> {
         let mut mask = if network { NETWORK_WANTED } else { 0 };
         let mut ordered = Vec::with_capacity(TARGETS.len());
@@ -154,16 +152,15 @@ impl Zygote {
             .as_ref()
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EPIPE))?;
         scm::send_with_fds(channel, &[mask], &ordered)?;
-        meanwhile();
         let mut answer = [0u8; 8];
         let n = sys::recv(channel, &mut answer)?;
         let (pid, pooled) = decode_answer(&answer[..n])?;
         self.forks.fetch_add(1, Ordering::Relaxed);
-        match (network, pooled) {
-            (_, true) => self.pooled_networks.fetch_add(1, Ordering::Relaxed),
-            (true, false) => self.helper_networks.fetch_add(1, Ordering::Relaxed),
-            (false, false) => 0,
-        };
+        if pooled {
+            self.pooled_networks.fetch_add(1, Ordering::Relaxed);
+        } else if network {
+            self.helper_networks.fetch_add(1, Ordering::Relaxed);
+        }
         Ok((pid, pooled))
     }
 }
