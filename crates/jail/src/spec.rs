@@ -26,7 +26,7 @@ pub struct HelperSpec {
     pub view_template: bool,
 }
 
-/// Where a sandbox's network namespace comes from (the helper's spec says).
+/// Where a sandbox's network namespace comes from (the [`LateSpec`] says).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NetworkSource {
@@ -45,8 +45,8 @@ pub enum NetworkSource {
 /// best effort), and where the network namespace comes from (the zygote's answer says).
 ///
 /// Wire: the spec's length (4 bytes, little-endian) and its JSON, then this JSON up to the end
-/// of the pipe. The spec is written before the helper starts when the pipe holds it, so that a
-/// helper never waits for its supervisor to be scheduled again.
+/// of the pipe. A helper forked from the zygote finds its spec written before the fork when the
+/// pipe holds it, so that it never waits for its supervisor to be scheduled again.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LateSpec {
