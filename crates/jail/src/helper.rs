@@ -194,13 +194,11 @@ fn start() -> Result<(), Failure> {
 /// Otherwise whatever a caller leaked at that number is closed: since `main`'s sweep, nothing
 /// of ours has been left open there.
 fn take_view_template(passed: bool) -> Result<Option<OwnedFd>, Failure> {
+    let moved = sys::move_above(TEMPLATE_FD, SPEC_FD + 8);
     if !passed {
-        let _ = sys::close_one(TEMPLATE_FD);
         return Ok(None);
     }
-    // SAFETY: the supervisor placed the template at TEMPLATE_FD for us alone; we take ownership.
-    let inherited = unsafe { OwnedFd::from_raw_fd(TEMPLATE_FD) };
-    sys::dup_above(&inherited, SPEC_FD + 8)
+    moved
         .map(Some)
         .map_err(|e| with_source("taking the view's template", &e))
 }
@@ -209,12 +207,8 @@ fn take_view_template(passed: bool) -> Result<Option<OwnedFd>, Failure> {
 /// sysfs, or nothing), moved to close-on-exec descriptors, with both numbers freed before the
 /// helper opens anything that could land there. Only the late spec says whether to use them.
 fn take_network_fds() -> Option<Network> {
-    let take = |fd| {
-        let moved = sys::dup_raw_above(fd, SPEC_FD + 8).ok();
-        let _ = sys::close_one(fd);
-        moved
-    };
-    let (netns, sysfs) = (take(NETNS_FD), take(SYSFS_FD));
+    let netns = sys::move_above(NETNS_FD, SPEC_FD + 8).ok();
+    let sysfs = sys::move_above(SYSFS_FD, SPEC_FD + 8).ok();
     Some(Network {
         netns: netns?,
         sysfs: sysfs?,

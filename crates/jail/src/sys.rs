@@ -182,14 +182,18 @@ pub fn dup_onto(fd: &OwnedFd, target: RawFd) -> io::Result<()> {
 
 /// Duplicates `fd` to a number of at least `min`, close-on-exec.
 pub fn dup_above(fd: &OwnedFd, min: RawFd) -> io::Result<OwnedFd> {
-    // SAFETY: F_DUPFD_CLOEXEC takes integers and returns a new descriptor that we own.
-    let new = check_int(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) })?;
-    // SAFETY: fresh descriptor from the kernel.
-    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+    dup_raw_above(fd.as_raw_fd(), min)
 }
 
-/// [`dup_above`] of a descriptor number that may not be open (`EBADF` then).
-pub fn dup_raw_above(fd: RawFd, min: RawFd) -> io::Result<OwnedFd> {
+/// Moves the descriptor at number `fd`, inherited and owned by nobody yet, to a close-on-exec
+/// one at or above `min`, and frees the number; `EBADF` when nothing was there.
+pub fn move_above(fd: RawFd, min: RawFd) -> io::Result<OwnedFd> {
+    let moved = dup_raw_above(fd, min);
+    let _ = close_one(fd);
+    moved
+}
+
+fn dup_raw_above(fd: RawFd, min: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: F_DUPFD_CLOEXEC takes integers and fails cleanly on a closed number; the new
     // descriptor is ours.
     let new = check_int(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, min) })?;

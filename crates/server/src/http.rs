@@ -89,13 +89,12 @@ pub fn too_large(limit: u64) -> ApiError {
 
 /// Reads a JSON body of at most `limit` bytes. An empty body reads as `{}`.
 pub async fn read_json<T: DeserializeOwned>(
-    body: Incoming,
+    mut body: Incoming,
     headers: &HeaderMap,
     limit: u64,
 ) -> Result<T, ApiError> {
     // The rest of a refused body is read and dropped while the 413 goes out (`linger`):
     // closing with unread data would reset the connection before the client reads the answer.
-    let mut body = body;
     if content_length(headers).is_some_and(|len| len > limit) {
         linger(body);
         return Err(too_large(limit));
