@@ -83,6 +83,7 @@ fn main() {
         "dns" => net::dns_query(&arg(1), &arg(2)),
         "icmp-ping" => net::icmp_ping(&arg(1)),
         "listen-wait" => net::listen_wait(number(1), number(2)),
+        "hold-listener" => net::hold_listener(&arg(1), number(2), number(3)),
         "http-get" => net::http_get(&arg(1), &arg(2)),
         "proxy-connect" => net::proxy_connect(&arg(1), &arg(2)),
         "fake-servers" => net::fake_servers(&arg(1), args.get(2..).unwrap_or_default()),

@@ -151,6 +151,39 @@ pub fn listen_wait(port: i64, seconds: i64) -> Outcome {
     Err(io::Error::from_raw_os_error(libc::ETIMEDOUT))
 }
 
+/// The target of a reach test: listens on TARGET (`127.0.0.1:PORT`, or `@NAME` for an abstract
+/// Unix socket) until it has accepted COUNT connections or SECONDS have passed, and reports how
+/// many it accepted.
+pub fn hold_listener(target: &str, count: i64, seconds: i64) -> Outcome {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener};
+    let mut accept: Box<dyn FnMut() -> io::Result<()>> = match target.strip_prefix('@') {
+        Some(name) => {
+            let listener =
+                UnixListener::bind_addr(&UnixAddr::from_abstract_name(name.as_bytes())?)?;
+            listener.set_nonblocking(true)?;
+            Box::new(move || listener.accept().map(drop))
+        }
+        None => {
+            let listener = TcpListener::bind(socket_addr(target)?)?;
+            listener.set_nonblocking(true)?;
+            Box::new(move || listener.accept().map(drop))
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
+    let mut accepted = 0;
+    while accepted < count && Instant::now() < deadline {
+        match accept() {
+            Ok(()) => accepted += 1,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(format!("accepted {accepted}"))
+}
+
 /// The fake remote servers: `tcp:ADDR:TAG` answers a fixed HTTP response, `dns:ADDR` answers
 /// every A query with 198.51.100.7. Every connection and query is appended to `log` (one
 /// line each), so that the suite can tell whether anything from a sandbox arrived. Prints

@@ -440,6 +440,10 @@ impl Daemon {
             }
             judge0 if judge0.starts_with("judge0-") => super::judge0::scenario(self, judge0, env),
             "zygote-sibling" => self.zygote_sibling(&probe),
+            "zygote-sibling-loopback" => self.sibling_reach(&probe, "connect", "127.0.0.1:7391"),
+            "zygote-sibling-abstract" => {
+                self.sibling_reach(&probe, "connect-unix", "@airlock-seceval-sibling")
+            }
             other => bail!("unknown scenario `{other}`"),
         }
     }
@@ -489,6 +493,56 @@ impl Daemon {
             }
         }
         Ok(last)
+    }
+
+    /// Sandbox B listens on `target` in its own network namespace; A, whose namespace came from
+    /// the same zygote (and its pool), connects to the same address. The control is B reaching
+    /// its own listener, before A's attempt and after it.
+    fn sibling_reach(&self, probe: &str, connect: &str, target: &str) -> anyhow::Result<Outcome> {
+        let argv = |verb: &str, rest: &[&str]| {
+            let mut argv = vec![probe.to_owned(), verb.to_owned(), target.to_owned()];
+            argv.extend(rest.iter().map(|s| (*s).to_owned()));
+            ExecRequest {
+                argv: Some(argv),
+                timeout_ms: Some(30_000),
+                ..ExecRequest::default()
+            }
+        };
+        let attempt = |index: usize| {
+            let request = argv(connect, &[]);
+            async move {
+                let output = self.client.exec_collect(self.id(index), &request).await?;
+                let stdout = String::from_utf8_lossy(&output.stdout);
+                anyhow::Ok(Outcome::from_probe(&stdout, Some(output.exit_code), None))
+            }
+        };
+        let holder = argv("hold-listener", &["2", "20"]);
+        let (client, b) = (self.client.clone(), self.id(1).to_owned());
+        self.runtime.block_on(async {
+            let held = tokio::spawn(async move { client.exec_collect(&b, &holder).await });
+            let mut control = Outcome::Hung;
+            for _ in 0..100 {
+                control = attempt(1).await?;
+                if control.is_ok() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if !control.is_ok() {
+                bail!("the control: B never reached its own {target} ({control})");
+            }
+            let outcome = attempt(0).await?;
+            if outcome.is_ok() {
+                return Ok(Outcome::Ok(format!("reached B's {target}")));
+            }
+            let after = attempt(1).await?;
+            let held = held.await??;
+            let held = String::from_utf8_lossy(&held.stdout);
+            if !after.is_ok() || held.trim() != "ok accepted 2" {
+                bail!("the control: B's listener on {target} went away ({after}, `{held}`)");
+            }
+            Ok(outcome)
+        })
     }
 
     /// The workload swaps `/workspace/race` between a directory and a symlink to a host
