@@ -75,7 +75,10 @@ pub fn start(
     let mut warnings = sandbox.take_warnings();
     loop {
         match sandbox.next_report().map_err(JailError::Watch)? {
-            Some(Report::Ready) => break,
+            Some(Report::Ready) => {
+                sandbox.refill_pool();
+                break;
+            }
             Some(Report::Warning(text)) => warnings.push(text),
             Some(Report::Failed { code, message }) => {
                 return Err(JailError::Setup { code, message });

@@ -106,18 +106,18 @@ impl Pool {
         }
     }
 
-    /// A namespace made ahead, if one is ready; the pooler is asked for the next one.
+    /// A namespace made ahead, if one is ready. Its replacement waits for [`Pool::credit`].
     pub(crate) fn take(&self) -> Option<Network> {
         let (message, fds) = scm::try_recv_with_fds(&self.socket, 8).ok()??;
         let [netns, sysfs]: [OwnedFd; 2] = fds.try_into().ok()?;
         if message != b"n" {
             return None;
         }
-        self.credit();
         Some(Network { netns, sysfs })
     }
 
-    fn credit(&self) {
+    /// Asks the pooler for one more namespace.
+    pub(crate) fn credit(&self) {
         let _ = scm::send_with_fds(&self.socket, b"c", &[]);
     }
 

@@ -163,6 +163,9 @@ pub struct Sandbox {
     report: Option<ReportReader>,
     cgroup: Option<SandboxCgroup>,
     warnings: Vec<String>,
+    /// The zygote whose pool gave this sandbox its network namespace, until it is asked for a
+    /// replacement ([`Sandbox::refill_pool`]).
+    owed_refill: Option<std::sync::Arc<crate::zygote::Zygote>>,
 }
 
 static SANDBOX_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -322,6 +325,7 @@ impl Sandbox {
             }),
             cgroup: None,
             warnings: Vec::new(),
+            owed_refill: zygote.filter(|_| pooled).cloned(),
         };
         sandbox.mark(Phase::HelperSpawned);
         if !written_ahead {
@@ -405,8 +409,17 @@ impl Sandbox {
         }
     }
 
+    /// Asks the pool that gave this sandbox its network namespace for another one: once the
+    /// sandbox has started (a long-lived one's agent serves), or when it ends.
+    pub(crate) fn refill_pool(&mut self) {
+        if let Some(zygote) = self.owed_refill.take() {
+            zygote.refill();
+        }
+    }
+
     /// Lets the sandbox go on without this handle: nothing is ended, killed or removed.
     pub(crate) fn release(&mut self) {
+        self.refill_pool();
         self.helper = None;
         self.cgroup = None;
         self.report = None;
@@ -531,6 +544,7 @@ impl Sandbox {
 
     /// Reaps the helper (ending the sandbox first if it still runs) and removes the cgroup.
     fn cleanup(&mut self) -> Result<(), CgroupError> {
+        self.refill_pool();
         if let Some(pid) = self.helper.take() {
             let give_up = Instant::now() + GRACE;
             let _ = sys::kill(pid, libc::SIGTERM);

@@ -12,13 +12,17 @@
 //! the workload), so sandboxes from one zygote share no address-space layout that they can see.
 //!
 //! It also keeps network namespaces made ahead by its pooler (`network_pool`), and gives one to
-//! each helper that asks, at `NETNS_FD` and `SYSFS_FD`.
+//! each helper that asks, at `NETNS_FD` and `SYSFS_FD`. The pool is refilled only when the
+//! runtime says that the sandbox which took a namespace has started (or ended): measured, a
+//! refill at the fork made the namespace while that sandbox started, on a CPU its helper and the
+//! runtime's thread needed, and the zygote's answer took 0.6 ms instead of 0.2 ms.
 //!
 //! Wire: the runtime sends one message per helper, `[mask]` with the descriptors of the targets
 //! whose bit is set (bit 0 `SPEC_FD`, 1 `REPORT_FD`, 2 `CONTROL_FD`, 3 `HOLD_FD`, 4
 //! `TEMPLATE_FD`), in that order, and bit 7 set to ask for a pooled network namespace; the
 //! zygote answers `P`, the helper's pid (4 bytes, little-endian) and 1 if it installed a pooled
-//! namespace (else 0), or `E` and an errno.
+//! namespace (else 0), or `E` and an errno. `[REFILL]` alone, with no descriptor and no
+//! answer, asks the pooler for one namespace.
 
 use std::ffi::CStr;
 use std::io;
@@ -41,6 +45,9 @@ const TARGETS: [RawFd; 5] = [SPEC_FD, REPORT_FD, CONTROL_FD, HOLD_FD, TEMPLATE_F
 
 /// The request's bit that asks for a pooled network namespace.
 const NETWORK_WANTED: u8 = 0x80;
+
+/// The message that asks the pooler for one namespace, after a sandbox that took one started.
+const REFILL: u8 = 0x40;
 
 /// A running zygote, seen from the runtime.
 #[derive(Debug)]
@@ -128,9 +135,19 @@ impl Zygote {
         &self.templates
     }
 
+    /// Asks the pooler for one namespace: call once for each pooled namespace a helper got, when
+    /// its sandbox has started or ended.
+    pub(crate) fn refill(&self) {
+        let guard = self.channel.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(channel) = guard.as_ref() {
+            // A zygote that is gone has no pool to refill.
+            let _ = scm::send_with_fds(channel, &[REFILL], &[]);
+        }
+    }
+
     /// Forks a helper with `fds` (`(descriptor, target)` pairs) installed, and with a pooled
     /// network namespace if `network` and one is ready; returns its pid, a child of this
-    /// process, and whether it got the namespace.
+    /// process, and whether it got the namespace (then [`Zygote::refill`] is owed).
     pub(crate) fn spawn(
         &self,
         fds: &[(RawFd, RawFd)],
@@ -226,6 +243,12 @@ pub fn serve(argument: &'static mut [u8]) -> i32 {
             // The runtime closed its end.
             return 0;
         };
+        if message == [REFILL] && fds.is_empty() {
+            if let Some(pool) = &pool {
+                pool.credit();
+            }
+            continue;
+        }
         let targets: Vec<RawFd> = TARGETS
             .iter()
             .enumerate()

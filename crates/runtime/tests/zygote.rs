@@ -369,6 +369,26 @@ fn pooled(runtime: &Runtime) -> u64 {
     runtime.host_networks().map_or(0, |counts| counts.pooled)
 }
 
+/// The pool starts with four namespaces and gets a replacement for each only once the sandbox
+/// that took it has started or ended: sandboxes one after another must keep finding it full.
+#[test]
+fn test_the_network_pool_refills_after_each_sandbox_that_took_a_namespace() {
+    let _serial = serial();
+    let runtime = runtime_with_zygote();
+    for _ in 0..200 {
+        assert_eq!(run(&runtime, "exit 0"), 0);
+        if pooled(&runtime) > 6 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let counts = runtime.host_networks().unwrap();
+    assert!(
+        counts.pooled > 6,
+        "more namespaces came from the pool than its first four: {counts:?}"
+    );
+}
+
 #[test]
 fn test_pooled_network_namespaces_are_fresh_private_and_beyond_the_sandboxs_reach() {
     let _serial = serial();
