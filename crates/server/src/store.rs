@@ -259,6 +259,9 @@ impl Store {
             .map_err(open_err)?;
         conn.pragma_update(None, "journal_size_limit", JOURNAL_SIZE_LIMIT)
             .map_err(open_err)?;
+        // Room for every statement the API runs per request (`run`, `prepare_cached`), so that
+        // none is evicted and parsed again; rusqlite's default holds 16.
+        conn.set_prepared_statement_cache_capacity(32);
         let found: i64 = conn
             .pragma_query_value(None, "user_version", |row| row.get(0))
             .map_err(open_err)?;
@@ -543,12 +546,11 @@ impl Store {
     pub fn get_sandbox(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
         let raw = self
             .conn()
-            .query_row(
+            .prepare_cached(
                 "SELECT id, state, request, token_hash, live, created_ms, deadline_ms, egress, pause
                  FROM sandboxes WHERE id = ?1",
-                params![id],
-                raw_row,
-            )
+            )?
+            .query_row(params![id], raw_row)
             .optional()?;
         raw.map(RawRow::parse).transpose()
     }
@@ -684,15 +686,12 @@ impl Store {
         )?)
     }
 
-    /// Whether an unrevoked key has this hash.
+    /// Whether an unrevoked key has this hash (asked on every authenticated request).
     pub fn key_hash_is_active(&self, hash: &str) -> Result<bool, StoreError> {
         Ok(self
             .conn()
-            .query_row(
-                "SELECT 1 FROM api_keys WHERE hash = ?1 AND revoked_ms IS NULL",
-                params![hash],
-                |_| Ok(()),
-            )
+            .prepare_cached("SELECT 1 FROM api_keys WHERE hash = ?1 AND revoked_ms IS NULL")?
+            .query_row(params![hash], |_| Ok(()))
             .optional()?
             .is_some())
     }

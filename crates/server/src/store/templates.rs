@@ -166,13 +166,13 @@ impl Store {
     }
 
     pub fn get_template_row(&self, name: &str) -> Result<Option<TemplateRow>, StoreError> {
+        // Once per create: through the statement cache, like the create path's writes.
         let raw = self
             .conn()
-            .query_row(
-                &format!("SELECT {TEMPLATE_COLUMNS} FROM templates WHERE name = ?1"),
-                params![name],
-                template_row,
-            )
+            .prepare_cached(&format!(
+                "SELECT {TEMPLATE_COLUMNS} FROM templates WHERE name = ?1"
+            ))?
+            .query_row(params![name], template_row)
             .optional()?;
         raw.map(with_spec).transpose()
     }
