@@ -15,7 +15,8 @@
 //! each helper that asks, at `NETNS_FD` and `SYSFS_FD`. The pool is refilled only when the
 //! runtime says that the sandbox which took a namespace has started (or ended): measured, a
 //! refill at the fork made the namespace while that sandbox started, on a CPU its helper and the
-//! runtime's thread needed, and the zygote's answer took 0.6 ms instead of 0.2 ms.
+//! runtime's thread needed, and the zygote's answer came 0.5-0.6 ms after the request instead
+//! of 0.2-0.3 ms.
 //!
 //! Wire: the runtime sends one message per helper, `[mask]` with the descriptors of the targets
 //! whose bit is set (bit 0 `SPEC_FD`, 1 `REPORT_FD`, 2 `CONTROL_FD`, 3 `HOLD_FD`, 4
