@@ -193,7 +193,7 @@ pub fn begin_destroy(layout: &Layout, record: &LiveRecord) -> Destroying {
 }
 
 impl Destroying {
-    /// Waits for the helper to exit (SIGTERM, then SIGKILL after [`GRACE`], as for a sandbox
+    /// Waits for the helper to exit (SIGTERM, then SIGKILL after `GRACE`, as for a sandbox
     /// not yet signalled), reaps it if it is this process's child, kills what is left in the
     /// cgroup and removes it.
     pub fn finish(self) {

@@ -374,7 +374,7 @@ impl Sandbox {
     /// Ends the sandbox: SIGTERM asks the helper to kill init (whose end takes the whole pid
     /// namespace along) and to reap it, so that not even a zombie remains. Only the helper is
     /// signalled by pid: it is our unreaped child, so its pid cannot have been reused. If the
-    /// helper has not finished within [`GRACE`], [`Sandbox::kill_hard`] follows.
+    /// helper has not finished within `GRACE`, `Sandbox::kill_hard` follows.
     pub fn kill(&mut self) {
         if let Some(pid) = self.helper {
             let _ = sys::kill(pid, libc::SIGTERM);
