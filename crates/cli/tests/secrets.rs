@@ -226,3 +226,37 @@ fn test_run_a_symlink_in_a_home_opens_no_way_to_later_secrets() {
         assert!(verdict.ends_with(": errno 13"), "{verdicts:?}");
     }
 }
+
+#[test]
+fn test_run_a_link_in_an_unlistable_home_still_excludes_its_target() {
+    let scratch = Scratch::new();
+    let rootfs = scratch.rootfs("rootfs-unlistable-linked-home");
+    fs::create_dir_all(rootfs.join("root")).unwrap();
+    fs::create_dir_all(rootfs.join("srv/cfg")).unwrap();
+    fs::write(rootfs.join("srv/cfg/notes.txt"), "visible").unwrap();
+    // ~/.config lives outside the home, which the sandbox may search but not list: the link
+    // is found by its name, and the secret's path under its target is excluded too.
+    std::os::unix::fs::symlink("/srv/cfg", rootfs.join("root/.config")).unwrap();
+    set_mode(&rootfs.join("root"), 0o711);
+    let verdicts = read_after_start(
+        &rootfs,
+        &[
+            "/srv/cfg/gh/hosts.yml",
+            "/root/.config/gh/hosts.yml",
+            "/srv/cfg/notes.txt",
+        ],
+        || {
+            fs::create_dir_all(rootfs.join("srv/cfg/gh")).unwrap();
+            fs::write(rootfs.join("srv/cfg/gh/hosts.yml"), "token").unwrap();
+        },
+    );
+    assert_eq!(
+        verdicts,
+        [
+            "/srv/cfg/gh/hosts.yml: errno 13",
+            "/root/.config/gh/hosts.yml: errno 13",
+            "/srv/cfg/notes.txt: ok 7",
+        ],
+        "the last is the control"
+    );
+}

@@ -1,9 +1,11 @@
 //! Landlock, through the raw syscalls: a read-only view everywhere, writes only where the plan
 //! allows, and (ABI 6) signals and abstract Unix sockets scoped to the sandbox.
 
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::Path;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
 
 use airlock_policy::LandlockPlan;
 
@@ -144,6 +146,11 @@ pub fn apply(plan: &LandlockPlan) -> Result<Applied, LandlockError> {
     }
     // SAFETY: the kernel returned a fresh descriptor.
     let ruleset = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+    let mut rules = Rules {
+        ruleset,
+        opened: Vec::new(),
+    };
+    let mut listings = Listings::default();
     let except: Vec<Vec<String>> = plan
         .read_except
         .iter()
@@ -155,7 +162,7 @@ pub fn apply(plan: &LandlockPlan) -> Result<Applied, LandlockError> {
                 .collect()
         })
         .collect();
-    let except = with_symlink_targets(except);
+    let except = with_symlink_targets(except, &mut listings);
     for path in &plan.read {
         let relative: Vec<Vec<&str>> = except
             .iter()
@@ -164,23 +171,19 @@ pub fn apply(plan: &LandlockPlan) -> Result<Applied, LandlockError> {
                 strip_components(&pattern, path)
             })
             .collect();
-        add_read_rules(&ruleset, path, &relative, handled)?;
+        add_read_rules(&mut rules, &mut listings, path, PLANNED, &relative, handled)?;
     }
     for path in &plan.write_trees {
-        add_rule(&ruleset, path, write_tree_rights(abi))?;
+        rules.add(path, PLANNED, write_tree_rights(abi))?;
     }
     for path in &plan.write_files {
-        add_rule(
-            &ruleset,
+        rules.add(
             path,
+            PLANNED,
             (READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV) & handled,
         )?;
     }
-    // SAFETY: `ruleset` is a live Landlock ruleset descriptor; flags 0.
-    let ret = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0) };
-    if ret != 0 {
-        return Err(LandlockError::RestrictSelf(io::Error::last_os_error()));
-    }
+    rules.restrict()?;
     Ok(Applied {
         abi,
         scoped: scoped != 0,
@@ -190,49 +193,118 @@ pub fn apply(plan: &LandlockPlan) -> Result<Applied, LandlockError> {
 /// Most exclusion patterns a view may add through symlinks; a bound on symlink loops.
 const MAX_EXCLUSIONS: usize = 256;
 
+/// What a directory entry is, from the listing's `d_type` (no `stat` per entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Dir,
+    Symlink,
+    Other,
+    Unknown,
+}
+
+/// A path of the plan itself: of unknown kind, and followed if it is a link.
+const PLANNED: (Kind, bool) = (Kind::Unknown, true);
+
+#[derive(Debug, Clone)]
+struct Entry {
+    name: OsString,
+    kind: Kind,
+}
+
+/// The directories read during one [`apply`]: the exclusion walk and the rule walk read the
+/// same ones (`/`, each home), and each syscall here is paid on every sandbox start.
+#[derive(Default)]
+struct Listings {
+    /// `None`: the directory cannot be listed.
+    listed: HashMap<PathBuf, Option<Vec<Entry>>>,
+    /// Whether each path looked up in an unlistable directory exists and is a symlink.
+    looked_up: HashMap<PathBuf, Option<bool>>,
+    /// Unlistable directories whose names cannot be looked up either (no search permission).
+    unsearchable: HashSet<PathBuf>,
+}
+
+impl Listings {
+    fn list(&mut self, dir: &Path) -> Option<&[Entry]> {
+        self.listed
+            .entry(dir.to_path_buf())
+            .or_insert_with(|| {
+                let entries = std::fs::read_dir(dir).ok()?;
+                let kind = |entry: &std::fs::DirEntry| match entry.file_type() {
+                    Ok(kind) if kind.is_symlink() => Kind::Symlink,
+                    Ok(kind) if kind.is_dir() => Kind::Dir,
+                    Ok(_) => Kind::Other,
+                    Err(_) => Kind::Unknown,
+                };
+                Some(
+                    entries
+                        .flatten()
+                        .map(|entry| Entry {
+                            kind: kind(&entry),
+                            name: entry.file_name(),
+                        })
+                        .collect(),
+                )
+            })
+            .as_deref()
+    }
+
+    /// Whether `dir/name` exists (`Some`) and is a symlink: from `dir`'s listing, or, when
+    /// `dir` cannot be listed but may still be searched (mode 0711), from an `lstat`.
+    fn is_symlink(&mut self, dir: &Path, name: &str) -> Option<bool> {
+        if let Some(entries) = self.list(dir) {
+            let entry = entries.iter().find(|entry| entry.name == name)?;
+            return Some(entry.kind == Kind::Symlink);
+        }
+        if self.unsearchable.contains(dir) {
+            return None;
+        }
+        let path = dir.join(name);
+        if let Some(known) = self.looked_up.get(&path) {
+            return *known;
+        }
+        let found = match std::fs::symlink_metadata(&path) {
+            Ok(meta) => Some(meta.file_type().is_symlink()),
+            Err(e) => {
+                // No search permission on `dir` fails every name in it the same way.
+                if e.raw_os_error() == Some(libc::EACCES) {
+                    self.unsearchable.insert(dir.to_path_buf());
+                }
+                None
+            }
+        };
+        self.looked_up.insert(path, found);
+        found
+    }
+}
+
 /// Adds, for every symlink met on the way along an exclusion pattern (`~/.config` pointing to
 /// `~/dotfiles/config`, say), the same exclusion at the link's target, so that the target's own
 /// path cannot grant what the pattern withholds.
-fn with_symlink_targets(patterns: Vec<Vec<String>>) -> Vec<Vec<String>> {
+fn with_symlink_targets(patterns: Vec<Vec<String>>, listings: &mut Listings) -> Vec<Vec<String>> {
     let mut all = patterns;
-    let mut listings: std::collections::HashMap<std::path::PathBuf, Vec<std::ffi::OsString>> =
-        std::collections::HashMap::new();
-    // Whether each path met is a symlink (`None`: missing). The patterns share their prefixes
-    // (`/root`, every home), and each would otherwise stat them again.
-    let mut kinds: std::collections::HashMap<std::path::PathBuf, Option<bool>> =
-        std::collections::HashMap::new();
     let mut next_pattern = 0;
     while next_pattern < all.len() && all.len() < MAX_EXCLUSIONS {
         let pattern = all[next_pattern].clone();
         next_pattern += 1;
-        let mut prefixes = vec![std::path::PathBuf::from("/")];
+        let mut prefixes = vec![PathBuf::from("/")];
         for (depth, component) in pattern.iter().enumerate() {
             let mut next = Vec::new();
+            let mut links = Vec::new();
             for base in &prefixes {
                 if component == "*" {
-                    let names = listings.entry(base.clone()).or_insert_with(|| {
-                        std::fs::read_dir(base)
-                            .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
-                            .unwrap_or_default()
-                    });
-                    next.extend(names.iter().map(|name| base.join(name)));
-                } else {
+                    for entry in listings.list(base).unwrap_or_default() {
+                        if entry.kind == Kind::Symlink {
+                            links.push(base.join(&entry.name));
+                        }
+                        next.push(base.join(&entry.name));
+                    }
+                } else if let Some(is_link) = listings.is_symlink(base, component) {
+                    if is_link {
+                        links.push(base.join(component));
+                    }
                     next.push(base.join(component));
                 }
             }
-            // One lstat per path: missing ones are dropped, links are resolved.
-            let mut links = Vec::new();
-            next.retain(|path| {
-                let kind = *kinds.entry(path.clone()).or_insert_with(|| {
-                    std::fs::symlink_metadata(path)
-                        .ok()
-                        .map(|meta| meta.file_type().is_symlink())
-                });
-                if kind == Some(true) {
-                    links.push(path.clone());
-                }
-                kind.is_some()
-            });
             for path in &links {
                 let Ok(target) = std::fs::canonicalize(path) else {
                     continue;
@@ -276,26 +348,27 @@ fn strip_components<'a>(pattern: &[&'a str], base: &Path) -> Option<Vec<&'a str>
 /// after the sandbox started stays out of reach. A directory this process cannot list grants
 /// nothing beneath it.
 fn add_read_rules(
-    ruleset: &OwnedFd,
+    rules: &mut Rules,
+    listings: &mut Listings,
     dir: &Path,
+    target: (Kind, bool),
     except: &[Vec<&str>],
     handled: u64,
 ) -> Result<(), LandlockError> {
     if except.is_empty() {
-        return add_rule(ruleset, dir, READ & handled);
+        return rules.add(dir, target, READ & handled);
     }
-    add_rule(ruleset, dir, READ_DIR & handled)?;
-    let Ok(entries) = std::fs::read_dir(dir) else {
+    rules.add(dir, target, READ_DIR & handled)?;
+    let Some(entries) = listings.list(dir).map(<[Entry]>::to_vec) else {
         return Ok(());
     };
-    for entry in entries.flatten() {
+    for entry in entries {
         // A symlink needs no rule: its target is reached, and ruled, through its own path. A
         // rule opened through the link would cover the target's whole tree instead.
-        if entry.file_type().is_ok_and(|kind| kind.is_symlink()) {
+        if entry.kind == Kind::Symlink {
             continue;
         }
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
+        let name = entry.name.to_string_lossy();
         let below: Vec<Vec<&str>> = except
             .iter()
             .filter(|pattern| {
@@ -309,25 +382,101 @@ fn add_read_rules(
             // This very entry is excluded.
             continue;
         }
-        add_read_rules(ruleset, &dir.join(&*name), &below, handled)?;
+        add_read_rules(
+            rules,
+            listings,
+            &dir.join(&entry.name),
+            (entry.kind, false),
+            &below,
+            handled,
+        )?;
     }
     Ok(())
 }
 
-/// Allows `rights` beneath `path`. A path that does not exist in this view is skipped: there is
-/// nothing there to allow.
-fn add_rule(ruleset: &OwnedFd, path: &Path, rights: u64) -> Result<(), LandlockError> {
-    let err = |source| LandlockError::AddRule {
-        path: path.display().to_string(),
-        source,
-    };
-    let fd = match sys::open_path(path) {
-        Ok(fd) => fd,
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENXIO)) => return Ok(()),
-        Err(e) => return Err(err(e)),
-    };
-    let is_dir = sys::fstat_is_dir(&fd).map_err(err)?;
-    let rights = if is_dir { rights } else { rights & FILE_RIGHTS };
+/// A ruleset being filled, and the descriptors its rules were added through.
+struct Rules {
+    ruleset: OwnedFd,
+    /// Closed together once the ruleset is enforced: a few `close_range` calls, not one
+    /// `close` per rule.
+    opened: Vec<OwnedFd>,
+}
+
+impl Rules {
+    /// Allows `rights` beneath `path`. A path that does not exist in this view is skipped:
+    /// there is nothing there to allow. `kind` is what the path's directory listing said it
+    /// is, and a link is followed only if `follow` (the plan's own paths); no `fstat` is needed
+    /// unless the kernel refuses directory rights on a file.
+    fn add(
+        &mut self,
+        path: &Path,
+        (kind, follow): (Kind, bool),
+        rights: u64,
+    ) -> Result<(), LandlockError> {
+        let err = |source| LandlockError::AddRule {
+            path: path.display().to_string(),
+            source,
+        };
+        let fd = match open_for_rule(path, follow) {
+            Ok(fd) => fd,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENXIO)) => {
+                return Ok(());
+            }
+            Err(e) => return Err(err(e)),
+        };
+        let file_rights = rights & FILE_RIGHTS;
+        let first = if kind == Kind::Dir || kind == Kind::Unknown {
+            rights
+        } else {
+            file_rights
+        };
+        match add_rule(&self.ruleset, &fd, first) {
+            // Directory rights on something else (the listing was stale, or the plan names
+            // a file): only the file's rights apply, as they would have with an `fstat`.
+            Err(e)
+                if e.raw_os_error() == Some(libc::EINVAL)
+                    && first != file_rights
+                    && !sys::fstat_is_dir(&fd).map_err(err)? =>
+            {
+                add_rule(&self.ruleset, &fd, file_rights).map_err(err)?;
+            }
+            other => other.map_err(err)?,
+        }
+        self.opened.push(fd);
+        Ok(())
+    }
+
+    fn restrict(self) -> Result<(), LandlockError> {
+        // SAFETY: `ruleset` is a live Landlock ruleset descriptor; flags 0.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_landlock_restrict_self,
+                self.ruleset.as_raw_fd(),
+                0,
+            )
+        };
+        if ret != 0 {
+            return Err(LandlockError::RestrictSelf(io::Error::last_os_error()));
+        }
+        close_all(self.opened);
+        Ok(())
+    }
+}
+
+/// Opens `path` as an `O_PATH` descriptor; the last component is followed only if `follow`.
+fn open_for_rule(path: &Path, follow: bool) -> io::Result<OwnedFd> {
+    let path = sys::cpath(path)?;
+    let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
+    // SAFETY: `path` is a valid string; the descriptor returned is ours.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC | nofollow) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn add_rule(ruleset: &OwnedFd, fd: &OwnedFd, rights: u64) -> io::Result<()> {
     #[repr(C, packed)]
     struct PathBeneath {
         allowed_access: u64,
@@ -348,9 +497,22 @@ fn add_rule(ruleset: &OwnedFd, path: &Path, rights: u64) -> Result<(), LandlockE
         )
     };
     if ret != 0 {
-        return Err(err(io::Error::last_os_error()));
+        return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Closes `fds` with one `close_range` per run of consecutive numbers: descriptors opened one
+/// after another mostly are.
+fn close_all(fds: Vec<OwnedFd>) {
+    let mut raw: Vec<RawFd> = fds.into_iter().map(IntoRawFd::into_raw_fd).collect();
+    raw.sort_unstable();
+    let mut runs = raw.chunk_by(|a, b| b - a == 1);
+    for run in &mut runs {
+        let (first, last) = (run[0], run[run.len() - 1]);
+        // SAFETY: every descriptor in `first..=last` is one of `fds`, which this call owns.
+        unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
+    }
 }
 
 #[cfg(test)]
@@ -403,7 +565,7 @@ mod tests {
                 .into_iter()
                 .map(|tail| normal_components(&base.join(tail)))
                 .collect();
-        let all = with_symlink_targets(patterns.clone());
+        let all = with_symlink_targets(patterns.clone(), &mut Listings::default());
         let canonical = base.canonicalize().unwrap();
         let mut expected = patterns;
         for tail in ["gh", "gcloud"] {
