@@ -260,3 +260,24 @@ fn test_run_a_link_in_an_unlistable_home_still_excludes_its_target() {
         "the last is the control"
     );
 }
+
+#[test]
+fn test_run_a_file_where_an_exclusion_expects_a_directory_is_read_as_a_file() {
+    let scratch = Scratch::new();
+    let rootfs = scratch.rootfs("rootfs-config-file");
+    fs::create_dir_all(rootfs.join("home/alice")).unwrap();
+    // `.config` is a file here, so `.config/gh` (an exclusion) cannot exist below it.
+    fs::write(rootfs.join("home/alice/.config"), "plain").unwrap();
+    set_mode(&rootfs.join("home/alice/.config"), 0o644);
+    let root = rootfs.to_str().unwrap();
+    let read = [
+        "run",
+        "--rootfs",
+        root,
+        "--",
+        "/bin/probe",
+        "read",
+        "/home/alice/.config",
+    ];
+    assert_eq!(airlock(&read).verdict(), "ok 5");
+}

@@ -346,7 +346,8 @@ fn strip_components<'a>(pattern: &[&'a str], base: &Path) -> Option<Vec<&'a str>
 /// otherwise it may be listed, and each child is handled in turn. Names created later under a
 /// split directory get no rule, so their contents cannot be read: a secret written on the host
 /// after the sandbox started stays out of reach. A directory this process cannot list grants
-/// nothing beneath it.
+/// nothing beneath it. Nothing lies beneath a file, so a file where a pattern expects a
+/// directory (a plain `~/.config`) is read like any other.
 fn add_read_rules(
     rules: &mut Rules,
     listings: &mut Listings,
@@ -355,7 +356,7 @@ fn add_read_rules(
     except: &[Vec<&str>],
     handled: u64,
 ) -> Result<(), LandlockError> {
-    if except.is_empty() {
+    if except.is_empty() || target.0 == Kind::Other {
         return rules.add(dir, target, READ & handled);
     }
     rules.add(dir, target, READ_DIR & handled)?;
@@ -430,15 +431,22 @@ impl Rules {
         } else {
             file_rights
         };
+        if first == 0 {
+            // Only the right to list, on something listed as a file: nothing to allow.
+            return Ok(());
+        }
         match add_rule(&self.ruleset, &fd, first) {
             // Directory rights on something else (the listing was stale, or the plan names
-            // a file): only the file's rights apply, as they would have with an `fstat`.
+            // a file): only the file's rights apply, as they would have with an `fstat`. None
+            // of them (only the right to list) is no rule at all.
             Err(e)
                 if e.raw_os_error() == Some(libc::EINVAL)
                     && first != file_rights
                     && !sys::fstat_is_dir(&fd).map_err(err)? =>
             {
-                add_rule(&self.ruleset, &fd, file_rights).map_err(err)?;
+                if file_rights != 0 {
+                    add_rule(&self.ruleset, &fd, file_rights).map_err(err)?;
+                }
             }
             other => other.map_err(err)?,
         }
