@@ -15,6 +15,14 @@ use std::fs;
 
 use common::*;
 
+/// The verdict of `airlock-probe read PATH` in a sandbox on `rootfs`.
+fn read_in(rootfs: &std::path::Path, path: &str) -> String {
+    let root = rootfs.to_str().unwrap();
+    airlock(&["run", "--rootfs", root, "--", "/bin/probe", "read", path])
+        .verdict()
+        .to_owned()
+}
+
 #[test]
 fn test_run_masks_follow_symlinks_inside_the_view_not_on_the_host() {
     let scratch = Scratch::new();
@@ -23,29 +31,13 @@ fn test_run_masks_follow_symlinks_inside_the_view_not_on_the_host() {
     fs::write(rootfs.join("data/home/alice/.ssh/id_rsa"), "KEY").unwrap();
     // An absolute link: on the host it would point at the host's /data/home.
     std::os::unix::fs::symlink("/data/home", rootfs.join("home")).unwrap();
-    let root = rootfs.to_str().unwrap();
-    let key = [
-        "run",
-        "--rootfs",
-        root,
-        "--",
-        "/bin/probe",
-        "read",
-        "/home/alice/.ssh/id_rsa",
-    ];
-    assert_eq!(airlock(&key).verdict(), "errno 13 EACCES");
-    fs::write(rootfs.join("data/home/alice/notes.txt"), "visible").unwrap();
-    let control = [
-        "run",
-        "--rootfs",
-        root,
-        "--",
-        "/bin/probe",
-        "read",
-        "/home/alice/notes.txt",
-    ];
     assert_eq!(
-        airlock(&control).verdict(),
+        read_in(&rootfs, "/home/alice/.ssh/id_rsa"),
+        "errno 13 EACCES"
+    );
+    fs::write(rootfs.join("data/home/alice/notes.txt"), "visible").unwrap();
+    assert_eq!(
+        read_in(&rootfs, "/home/alice/notes.txt"),
         "ok 7",
         "control: the rest of the home is readable"
     );
@@ -73,17 +65,7 @@ fn test_run_an_unlistable_home_is_masked_whole() {
     set_mode(&rootfs.join("home/carol/.netrc"), 0o644);
     // Searchable but not listable: names can be opened, not enumerated.
     set_mode(&rootfs.join("home"), 0o711);
-    let root = rootfs.to_str().unwrap();
-    let read = [
-        "run",
-        "--rootfs",
-        root,
-        "--",
-        "/bin/probe",
-        "read",
-        "/home/carol/.netrc",
-    ];
-    assert_eq!(airlock(&read).verdict(), "errno 13 EACCES");
+    assert_eq!(read_in(&rootfs, "/home/carol/.netrc"), "errno 13 EACCES");
     assert_eq!(
         outside(
             &scratch,
@@ -107,11 +89,9 @@ fn test_run_a_hard_linked_secret_is_masked_under_every_name() {
         rootfs.join("home/erin/.netrc"),
     )
     .unwrap();
-    let root = rootfs.to_str().unwrap();
     for user in ["dave", "erin"] {
         let path = format!("/home/{user}/.netrc");
-        let read = ["run", "--rootfs", root, "--", "/bin/probe", "read", &path];
-        assert_eq!(airlock(&read).verdict(), "errno 13 EACCES", "{path}");
+        assert_eq!(read_in(&rootfs, &path), "errno 13 EACCES", "{path}");
     }
 }
 
@@ -269,15 +249,5 @@ fn test_run_a_file_where_an_exclusion_expects_a_directory_is_read_as_a_file() {
     // `.config` is a file here, so `.config/gh` (an exclusion) cannot exist below it.
     fs::write(rootfs.join("home/alice/.config"), "plain").unwrap();
     set_mode(&rootfs.join("home/alice/.config"), 0o644);
-    let root = rootfs.to_str().unwrap();
-    let read = [
-        "run",
-        "--rootfs",
-        root,
-        "--",
-        "/bin/probe",
-        "read",
-        "/home/alice/.config",
-    ];
-    assert_eq!(airlock(&read).verdict(), "ok 5");
+    assert_eq!(read_in(&rootfs, "/home/alice/.config"), "ok 5");
 }
