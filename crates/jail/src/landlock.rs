@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use airlock_policy::LandlockPlan;
@@ -418,13 +418,6 @@ impl Rules {
             path: path.display().to_string(),
             source,
         };
-        let fd = match open_for_rule(path, follow) {
-            Ok(fd) => fd,
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENXIO)) => {
-                return Ok(());
-            }
-            Err(e) => return Err(err(e)),
-        };
         let file_rights = rights & FILE_RIGHTS;
         let first = if kind == Kind::Dir || kind == Kind::Unknown {
             rights
@@ -435,6 +428,14 @@ impl Rules {
             // Only the right to list, on something listed as a file: nothing to allow.
             return Ok(());
         }
+        let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
+        let fd = match sys::open_path_with(path, nofollow) {
+            Ok(fd) => fd,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENXIO)) => {
+                return Ok(());
+            }
+            Err(e) => return Err(err(e)),
+        };
         match add_rule(&self.ruleset, &fd, first) {
             // Directory rights on something else (the listing was stale, or the plan names
             // a file): only the file's rights apply, as they would have with an `fstat`. None
@@ -466,22 +467,9 @@ impl Rules {
         if ret != 0 {
             return Err(LandlockError::RestrictSelf(io::Error::last_os_error()));
         }
-        close_all(self.opened);
+        sys::close_all(self.opened);
         Ok(())
     }
-}
-
-/// Opens `path` as an `O_PATH` descriptor; the last component is followed only if `follow`.
-fn open_for_rule(path: &Path, follow: bool) -> io::Result<OwnedFd> {
-    let path = sys::cpath(path)?;
-    let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
-    // SAFETY: `path` is a valid string; the descriptor returned is ours.
-    let fd = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC | nofollow) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a fresh descriptor.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn add_rule(ruleset: &OwnedFd, fd: &OwnedFd, rights: u64) -> io::Result<()> {
@@ -508,19 +496,6 @@ fn add_rule(ruleset: &OwnedFd, fd: &OwnedFd, rights: u64) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
-}
-
-/// Closes `fds` with one `close_range` per run of consecutive numbers: descriptors opened one
-/// after another mostly are.
-fn close_all(fds: Vec<OwnedFd>) {
-    let mut raw: Vec<RawFd> = fds.into_iter().map(IntoRawFd::into_raw_fd).collect();
-    raw.sort_unstable();
-    let mut runs = raw.chunk_by(|a, b| b - a == 1);
-    for run in &mut runs {
-        let (first, last) = (run[0], run[run.len() - 1]);
-        // SAFETY: every descriptor in `first..=last` is one of `fds`, which this call owns.
-        unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
-    }
 }
 
 #[cfg(test)]

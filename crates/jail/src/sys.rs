@@ -3,7 +3,7 @@
 
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
 /// Turns a `-1`-on-error return into an `io::Result`.
@@ -525,9 +525,15 @@ fn open_in_root_with(root: &OwnedFd, path: &Path, flags: libc::c_int) -> io::Res
 
 /// Opens a directory as an `O_PATH` descriptor.
 pub fn open_path(path: &Path) -> io::Result<OwnedFd> {
+    open_path_with(path, 0)
+}
+
+/// [`open_path`] with more `flags` (`O_NOFOLLOW`).
+pub fn open_path_with(path: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
     let path = cpath(path)?;
+    let flags = libc::O_PATH | libc::O_CLOEXEC | flags;
     // SAFETY: `path` is a valid string; the descriptor returned is ours.
-    let fd = check_int(unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) })?;
+    let fd = check_int(unsafe { libc::open(path.as_ptr(), flags) })?;
     // SAFETY: the kernel returned a fresh descriptor.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
@@ -633,6 +639,17 @@ pub fn close_from(first: RawFd, keep: &[RawFd]) -> io::Result<()> {
         start = fd + 1;
     }
     close_range(start, libc::c_uint::MAX)
+}
+
+/// Closes `fds` with one `close_range` per run of consecutive numbers (descriptors opened one
+/// after another mostly are).
+pub fn close_all(fds: Vec<OwnedFd>) {
+    let mut raw: Vec<RawFd> = fds.into_iter().map(IntoRawFd::into_raw_fd).collect();
+    raw.sort_unstable();
+    for run in raw.chunk_by(|a, b| b - a == 1) {
+        // Every descriptor in the run is one of `fds`, which this call owns.
+        let _ = close_range(run[0] as libc::c_uint, run[run.len() - 1] as libc::c_uint);
+    }
 }
 
 /// Closes descriptor `fd` if it is open (nothing if it is not).
