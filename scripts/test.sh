@@ -49,6 +49,16 @@ trap 'echo "=== scripts/test.sh: ${SECONDS}s in all"' EXIT
 mkdir -p target
 scripts/leftovers.sh record target/leftovers-before.txt
 
+# A run that stopped half-way (a failure, Ctrl-C, a kill) ends what its tests left running: the
+# daemons of the suites' temporary state directories never start again to do it.
+# (A flag, not `$?`: the exit trap of a shell killed by a signal sees the last command's status.)
+finished=false
+on_exit() {
+    if ! $finished; then scripts/leftovers.sh clean target/leftovers-before.txt || true; fi
+    echo "=== scripts/test.sh: ${SECONDS}s in all"
+}
+trap on_exit EXIT
+
 phase "fmt, clippy, build"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -135,3 +145,4 @@ scripts/fuzz.sh 10
 # Nothing outlives a sandbox: no cgroup, mount, loop device or process of any test is left.
 phase "leftovers"
 scripts/leftovers.sh check target/leftovers-before.txt
+finished=true
