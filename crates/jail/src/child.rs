@@ -1,11 +1,12 @@
 //! Starting and reaping the workload processes of the in-sandbox agent (`airlock-agent`).
 //!
 //! The agent has no `unsafe`; everything it needs from the kernel for its children lives here
-//! behind a small safe API: [`spawn`] (fork + exec in a new session, optional identity switch,
-//! pipes or a pseudo-terminal), [`reap_any`], [`signal_group`], [`set_window_size`],
-//! [`current_ids`] and [`inherited_listener`]. After the fork the child only makes raw
-//! syscalls (no allocation, no locks): everything it needs is prepared before the fork, and a
-//! failure is reported to the parent through a close-on-exec pipe as `(stage, errno)`.
+//! behind a small safe API: [`spawn`] (a clone that shares the agent's memory until its exec, in
+//! a new session, optional identity switch, pipes or a pseudo-terminal), [`reap_any`],
+//! [`signal_group`], [`set_window_size`], [`current_ids`] and [`inherited_listener`]. Between
+//! the clone and the exec the child only makes raw syscalls (no allocation, no locks):
+//! everything it needs is prepared before the clone, and a failure is reported to the parent
+//! through a close-on-exec pipe as `(stage, errno)`.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
@@ -41,7 +42,7 @@ pub struct ChildSpec<'a> {
     pub switch_ids: Option<(u32, u32)>,
     pub stdio: Stdio,
     /// A cgroup's `cgroup.procs`, opened for writing: the child moves itself into that cgroup
-    /// first thing after the fork (the workload's own memory cgroup, see
+    /// first thing after the clone (the workload's own memory cgroup, see
     /// `CgroupLimits::workload_memory_bytes`).
     pub cgroup_procs: Option<RawFd>,
 }
@@ -66,7 +67,7 @@ pub struct Child {
     pub io: ChildIo,
 }
 
-/// Where the child failed between the fork and the exec.
+/// Where the child failed between the clone and the exec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
     Cgroup,
@@ -133,8 +134,8 @@ pub enum ChildError {
     NulByte { what: &'static str },
     #[error("cannot prepare the child's descriptors")]
     Prepare(#[source] io::Error),
-    #[error("fork failed")]
-    Fork(#[source] io::Error),
+    #[error("cannot create the child process")]
+    Clone(#[source] io::Error),
     #[error("the child could not {stage}")]
     Setup {
         stage: Stage,
@@ -226,7 +227,7 @@ fn open_pty(cols: u16, rows: u16) -> io::Result<(OwnedFd, OwnedFd)> {
     Ok((above_stdio(master)?, above_stdio(slave)?))
 }
 
-/// Descriptors prepared before the fork: (child's 0, 1, 2) and the parent's ends.
+/// Descriptors prepared before the clone: (child's 0, 1, 2) and the parent's ends.
 struct Prepared {
     child_fds: [OwnedFd; 3],
     /// The slave side when the child gets a terminal (it is also child_fds[0..3]).
@@ -289,6 +290,145 @@ fn fail_in_child(error_fd: RawFd, stage: Stage) -> ! {
     }
 }
 
+/// What the child needs between the clone and its exec, prepared by the parent: C strings,
+/// pointer arrays and descriptor numbers that stay alive and unchanged while the parent waits.
+struct ChildArgs {
+    program: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+    cwd: *const libc::c_char,
+    child_fds: [RawFd; 3],
+    error_fd: RawFd,
+    pty_slave: Option<RawFd>,
+    switch_ids: Option<(u32, u32)>,
+    cgroup_procs: Option<RawFd>,
+}
+
+/// The child's stack until its exec: a few frames of raw syscalls.
+const CHILD_STACK_BYTES: usize = 64 * 1024;
+
+/// Starts the child with `clone(CLONE_VM | CLONE_VFORK)`: it shares this process's memory until
+/// its exec, and this thread waits until then. A fork would copy the agent's page tables and
+/// then take a copy-on-write fault for each page the agent writes while the child starts, which
+/// costs more than the exec of a small program on a nested host. Every signal is blocked around
+/// the clone, so that no handler of this process runs on the child's side of the shared memory;
+/// the child resets the handlers before it unblocks them.
+fn clone_vfork(args: &ChildArgs) -> io::Result<libc::pid_t> {
+    let mut stack = vec![0u8; CHILD_STACK_BYTES];
+    // The stack grows down from its 16-byte aligned top.
+    let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
+    let saved = block_all_signals()?;
+    // SAFETY: `child_main` runs on `stack`, which outlives the child's use of it (this thread
+    // is suspended until the child has exec'd or exited, CLONE_VFORK), and reads `args`, which
+    // stays borrowed and unchanged for the same time. The child makes only raw syscalls and
+    // never returns into Rust code that could allocate or take a lock.
+    let pid = unsafe {
+        libc::clone(
+            child_main,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            std::ptr::from_ref(args).cast_mut().cast(),
+        )
+    };
+    let cloned = check(pid);
+    restore_signal_mask(&saved);
+    drop(stack);
+    cloned
+}
+
+/// Blocks every signal in this thread; returns the mask to restore.
+fn block_all_signals() -> io::Result<libc::sigset_t> {
+    // SAFETY: zeroed sigsets are valid buffers; sigfillset and pthread_sigmask only write them.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut saved: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        match libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut saved) {
+            0 => Ok(saved),
+            errno => Err(io::Error::from_raw_os_error(errno)),
+        }
+    }
+}
+
+fn restore_signal_mask(saved: &libc::sigset_t) {
+    // SAFETY: `saved` is the mask pthread_sigmask returned.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, saved, std::ptr::null_mut());
+    }
+}
+
+/// The child, from the clone to the exec. It shares the parent's memory, so it makes only raw
+/// syscalls on what `arg` points to; libc's `setgroups`, `setresgid` and `setresuid` would
+/// signal the parent's threads, so those are made with `syscall`.
+extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `ChildArgs` the parent lent to `clone_vfork`, alive while it waits.
+    let args = unsafe { &*arg.cast::<ChildArgs>() };
+    // SAFETY: raw syscalls on prepared data only (see `clone_vfork`).
+    unsafe {
+        // The parent's handlers must not run here: every one goes back to its default before
+        // the signals are unblocked. Rust's runtime ignores SIGPIPE, and an ignored signal
+        // stays ignored across exec, so it goes back too; others ignored stay ignored.
+        let mut default: libc::sigaction = std::mem::zeroed();
+        default.sa_sigaction = libc::SIG_DFL;
+        for signal in 1..=64 {
+            let mut current: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(signal, std::ptr::null(), &mut current) == 0
+                && (current.sa_sigaction != libc::SIG_IGN || signal == libc::SIGPIPE)
+                && current.sa_sigaction != libc::SIG_DFL
+            {
+                libc::sigaction(signal, &default, std::ptr::null_mut());
+            }
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        // From here on the workload's memory is charged to the workload's cgroup, where the
+        // OOM killer cannot pick the agent (what the exec maps is the workload's).
+        if let Some(fd) = args.cgroup_procs
+            && libc::write(fd, b"0".as_ptr().cast(), 1) != 1
+        {
+            fail_in_child(args.error_fd, Stage::Cgroup);
+        }
+        if libc::setsid() == -1 {
+            fail_in_child(args.error_fd, Stage::Session);
+        }
+        if let Some(slave) = args.pty_slave
+            && libc::ioctl(slave, libc::TIOCSCTTY, 0) == -1
+        {
+            fail_in_child(args.error_fd, Stage::ControllingTerminal);
+        }
+        for (target, fd) in (0..).zip(args.child_fds.iter()) {
+            if libc::dup2(*fd, target) == -1 {
+                fail_in_child(args.error_fd, Stage::Descriptors);
+            }
+        }
+        if let Some((uid, gid)) = args.switch_ids {
+            let groups = [gid];
+            if libc::syscall(libc::SYS_setgroups, 1, groups.as_ptr()) == -1 {
+                fail_in_child(args.error_fd, Stage::Groups);
+            }
+            if libc::syscall(libc::SYS_setresgid, gid, gid, gid) == -1 {
+                fail_in_child(args.error_fd, Stage::SetGid);
+            }
+            if libc::syscall(libc::SYS_setresuid, uid, uid, uid) == -1 {
+                fail_in_child(args.error_fd, Stage::SetUid);
+            }
+        }
+        if libc::chdir(args.cwd) == -1 {
+            fail_in_child(args.error_fd, Stage::Chdir);
+        }
+        // Nothing but 0..=2 may reach the workload (best effort: needs Linux 5.11).
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
+        libc::execve(args.program, args.argv, args.envp);
+    }
+    fail_in_child(args.error_fd, Stage::Exec)
+}
+
 /// Starts a child as described by `spec`, in a new session (so its process group id is its
 /// pid). Returns once the child has exec'd, or with the error it met on the way.
 pub fn spawn(spec: &ChildSpec<'_>) -> Result<Child, ChildError> {
@@ -311,73 +451,22 @@ pub fn spawn(spec: &ChildSpec<'_>) -> Result<Child, ChildError> {
 
     let prepared = prepare_stdio(spec.stdio).map_err(ChildError::Prepare)?;
     let (error_r, error_w) = pipe().map_err(ChildError::Prepare)?;
-    let child_fds = [
-        prepared.child_fds[0].as_raw_fd(),
-        prepared.child_fds[1].as_raw_fd(),
-        prepared.child_fds[2].as_raw_fd(),
-    ];
-    let error_fd = error_w.as_raw_fd();
-    let pty_slave = prepared.pty_slave;
-    let switch_ids = spec.switch_ids;
-    let cgroup_procs = spec.cgroup_procs;
-
-    // SAFETY: after the fork the child only calls async-signal-safe raw syscalls on data
-    // prepared above (C strings, pointer arrays, integers) and then execs or _exits; it never
-    // allocates, takes a lock or returns into Rust code that could.
-    let pid = check(unsafe { libc::fork() }).map_err(ChildError::Fork)?;
-    if pid == 0 {
-        // SAFETY: see the fork above: raw syscalls on prepared data only.
-        unsafe {
-            let mut empty: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut empty);
-            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-            // Rust's runtime ignores SIGPIPE, and an ignored signal stays ignored across exec.
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-            // Before anything can allocate: from here on the workload's memory is charged to
-            // the workload's cgroup, where the OOM killer cannot pick the agent.
-            if let Some(fd) = cgroup_procs
-                && libc::write(fd, b"0".as_ptr().cast(), 1) != 1
-            {
-                fail_in_child(error_fd, Stage::Cgroup);
-            }
-            if libc::setsid() == -1 {
-                fail_in_child(error_fd, Stage::Session);
-            }
-            if let Some(slave) = pty_slave
-                && libc::ioctl(slave, libc::TIOCSCTTY, 0) == -1
-            {
-                fail_in_child(error_fd, Stage::ControllingTerminal);
-            }
-            for (target, fd) in (0..).zip(child_fds.iter()) {
-                if libc::dup2(*fd, target) == -1 {
-                    fail_in_child(error_fd, Stage::Descriptors);
-                }
-            }
-            if let Some((uid, gid)) = switch_ids {
-                if libc::setgroups(1, &gid) == -1 {
-                    fail_in_child(error_fd, Stage::Groups);
-                }
-                if libc::setresgid(gid, gid, gid) == -1 {
-                    fail_in_child(error_fd, Stage::SetGid);
-                }
-                if libc::setresuid(uid, uid, uid) == -1 {
-                    fail_in_child(error_fd, Stage::SetUid);
-                }
-            }
-            if libc::chdir(cwd.as_ptr()) == -1 {
-                fail_in_child(error_fd, Stage::Chdir);
-            }
-            // Nothing but 0..=2 may reach the workload (best effort: needs Linux 5.11).
-            libc::syscall(
-                libc::SYS_close_range,
-                3u32,
-                u32::MAX,
-                libc::CLOSE_RANGE_CLOEXEC,
-            );
-            libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr());
-            fail_in_child(error_fd, Stage::Exec);
-        }
-    }
+    let args = ChildArgs {
+        program: program.as_ptr(),
+        argv: argv.as_ptr(),
+        envp: envp.as_ptr(),
+        cwd: cwd.as_ptr(),
+        child_fds: [
+            prepared.child_fds[0].as_raw_fd(),
+            prepared.child_fds[1].as_raw_fd(),
+            prepared.child_fds[2].as_raw_fd(),
+        ],
+        error_fd: error_w.as_raw_fd(),
+        pty_slave: prepared.pty_slave,
+        switch_ids: spec.switch_ids,
+        cgroup_procs: spec.cgroup_procs,
+    };
+    let pid = clone_vfork(&args).map_err(ChildError::Clone)?;
     drop(error_w);
     drop(prepared.child_fds);
     let mut message = [0u8; 8];

@@ -114,6 +114,89 @@ fn a_missing_cwd_is_a_chdir_error() {
     );
 }
 
+/// A signal mask line of `/proc/.../status` (`SigBlk`, `SigIgn`), as bits.
+fn signal_bits(status: &str, field: &str) -> u64 {
+    let line = status
+        .lines()
+        .find_map(|line| line.strip_prefix(field))
+        .unwrap_or_else(|| panic!("no {field} in {status}"));
+    u64::from_str_radix(line.trim_start_matches(':').trim(), 16).unwrap()
+}
+
+fn run_for_output(program: &str, argv: &[&str], switch_ids: Option<(u32, u32)>) -> String {
+    let argv = os(argv);
+    let child = spawn(&ChildSpec {
+        program: Path::new(program),
+        argv: &argv,
+        env: &os(&["PATH=/usr/bin:/bin"]),
+        cwd: Path::new("/"),
+        switch_ids,
+        stdio: Stdio::Pipes { stdin: false },
+        cgroup_procs: None,
+    })
+    .unwrap();
+    let ChildIo::Pipes { stdout, .. } = child.io else {
+        panic!("expected pipes");
+    };
+    let out = read_all_nonblocking(&stdout);
+    assert_eq!(wait_for(child.pid).code(), Some(0));
+    String::from_utf8(out).unwrap()
+}
+
+#[test]
+fn the_workload_starts_with_no_signal_blocked_nor_sigpipe_ignored_and_the_caller_keeps_its_mask() {
+    let bit = |signal: libc::c_int| 1u64 << (signal - 1);
+    // The caller blocks SIGUSR1 in this thread, and Rust's runtime ignores SIGPIPE.
+    // SAFETY: zeroed sigsets are valid; the calls only write them.
+    unsafe {
+        let mut usr1: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut usr1);
+        libc::sigaddset(&mut usr1, libc::SIGUSR1);
+        assert_eq!(
+            libc::pthread_sigmask(libc::SIG_BLOCK, &usr1, std::ptr::null_mut()),
+            0
+        );
+    }
+    let before = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+    assert_ne!(signal_bits(&before, "SigBlk") & bit(libc::SIGUSR1), 0);
+    assert_ne!(signal_bits(&before, "SigIgn") & bit(libc::SIGPIPE), 0);
+
+    let status = run_for_output("/bin/cat", &["cat", "/proc/self/status"], None);
+    assert_eq!(signal_bits(&status, "SigBlk"), 0, "{status}");
+    // SIGPIPE is back to its default; whatever else the caller inherited ignored stays so, as
+    // it would through an exec.
+    assert_eq!(
+        signal_bits(&status, "SigIgn"),
+        signal_bits(&before, "SigIgn") & !bit(libc::SIGPIPE),
+        "{status}"
+    );
+    // Every signal was blocked around the clone; the caller's own mask is back.
+    let after = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+    assert_eq!(
+        signal_bits(&after, "SigBlk"),
+        signal_bits(&before, "SigBlk")
+    );
+}
+
+#[test]
+fn an_identity_switch_reaches_the_workload_and_leaves_the_caller_alone() {
+    if current_ids() != (0, 0) {
+        eprintln!("skipped: switching to another user needs root");
+        return;
+    }
+    let out = run_for_output(
+        "/bin/sh",
+        &["sh", "-c", "id -u; id -g; id -G"],
+        Some((65534, 65534)),
+    );
+    assert_eq!(out, "65534\n65534\n65534\n");
+    // The child changed its own credentials only, although it shared this process's memory.
+    assert_eq!(current_ids(), (0, 0));
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let uids = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    assert_eq!(uids.split_whitespace().collect::<Vec<_>>()[1..], ["0"; 4]);
+}
+
 #[test]
 fn the_child_leads_its_own_group_and_the_group_can_be_killed() {
     let argv = os(&["sh", "-c", "sleep 1000 & sleep 1000"]);
