@@ -36,10 +36,13 @@ settled() {
     echo "$new"
 }
 
+# The tasks in cgroup directory $1 and below it.
+tasks_in() { find "$1" -name cgroup.procs -exec cat {} + 2>/dev/null || true; }
+
 # Whether a leftover line is an Airlock cgroup with no task left in it or below it.
 empty_cgroup() {
     case "$1" in
-        "cgroup "*) [ -z "$(find "${1#cgroup }" -name cgroup.procs -exec cat {} + 2>/dev/null)" ] ;;
+        "cgroup "*) [ -z "$(tasks_in "${1#cgroup }")" ] ;;
         *) return 1 ;;
     esac
 }
@@ -56,12 +59,12 @@ clean() {
         if [ -f "$dir/cgroup.freeze" ]; then echo 0 >"$dir/cgroup.freeze" 2>/dev/null || true; fi
     done
     for dir in $cgroups; do
-        find "$dir" -name cgroup.procs -exec cat {} + 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+        tasks_in "$dir" | xargs -r kill -KILL 2>/dev/null || true
     done
     awk '$1 == "process" { sub("/proc/", "", $2); print $2 }' <<<"$new" | xargs -r kill -KILL 2>/dev/null || true
     # Killed tasks leave their cgroups only once the kernel has torn them down.
     for _ in $(seq 20); do
-        [ -z "$(for dir in $cgroups; do find "$dir" -name cgroup.procs -exec cat {} + 2>/dev/null; done)" ] && break
+        [ -z "$(for dir in $cgroups; do tasks_in "$dir"; done)" ] && break
         sleep 0.25
     done
     # Deepest mount first, so that a mount below another is not hidden by the lazy unmount.

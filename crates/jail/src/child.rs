@@ -317,7 +317,7 @@ fn clone_vfork(args: &ChildArgs) -> io::Result<libc::pid_t> {
     let mut stack = vec![0u8; CHILD_STACK_BYTES];
     // The stack grows down from its 16-byte aligned top.
     let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
-    let saved = block_all_signals()?;
+    let saved = crate::sys::block_all_signals()?;
     // SAFETY: `child_main` runs on `stack`, which outlives the child's use of it (this thread
     // is suspended until the child has exec'd or exited, CLONE_VFORK), and reads `args`, which
     // stays borrowed and unchanged for the same time. The child makes only raw syscalls and
@@ -331,30 +331,9 @@ fn clone_vfork(args: &ChildArgs) -> io::Result<libc::pid_t> {
         )
     };
     let cloned = check(pid);
-    restore_signal_mask(&saved);
+    crate::sys::restore_signal_mask(&saved);
     drop(stack);
     cloned
-}
-
-/// Blocks every signal in this thread; returns the mask to restore.
-fn block_all_signals() -> io::Result<libc::sigset_t> {
-    // SAFETY: zeroed sigsets are valid buffers; sigfillset and pthread_sigmask only write them.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut saved: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        match libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut saved) {
-            0 => Ok(saved),
-            errno => Err(io::Error::from_raw_os_error(errno)),
-        }
-    }
-}
-
-fn restore_signal_mask(saved: &libc::sigset_t) {
-    // SAFETY: `saved` is the mask pthread_sigmask returned.
-    unsafe {
-        libc::pthread_sigmask(libc::SIG_SETMASK, saved, std::ptr::null_mut());
-    }
 }
 
 /// The child, from the clone to the exec. It shares the parent's memory, so it makes only raw

@@ -445,15 +445,36 @@ fn close_range(first: libc::c_uint, last: libc::c_uint) -> io::Result<()> {
 
 /// Blocks `signals` in this thread and returns the previous mask.
 pub fn block_signals(signals: &[libc::c_int]) -> io::Result<libc::sigset_t> {
-    let set = sigset(signals);
+    block_set(&sigset(signals))
+}
+
+/// Blocks every signal in this thread and returns the previous mask.
+pub fn block_all_signals() -> io::Result<libc::sigset_t> {
+    // SAFETY: sigfillset initialises the zeroed set.
+    let all = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        all
+    };
+    block_set(&all)
+}
+
+fn block_set(set: &libc::sigset_t) -> io::Result<libc::sigset_t> {
     // SAFETY: a zeroed sigset_t is a valid out-parameter.
     let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: both sets are valid for the call.
-    let ret = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) };
+    let ret = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, set, &mut old) };
     if ret != 0 {
         return Err(io::Error::from_raw_os_error(ret));
     }
     Ok(old)
+}
+
+/// Makes `mask` (one that [`block_signals`] or [`block_all_signals`] returned) this thread's
+/// signal mask again.
+pub fn restore_signal_mask(mask: &libc::sigset_t) {
+    // SAFETY: `mask` is a valid set; SIG_SETMASK with valid input cannot fail.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut()) };
 }
 
 /// Unblocks every signal and restores default dispositions: the state a new program expects.
