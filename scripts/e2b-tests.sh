@@ -3,7 +3,7 @@
 # (tests/e2b) runs under the newest SDK and under 2.45.1 (the v1 create/connect routes); the npm
 # SDK runs one smoke test. Installs what it needs (python3-venv, nodejs/npm when absent; venvs
 # under target/e2b-venv-*; npm ci in tests/e2b/js) and reuses it while the pins are unchanged.
-# Builds nothing: run `cargo build --workspace` first. Exits non-zero on any failure.
+# Builds nothing: run `cargo build --workspace` and `scripts/sandbox-binaries.sh` first. Exits non-zero on any failure.
 #
 #   scripts/e2b-tests.sh                  everything
 #   scripts/e2b-tests.sh --install-only   only the venvs and node_modules

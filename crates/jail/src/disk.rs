@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use crate::sys;
 
-const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
-const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LOOP_CTL_GET_FREE: u32 = 0x4C82;
+const LOOP_CONFIGURE: u32 = 0x4C0A;
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
 const LO_FLAGS_DIRECT_IO: u32 = 16;
 /// Attempts before giving up on finding a free loop device (another process may take the one
@@ -65,7 +65,8 @@ pub fn loop_attach(image: &Path) -> io::Result<LoopDevice> {
     let mut last = io::Error::from_raw_os_error(libc::EBUSY);
     for _ in 0..LOOP_ATTEMPTS {
         // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a device number or -1.
-        let number = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) };
+        let number =
+            unsafe { libc::ioctl(control.as_raw_fd(), sys::ioctl_request(LOOP_CTL_GET_FREE)) };
         if number < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -82,7 +83,13 @@ pub fn loop_attach(image: &Path) -> io::Result<LoopDevice> {
         };
         // SAFETY: `config` is a valid loop_config naming a live descriptor; the kernel only
         // reads it during the call.
-        let ret = unsafe { libc::ioctl(device.as_raw_fd(), LOOP_CONFIGURE, &config) };
+        let ret = unsafe {
+            libc::ioctl(
+                device.as_raw_fd(),
+                sys::ioctl_request(LOOP_CONFIGURE),
+                &config,
+            )
+        };
         if ret == 0 {
             return Ok(LoopDevice {
                 path,
@@ -107,14 +114,14 @@ const BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA: u64 = 4;
 const BTRFS_QGROUP_LIMIT_MAX_RFER: u64 = 1;
 const BTRFS_SUBVOL_RDONLY: u64 = 1 << 1;
 
-const fn iow<T>(nr: u64) -> libc::c_ulong {
-    (1 << 30) | ((std::mem::size_of::<T>() as u64) << 16) | ((BTRFS_IOCTL_MAGIC as u64) << 8) | nr
+const fn iow<T>(nr: u32) -> u32 {
+    (1 << 30) | ((std::mem::size_of::<T>() as u32) << 16) | ((BTRFS_IOCTL_MAGIC as u32) << 8) | nr
 }
-const fn ior<T>(nr: u64) -> libc::c_ulong {
-    (2 << 30) | ((std::mem::size_of::<T>() as u64) << 16) | ((BTRFS_IOCTL_MAGIC as u64) << 8) | nr
+const fn ior<T>(nr: u32) -> u32 {
+    (2 << 30) | ((std::mem::size_of::<T>() as u32) << 16) | ((BTRFS_IOCTL_MAGIC as u32) << 8) | nr
 }
-const fn iowr<T>(nr: u64) -> libc::c_ulong {
-    (3 << 30) | ((std::mem::size_of::<T>() as u64) << 16) | ((BTRFS_IOCTL_MAGIC as u64) << 8) | nr
+const fn iowr<T>(nr: u32) -> u32 {
+    (3 << 30) | ((std::mem::size_of::<T>() as u32) << 16) | ((BTRFS_IOCTL_MAGIC as u32) << 8) | nr
 }
 
 /// `struct btrfs_ioctl_vol_args_v2`, with the name member of its union.
@@ -161,13 +168,13 @@ struct InoLookupArgs {
     name: [u8; BTRFS_INO_LOOKUP_PATH_MAX],
 }
 
-const BTRFS_IOC_SNAP_CREATE_V2: libc::c_ulong = iow::<VolArgsV2>(23);
-const BTRFS_IOC_SUBVOL_CREATE_V2: libc::c_ulong = iow::<VolArgsV2>(24);
-const BTRFS_IOC_SNAP_DESTROY_V2: libc::c_ulong = iow::<VolArgsV2>(63);
-const BTRFS_IOC_INO_LOOKUP: libc::c_ulong = iowr::<InoLookupArgs>(18);
-const BTRFS_IOC_QUOTA_CTL: libc::c_ulong = iowr::<QuotaCtlArgs>(40);
-const BTRFS_IOC_QGROUP_CREATE: libc::c_ulong = iow::<QgroupCreateArgs>(42);
-const BTRFS_IOC_QGROUP_LIMIT: libc::c_ulong = ior::<QgroupLimitArgs>(43);
+const BTRFS_IOC_SNAP_CREATE_V2: u32 = iow::<VolArgsV2>(23);
+const BTRFS_IOC_SUBVOL_CREATE_V2: u32 = iow::<VolArgsV2>(24);
+const BTRFS_IOC_SNAP_DESTROY_V2: u32 = iow::<VolArgsV2>(63);
+const BTRFS_IOC_INO_LOOKUP: u32 = iowr::<InoLookupArgs>(18);
+const BTRFS_IOC_QUOTA_CTL: u32 = iowr::<QuotaCtlArgs>(40);
+const BTRFS_IOC_QGROUP_CREATE: u32 = iow::<QgroupCreateArgs>(42);
+const BTRFS_IOC_QGROUP_LIMIT: u32 = ior::<QgroupLimitArgs>(43);
 
 fn open_dir(path: &Path) -> io::Result<OwnedFd> {
     let c = sys::cpath(path)?;
@@ -203,10 +210,16 @@ fn vol_args(name: &str) -> io::Result<Box<VolArgsV2>> {
     Ok(args)
 }
 
-fn ioctl<T>(fd: &OwnedFd, request: libc::c_ulong, arg: &mut T) -> io::Result<()> {
+fn ioctl<T>(fd: &OwnedFd, request: u32, arg: &mut T) -> io::Result<()> {
     // SAFETY: every request used here takes a pointer to exactly the struct `T` that its
     // number encodes; the struct outlives the call, and the kernel writes only within it.
-    let ret = unsafe { libc::ioctl(fd.as_raw_fd(), request, std::ptr::from_mut(arg)) };
+    let ret = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            sys::ioctl_request(request),
+            std::ptr::from_mut(arg),
+        )
+    };
     if ret < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -317,7 +330,13 @@ pub fn filesystem_magic(path: &Path) -> io::Result<i64> {
     if unsafe { libc::statfs(c.as_ptr(), &mut buf) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(buf.f_type)
+    #[allow(
+        clippy::unnecessary_cast,
+        clippy::cast_possible_wrap,
+        reason = "f_type is a long in glibc and an unsigned long in musl; magics fit in 32 bits"
+    )]
+    let magic = buf.f_type as i64;
+    Ok(magic)
 }
 
 /// Reserves `len` bytes of real disk for `file` (unwritten extents: fast, and later writes

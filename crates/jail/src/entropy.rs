@@ -6,10 +6,12 @@
 use std::io;
 use std::os::fd::AsRawFd;
 
+use crate::sys;
+
 /// `_IOW('R', 0x03, int[2])`.
-const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+const RNDADDENTROPY: u32 = 0x4008_5203;
 /// `_IO('R', 0x07)`.
-const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
+const RNDRESEEDCRNG: u32 = 0x5207;
 /// At most this much entropy per call (the kernel takes any size; this bounds the buffer).
 pub const MAX_ENTROPY_BYTES: usize = 4096;
 
@@ -36,11 +38,18 @@ pub fn add_and_reseed(entropy: &[u8]) -> io::Result<()> {
     // SAFETY: `info` is a rand_pool_info whose buf_size matches the bytes that follow the
     // header (padded to whole u32s, as the kernel reads them); the kernel only reads it. The
     // descriptor is open for the call; the result is checked.
-    if unsafe { libc::ioctl(random.as_raw_fd(), RNDADDENTROPY, info.as_ptr()) } != 0 {
+    if unsafe {
+        libc::ioctl(
+            random.as_raw_fd(),
+            sys::ioctl_request(RNDADDENTROPY),
+            info.as_ptr(),
+        )
+    } != 0
+    {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: RNDRESEEDCRNG takes no argument.
-    if unsafe { libc::ioctl(random.as_raw_fd(), RNDRESEEDCRNG) } != 0 {
+    if unsafe { libc::ioctl(random.as_raw_fd(), sys::ioctl_request(RNDRESEEDCRNG)) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())

@@ -30,7 +30,8 @@ fn message_header(iov: &mut libc::iovec, control: &mut [u8]) -> libc::msghdr {
     msg.msg_iovlen = 1;
     if !control.is_empty() {
         msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = control.len();
+        // `size_t` in glibc, `socklen_t` in musl; control buffers here are a few hundred bytes.
+        msg.msg_controllen = control.len() as _;
     }
     msg
 }
@@ -61,7 +62,7 @@ pub fn send_with_fds(socket: &OwnedFd, data: &[u8], fds: &[RawFd]) -> io::Result
             let header = libc::CMSG_FIRSTHDR(&msg);
             (*header).cmsg_level = libc::SOL_SOCKET;
             (*header).cmsg_type = libc::SCM_RIGHTS;
-            (*header).cmsg_len = libc::CMSG_LEN(bytes) as usize;
+            (*header).cmsg_len = libc::CMSG_LEN(bytes) as _;
             let data = libc::CMSG_DATA(header).cast::<RawFd>();
             for (i, fd) in fds.iter().enumerate() {
                 std::ptr::write_unaligned(data.add(i), *fd);
@@ -119,7 +120,9 @@ fn recv_with_fds_flags(
         let mut header = libc::CMSG_FIRSTHDR(&msg);
         while !header.is_null() {
             if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
-                let payload = (*header).cmsg_len - libc::CMSG_LEN(0) as usize;
+                // `size_t` in glibc, `socklen_t` in musl.
+                let length: usize = (*header).cmsg_len as _;
+                let payload = length - libc::CMSG_LEN(0) as usize;
                 let data = libc::CMSG_DATA(header).cast::<RawFd>();
                 for i in 0..payload / std::mem::size_of::<RawFd>() {
                     received.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));

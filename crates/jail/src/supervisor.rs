@@ -25,7 +25,9 @@ use crate::sys;
 /// What can go wrong on the supervisor's side.
 #[derive(Debug, thiserror::Error)]
 pub enum JailError {
-    #[error("cannot find the airlock-jail helper next to {0} (set AIRLOCK_JAIL_BIN)")]
+    #[error(
+        "cannot find the airlock-jail helper next to {0} (build it with scripts/sandbox-binaries.sh, or set AIRLOCK_JAIL_BIN)"
+    )]
     HelperNotFound(PathBuf),
     #[error("cgroup limits cannot be applied (--compat best-effort runs without them)")]
     Cgroup(#[source] CgroupError),

@@ -384,7 +384,24 @@ pub fn sethostname(name: &str) -> io::Result<()> {
     check_int(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }).map(drop)
 }
 
-pub fn setrlimit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> io::Result<()> {
+/// `setrlimit`'s resource argument, which glibc and musl type differently.
+#[cfg(target_env = "gnu")]
+pub type RlimitResource = libc::__rlimit_resource_t;
+/// `setrlimit`'s resource argument, which glibc and musl type differently.
+#[cfg(not(target_env = "gnu"))]
+pub type RlimitResource = libc::c_int;
+
+/// An ioctl request number as the C library's `ioctl` takes it: an `unsigned long` in glibc, an
+/// `int` in musl. The kernel reads 32 bits either way.
+#[allow(
+    clippy::cast_possible_wrap,
+    reason = "musl's int holds the same 32 bits the kernel reads"
+)]
+pub const fn ioctl_request(number: u32) -> libc::Ioctl {
+    number as libc::Ioctl
+}
+
+pub fn setrlimit(resource: RlimitResource, soft: u64, hard: u64) -> io::Result<()> {
     let limit = libc::rlimit {
         rlim_cur: soft,
         rlim_max: hard,
@@ -393,7 +410,7 @@ pub fn setrlimit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> i
     check_int(unsafe { libc::setrlimit(resource, &limit) }).map(drop)
 }
 
-pub fn getrlimit(resource: libc::__rlimit_resource_t) -> io::Result<(u64, u64)> {
+pub fn getrlimit(resource: RlimitResource) -> io::Result<(u64, u64)> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -595,6 +612,8 @@ pub fn execve(path: &CStr, argv: &[CString], env: &[CString]) -> io::Error {
 
 /// Brings the loopback interface of the current network namespace up.
 pub fn loopback_up() -> io::Result<()> {
+    const SIOCGIFFLAGS: u32 = 0x8913;
+    const SIOCSIFFLAGS: u32 = 0x8914;
     // SAFETY: socket takes integers; we own the result.
     let fd = check_int(unsafe {
         libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0)
@@ -608,9 +627,17 @@ pub fn loopback_up() -> io::Result<()> {
     }
     // SAFETY: `req` is a valid ifreq for SIOCGIFFLAGS and SIOCSIFFLAGS.
     unsafe {
-        check_int(libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req))?;
+        check_int(libc::ioctl(
+            sock.as_raw_fd(),
+            ioctl_request(SIOCGIFFLAGS),
+            &mut req,
+        ))?;
         req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-        check_int(libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req))?;
+        check_int(libc::ioctl(
+            sock.as_raw_fd(),
+            ioctl_request(SIOCSIFFLAGS),
+            &req,
+        ))?;
     }
     Ok(())
 }

@@ -62,7 +62,9 @@ pub enum RuntimeError {
     Jail(#[from] JailError),
     #[error("`{0}` is not a sandbox id (1 to 32 lower-case letters and digits)")]
     BadSandboxId(String),
-    #[error("cannot find the airlock-agent binary at {0} (set AIRLOCK_AGENT_BIN)")]
+    #[error(
+        "cannot find the airlock-agent binary at {0} (build it with scripts/sandbox-binaries.sh, or set AIRLOCK_AGENT_BIN)"
+    )]
     AgentNotFound(PathBuf),
     #[error("sandbox {0} is no longer running")]
     Gone(String),

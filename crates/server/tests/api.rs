@@ -1,5 +1,5 @@
 //! The /v1 API end to end, through real HTTP against a real airlockd: every endpoint and every
-//! error code. Needs root and `cargo build -p airlock-jail -p airlock-agent`.
+//! error code. Needs root and `scripts/sandbox-binaries.sh`.
 
 #![allow(
     clippy::unwrap_used,

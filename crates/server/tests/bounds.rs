@@ -1,6 +1,6 @@
 //! Bounded resources, end to end against a real airlockd: no answer waits for a request body
 //! the client never sends, and the event log is trimmed (by age and by count) while the daemon
-//! runs. Needs root and `cargo build --workspace`.
+//! runs. Needs root, `cargo build --workspace` and `scripts/sandbox-binaries.sh`.
 
 #![allow(
     clippy::unwrap_used,

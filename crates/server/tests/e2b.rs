@@ -2,7 +2,7 @@
 //! spellings, routing precedence, the data plane's credentials (token, signature, insecure
 //! v1 sandboxes), the proxy's 502 answers, the tunnel to a server inside a sandbox, pause, and
 //! keep-alive after an error. The Python and npm SDK suite (scripts/e2b-tests.sh) covers the
-//! SDKs' view. Needs root and `cargo build -p airlock-jail -p airlock-agent`.
+//! SDKs' view. Needs root and `scripts/sandbox-binaries.sh`.
 
 #![allow(
     clippy::unwrap_used,

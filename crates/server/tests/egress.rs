@@ -4,7 +4,7 @@
 //! upstreams run in this process on loopback; the daemon's proxies reach them through the
 //! hidden `--test-egress-resolve` flag, and nothing leaves the machine.
 //!
-//! Needs root and `cargo build -p airlock-jail -p airlock-agent`.
+//! Needs root and `scripts/sandbox-binaries.sh`.
 
 #![allow(
     clippy::unwrap_used,

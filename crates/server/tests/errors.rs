@@ -2,7 +2,7 @@
 //! documented status and code, the caller's mistakes are 4xx (never `agent_error`), a full disk
 //! is 507, a sandbox being removed is 409, a capped create says when to retry, a refused
 //! upload is answered before its body has been sent, and an oversized JSON body gets its 413
-//! instead of a reset connection. Needs root and `cargo build --workspace`.
+//! instead of a reset connection. Needs root, `cargo build --workspace` and `scripts/sandbox-binaries.sh`.
 
 #![allow(
     clippy::unwrap_used,

@@ -1,5 +1,5 @@
 //! The files API reaches only the sandbox's own view, and big files stream intact.
-//! Needs root and `cargo build -p airlock-jail -p airlock-agent`.
+//! Needs root and `scripts/sandbox-binaries.sh`.
 
 #![allow(
     clippy::unwrap_used,

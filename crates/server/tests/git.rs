@@ -5,7 +5,7 @@
 //! token, and the token is nowhere inside (checked from inside, with grep). Pushes to another
 //! branch or repository are refused by the proxy and audited; pull requests get the right
 //! head and base; a second sandbox comes from the cache, on its own branch, with objects of
-//! its own. Needs root and `cargo build -p airlock-jail -p airlock-agent`.
+//! its own. Needs root and `scripts/sandbox-binaries.sh`.
 
 #![allow(
     clippy::unwrap_used,

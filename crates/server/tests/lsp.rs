@@ -1,7 +1,7 @@
 //! Language servers over WebSocket: `pylsp` (Debian's python3-pylsp, which the process tier's
 //! sandbox sees with the host's root) started in a sandbox, and an LSP `initialize` round
 //! trip through the daemon with a WebSocket client written here on a raw socket; the server
-//! ends with its WebSocket. Needs root, pylsp, and `cargo build -p airlock-jail -p airlock-agent`.
+//! ends with its WebSocket. Needs root, pylsp, and `scripts/sandbox-binaries.sh`.
 
 #![allow(
     clippy::unwrap_used,

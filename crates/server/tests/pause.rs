@@ -1,6 +1,6 @@
 //! Pause and resume, snapshots and forks through the native API, and their durability: the
 //! operator's timers, and a `kill -9` of the daemon while pauses, resumes and snapshots run.
-//! Needs root, btrfs-progs, and `cargo build -p airlock-jail -p airlock-agent`.
+//! Needs root, btrfs-progs, and `scripts/sandbox-binaries.sh`.
 
 #![allow(
     clippy::unwrap_used,

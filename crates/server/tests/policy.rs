@@ -1,6 +1,6 @@
 //! The create call's `policy`: its settings fill what the request leaves out, its rules confine
 //! the sandbox, and an invalid policy is refused with 422 naming the field. Needs root and
-//! `cargo build -p airlock-jail -p airlock-agent`.
+//! `scripts/sandbox-binaries.sh`.
 
 #![allow(
     clippy::unwrap_used,

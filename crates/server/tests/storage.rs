@@ -1,7 +1,7 @@
 //! A full disk is a full disk and an OOM kill ends only a workload process: the sandbox, its
 //! agent and its files survive both, on disk scratch (the default here) and on memory scratch.
 //! Proven from inside, the way a workload would meet them, and through the files API.
-//! Needs root, btrfs-progs, and `cargo build -p airlock-jail -p airlock-agent`.
+//! Needs root, btrfs-progs, and `scripts/sandbox-binaries.sh`.
 
 #![allow(
     clippy::unwrap_used,

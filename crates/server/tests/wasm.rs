@@ -1,6 +1,6 @@
 //! The wasm tier through the daemon: templates `wasm-js` and `wasm-python` run the worker
 //! (crates/wasm) inside the sandbox's jail, `POST /v1/sandboxes/{id}/eval` reaches it, and a
-//! policy the tier cannot honour is refused at create. Needs root, `cargo build --workspace`
+//! policy the tier cannot honour is refused at create. Needs root, `cargo build --workspace`, `scripts/sandbox-binaries.sh`
 //! and the guest modules (scripts/wasm-guests.sh, then `airlock-wasm precompile`).
 
 #![allow(

@@ -14,6 +14,27 @@ use std::time::Duration;
 use base64::Engine;
 use serde_json::{Value, json};
 
+/// The agent under test: `$AIRLOCK_AGENT_BIN`, else the one `scripts/sandbox-binaries.sh` put
+/// beside the workspace's binaries (a test executable sits in `deps/` below them).
+pub fn agent_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("AIRLOCK_AGENT_BIN") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().unwrap();
+    let path = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("airlock-agent");
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/sandbox-binaries.sh first",
+        path.display()
+    );
+    path
+}
+
 /// A running agent and its scratch directory (used as its `$HOME`).
 pub struct TestAgent {
     child: Child,
@@ -28,7 +49,7 @@ impl TestAgent {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("home")).unwrap();
         let socket = dir.join("agent.sock");
-        let child = Command::new(env!("CARGO_BIN_EXE_airlock-agent"))
+        let child = Command::new(agent_bin())
             .arg("--listen")
             .arg(&socket)
             .env_clear()

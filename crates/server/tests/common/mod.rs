@@ -2,7 +2,7 @@
 //! directory, an API key, and checks for what a sandbox leaves on the host.
 //!
 //! Needs root (cgroups, namespaces) and the sibling binaries built first:
-//! `cargo build -p airlock-jail -p airlock-agent` (they are found next to `airlockd`).
+//! `scripts/sandbox-binaries.sh` (they are found next to `airlockd`).
 
 #![allow(
     clippy::unwrap_used,
@@ -39,7 +39,7 @@ pub fn require_binaries() {
     for path in [bin_dir().join("airlock-jail"), agent_bin()] {
         assert!(
             path.is_file(),
-            "{} is missing: run `cargo build -p airlock-jail -p airlock-agent` first",
+            "{} is missing: run `scripts/sandbox-binaries.sh` first",
             path.display()
         );
     }
