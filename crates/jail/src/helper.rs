@@ -54,6 +54,15 @@ fn with_source(context: &str, err: &dyn std::error::Error) -> Failure {
 
 /// Entry point of the helper binary; returns its exit code.
 pub fn main() -> i32 {
+    // Run by hand, or by anything but a supervisor: say so, instead of taking ownership of
+    // descriptors that are not there.
+    if !sys::is_open(SPEC_FD) || !sys::is_open(REPORT_FD) {
+        eprintln!(
+            "airlock-jail: no spec on descriptor {SPEC_FD} or no report channel on descriptor \
+             {REPORT_FD}: the helper is started only by Airlock's supervisor"
+        );
+        return SETUP_FAILED;
+    }
     // If the supervisor dies, so do we; init follows through its own death signal.
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
     // SIGPIPE as the Rust runtime would leave it (the binary has no Rust `main`): a write to a

@@ -157,6 +157,12 @@ pub fn spawn_with_args(
     }
 }
 
+/// Whether descriptor `fd` is open in this process.
+pub fn is_open(fd: RawFd) -> bool {
+    // SAFETY: F_GETFD only reads the descriptor's flags; a closed one fails with EBADF.
+    unsafe { libc::fcntl(fd, libc::F_GETFD) != -1 }
+}
+
 /// Whether `fd` refers to a directory.
 pub fn fstat_is_dir(fd: &OwnedFd) -> io::Result<bool> {
     // SAFETY: a zeroed stat is a valid out-buffer for fstat.

@@ -110,6 +110,11 @@ impl Runtime {
         Ok(Runtime::with_helper(airlock_jail::find_helper()?))
     }
 
+    /// The `airlock-jail` binary this runtime execs (or starts its zygote from).
+    pub fn helper(&self) -> &std::path::Path {
+        &self.helper
+    }
+
     pub fn with_helper(helper: PathBuf) -> Runtime {
         Runtime {
             helper,

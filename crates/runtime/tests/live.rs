@@ -272,3 +272,20 @@ fn test_a_view_of_binds_shows_the_agent_nothing_of_the_host_but_them() {
     assert!(!data.join("planted").exists());
     std::fs::remove_dir_all(&data).unwrap();
 }
+
+/// Started by hand (no spec on descriptor 3, no report channel on 4), the helper says what it
+/// needs and exits with the setup failure's code, instead of aborting on descriptors that are
+/// not there.
+#[test]
+fn test_the_helper_started_without_its_descriptors_says_so() {
+    let output = std::process::Command::new(bin_dir().join("airlock-jail"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(125), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("no spec on descriptor 3 or no report channel on descriptor 4"),
+        "{stderr}"
+    );
+}
