@@ -35,7 +35,9 @@ lean_ready() {
     rustup target list --installed 2>/dev/null | grep -qx "$lean" && command -v musl-gcc >/dev/null
 }
 if ! $glibc && ! lean_ready && command -v rustup >/dev/null; then
-    rustup target add "$lean" >/dev/null 2>&1 || echo "sandbox-binaries: rustup cannot add $lean" >&2
+    # Bounded: a network that drops the download instead of refusing it must not stall a build.
+    timeout 180 rustup target add "$lean" >/dev/null 2>&1 ||
+        echo "sandbox-binaries: rustup cannot add $lean" >&2
     if ! command -v musl-gcc >/dev/null && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
         { apt-get -o DPkg::Lock::Timeout=900 update -qq &&
             DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -qq musl-tools; } \
