@@ -54,15 +54,17 @@ else
         "start on a VM (no $lean target or no musl-gcc)" >&2
 fi
 
-for binary in airlock-jail airlock-agent; do
-    cargo build "${flags[@]}" --locked --target "$target" -p "$binary" --features bin --bin "$binary"
-    if [ "$target" != "$host" ]; then
+# One build, so that the jail's library is compiled once for both binaries.
+cargo build "${flags[@]}" --locked --target "$target" -p airlock-jail -p airlock-agent \
+    --features airlock-jail/bin,airlock-agent/bin --bins
+if [ "$target" != "$host" ]; then
+    mkdir -p "$dest"
+    for binary in airlock-jail airlock-agent; do
         # A rename, so that a running helper keeps its file and a hard link of cargo's is not
         # written through.
-        mkdir -p "$dest"
         cp "target/$target/$profile/$binary" "$dest/.$binary.new"
         mv -f "$dest/.$binary.new" "$dest/$binary"
-    fi
-done
+    done
+fi
 cargo build "${flags[@]}" --locked -p airlock-probe -p airlock-vmm
 echo "sandbox-binaries: airlock-jail and airlock-agent ($target), airlock-probe and airlock-vmm in $dest"

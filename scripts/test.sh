@@ -69,11 +69,10 @@ cargo build --workspace --locked
 scripts/sandbox-binaries.sh debug
 # `--all-targets` above skips the two binaries (they need their `bin` feature); lint them, and
 # the musl build's code paths where that target is installed.
-cargo clippy --locked -p airlock-jail --features bin --bins -- -D warnings
-cargo clippy --locked -p airlock-agent --features bin --bins -- -D warnings
+sandbox_bins=(-p airlock-jail -p airlock-agent --features airlock-jail/bin,airlock-agent/bin)
+cargo clippy --locked "${sandbox_bins[@]}" --bins -- -D warnings
 if rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then
-    cargo clippy --locked --target x86_64-unknown-linux-musl -p airlock-jail --features bin --lib --bins -- -D warnings
-    cargo clippy --locked --target x86_64-unknown-linux-musl -p airlock-agent --features bin --bins -- -D warnings
+    cargo clippy --locked --target x86_64-unknown-linux-musl "${sandbox_bins[@]}" --lib --bins -- -D warnings
 fi
 # The wasm tier's guest (CPython 3.12 for WASI from PyPI, SHA-256 pinned, cached in
 # target/wasm-guests/) and its compiled module beside it (skipped when already there).

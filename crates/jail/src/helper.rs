@@ -52,7 +52,7 @@ fn with_source(context: &str, err: &dyn std::error::Error) -> Failure {
     Failure::setup(format!("{context}: {}", crate::error_chain(err)))
 }
 
-/// Entry point of the helper binary; returns its exit code.
+/// Entry point of the exec'd helper binary; returns its exit code.
 pub fn main() -> i32 {
     // Run by hand, or by anything but a supervisor: say so, instead of taking ownership of
     // descriptors that are not there.
@@ -63,6 +63,12 @@ pub fn main() -> i32 {
         );
         return SETUP_FAILED;
     }
+    main_with_descriptors()
+}
+
+/// The helper's work once its descriptors are in place: after [`main`]'s check, or in a fork
+/// of the zygote, which installed them itself.
+pub(crate) fn main_with_descriptors() -> i32 {
     // If the supervisor dies, so do we; init follows through its own death signal.
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
     // SIGPIPE as the Rust runtime would leave it (the binary has no Rust `main`): a write to a

@@ -618,8 +618,6 @@ pub fn execve(path: &CStr, argv: &[CString], env: &[CString]) -> io::Error {
 
 /// Brings the loopback interface of the current network namespace up.
 pub fn loopback_up() -> io::Result<()> {
-    const SIOCGIFFLAGS: u32 = 0x8913;
-    const SIOCSIFFLAGS: u32 = 0x8914;
     // SAFETY: socket takes integers; we own the result.
     let fd = check_int(unsafe {
         libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0)
@@ -635,13 +633,13 @@ pub fn loopback_up() -> io::Result<()> {
     unsafe {
         check_int(libc::ioctl(
             sock.as_raw_fd(),
-            ioctl_request(SIOCGIFFLAGS),
+            ioctl_request(libc::SIOCGIFFLAGS as u32),
             &mut req,
         ))?;
         req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
         check_int(libc::ioctl(
             sock.as_raw_fd(),
-            ioctl_request(SIOCSIFFLAGS),
+            ioctl_request(libc::SIOCSIFFLAGS as u32),
             &req,
         ))?;
     }

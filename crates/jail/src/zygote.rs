@@ -327,7 +327,7 @@ fn become_helper(
         }
     }
     drop(high);
-    crate::helper::main()
+    crate::helper::main_with_descriptors()
 }
 
 #[cfg(test)]
